@@ -1,0 +1,46 @@
+"""The SparkNet demo: the whole chain on CPU, offline, in a few minutes, on text every Python installation has.
+
+Runs the real scripts one after another, printing each command so you can run them yourself: demo corpus ->
+tokenizer. Every output goes to demo-only folders; your tokenizer-v5/ and datasets/ are never touched.
+"""
+
+CONFIG = "configs/demo.json"  # the demo's mix: stdlib docstrings (prose) and stdlib source (code)
+CORPUS_DIR = "data/demo"  # demo corpus (JSONL), written by scripts/prepare_demo_corpus.py
+TOKENIZER_DIR = "tokenizer-demo"  # the demo's tokenizer (never tokenizer-v5/)
+VOCAB_SIZE = 8192  # a small vocabulary suits the ~12 MB demo corpus
+TOKENIZER_DOCS = 800  # documents sampled for the tokenizer
+
+
+def main() -> None:
+    from sparknet import runtime
+    from sparknet.demo import Chain
+
+    runtime.setup()
+    chain = Chain()
+    chain.step("demo corpus", "prepare_demo_corpus.py", "--output_dir", CORPUS_DIR)
+    chain.step(
+        "tokenizer",
+        "train_tokenizer_v5.py",
+        "--config",
+        CONFIG,
+        "--vocab_size",
+        VOCAB_SIZE,
+        "--max_docs",
+        TOKENIZER_DOCS,
+        "--output_dir",
+        TOKENIZER_DIR,
+        "--overwrite",
+        "true",
+    )
+    chain.summary(
+        {
+            "demo corpus": CORPUS_DIR,
+            "tokenizer": f"{TOKENIZER_DIR}  (report: {TOKENIZER_DIR}/training_report.json)",
+        }
+    )
+
+
+if __name__ == "__main__":
+    from sparknet.cli import run_script
+
+    run_script(globals(), main)

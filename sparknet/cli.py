@@ -1,0 +1,183 @@
+"""The scripts' convention: a block of UPPER_CASE constants on top is the configuration, and every constant can be
+overridden from the command line as `--name value` or `--name=value`.
+
+Written by hand rather than with argparse because the flags are derived from a script's globals and their trailing
+`# comments` (the one-line help), the value types from the defaults, and the errors must suggest the nearest flag.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import io
+import json
+import math
+import sys
+import tokenize
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sparknet.errors import UsageError, UserError
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def constant_names(namespace: dict[str, Any]) -> list[str]:
+    """The script's configuration: its UPPER_CASE globals holding plain values, in definition order."""
+    plain = (bool, int, float, str, list, tuple, dict, type(None))
+    return [k for k, v in namespace.items() if k.isupper() and not k.startswith("_") and isinstance(v, plain)]
+
+
+def describe_constants(source: str) -> dict[str, str]:
+    """Maps each top-level constant to its one-line help: the comment on its line, else the comment just above."""
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    lines = source.splitlines()
+    help_: dict[str, str] = {}
+    for node in ast.parse(source).body:
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        for target in targets:
+            if not isinstance(target, ast.Name):
+                continue
+            text = comments.get(node.end_lineno or node.lineno) or comments.get(node.lineno)
+            above = node.lineno - 1
+            if text is None and above >= 1 and lines[above - 1].lstrip().startswith("#"):
+                text = comments.get(above)
+            help_[target.id] = text or ""
+    return help_
+
+
+def parse_value(name: str, raw: str, default: Any) -> Any:
+    """Parses `raw` to the type of `default`; raises UsageError naming the flag and the expected type."""
+    flag = f"--{name.lower()}"
+
+    def bad(expected: str) -> UsageError:
+        return UsageError(f"{flag}: expected {expected}, got {raw!r}")
+
+    if isinstance(default, bool):
+        low = raw.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise bad("true/false (or 1/0)")
+    if isinstance(default, int):
+        text = raw.strip().replace("_", "")
+        try:
+            return int(text)
+        except ValueError:
+            pass
+        try:
+            as_float = float(text)  # accepts 1e9 for a token budget, but only when it is a whole number
+        except ValueError:
+            raise bad("an integer") from None
+        if math.isfinite(as_float) and as_float.is_integer():
+            return int(as_float)
+        raise bad("an integer")
+    if isinstance(default, float):
+        try:
+            return float(raw.strip().replace("_", ""))
+        except ValueError:
+            raise bad("a number") from None
+    if isinstance(default, str):
+        return raw
+    if isinstance(default, (list, tuple, dict)):
+        kind = "a JSON object" if isinstance(default, dict) else "a JSON list"
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            if isinstance(default, dict):
+                raise bad(kind) from None
+            value = [raw] if raw and not raw.lstrip().startswith("[") else None
+            if value is None:
+                raise bad(kind) from None
+        if isinstance(default, dict) != isinstance(value, dict) or not isinstance(value, (list, dict)):
+            raise bad(kind)
+        if isinstance(default, tuple):
+            if default and len(value) != len(default):
+                raise bad(f"a JSON list of {len(default)} values")
+            return tuple(value)
+        return value
+    # A None default means "derived at run time" (e.g. from the config): take JSON when it parses, else the text.
+    if raw.strip().lower() in {"none", "null"}:
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _help_text(namespace: dict[str, Any], names: list[str], helps: dict[str, str]) -> str:
+    script = Path(namespace.get("__file__", "script")).name
+    doc = (namespace.get("__doc__") or "").strip()
+    out = [f"usage: python {script} [--name value ...]", ""]
+    if doc:
+        out += [doc, ""]
+    out.append("constants (edit them at the top of the script, or override them here):")
+    width = max((len(n) for n in names), default=0) + 2
+    for name in names:
+        default = json.dumps(namespace[name]) if not isinstance(namespace[name], str) else repr(namespace[name])
+        out.append(f"  --{name.lower():<{width}} {helps.get(name, '')} (default: {default})")
+    return "\n".join(out)
+
+
+def apply_overrides(namespace: dict[str, Any], argv: list[str] | None = None) -> dict[str, Any]:
+    """Overrides a script's UPPER_CASE globals in place from `argv`; returns every constant's final value.
+
+    Prints the help and exits 0 on --help; raises UsageError on an unknown flag or a badly typed value.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    names = constant_names(namespace)
+    by_flag = {n.lower(): n for n in names}
+    source_file = namespace.get("__file__")
+    helps = describe_constants(Path(source_file).read_text()) if source_file else {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-h", "--help"):
+            print(_help_text(namespace, names, helps))
+            raise SystemExit(0)
+        if not arg.startswith("--") or arg == "--":
+            raise UsageError(
+                f"unexpected argument {arg!r}: every setting is a flag, e.g. --{names[0].lower()} VALUE"
+                if names
+                else f"unexpected argument {arg!r}: this script takes no arguments"
+            )
+        key, has_value, raw = arg[2:].partition("=")
+        key = key.replace("-", "_").lower()
+        if key not in by_flag:
+            near = difflib.get_close_matches(key, list(by_flag), n=1, cutoff=0.5)
+            hint = f"; did you mean --{near[0]}?" if near else "; see --help for the list"
+            raise UsageError(f"unknown flag --{key}{hint}")
+        name = by_flag[key]
+        if not has_value:
+            following = argv[i + 1] if i + 1 < len(argv) else None
+            if isinstance(namespace[name], bool) and (following is None or following.startswith("--")):
+                raw = "true"  # a bare boolean flag switches it on
+            elif following is None:
+                raise UsageError(f"--{key}: missing value")
+            else:
+                raw = following
+                i += 1
+        namespace[name] = parse_value(name, raw, namespace[name])
+        i += 1
+    return {n: namespace[n] for n in names}
+
+
+def run_script(namespace: dict[str, Any], main: Callable[[], Any], argv: list[str] | None = None) -> None:
+    """A script's entry point: apply the flags, run `main`; user mistakes and Ctrl-C become messages, not tracebacks."""
+    try:
+        apply_overrides(namespace, argv)
+        main()
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        raise SystemExit(130) from None

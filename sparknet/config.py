@@ -1,0 +1,238 @@
+"""Mix configs: the JSON schema shared by every script, its validation, and the errors users see.
+
+A config is `{"seed", "context_length", "target_tokens", "mix": [{"name", "split", "prob", "data_files"?, "subset"?,
+"text_field"?}]}`. Every mistake raises ConfigError with the file, the JSON path (`mix[2].prob`) and what is expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sparknet.errors import UserError
+from sparknet.runtime import project_path
+
+log = logging.getLogger(__name__)
+
+TOP_KEYS = ("seed", "context_length", "target_tokens", "mix")
+SOURCE_KEYS = ("name", "split", "prob", "data_files", "subset", "text_field")
+REQUIRED_SOURCE_KEYS = ("name", "prob")
+
+
+class ConfigError(UserError):
+    """A mix config that cannot be used; the message names the file and the JSON path."""
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One mix entry: a Hub dataset id (or `json` with local `data_files`) and its share of the mix."""
+
+    name: str
+    prob: float
+    split: str = "train"
+    data_files: str | list[str] | dict[str, str | list[str]] | None = None
+    subset: str | None = None
+    text_field: str | None = None
+    label: str = ""  # unique short name used in reports and accounting
+
+    def resolved_data_files(self) -> list[str] | dict[str, list[str]] | None:
+        """Data files with relative paths resolved against the project root, glob patterns kept as patterns."""
+
+        def one(f: str) -> str:
+            return str(project_path(f))
+
+        if self.data_files is None:
+            return None
+        if isinstance(self.data_files, dict):
+            return {k: [one(f) for f in ([v] if isinstance(v, str) else v)] for k, v in self.data_files.items()}
+        files = [self.data_files] if isinstance(self.data_files, str) else self.data_files
+        return [one(f) for f in files]
+
+
+@dataclass(frozen=True)
+class MixConfig:
+    """A validated mix config; `mix` probabilities sum to 1."""
+
+    seed: int
+    context_length: int
+    target_tokens: int
+    mix: tuple[SourceSpec, ...]
+    path: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain JSON data (for manifests and metadata)."""
+        d = asdict(self)
+        d["mix"] = [dict(s) for s in d["mix"]]
+        return d
+
+
+def _type_name(value: Any) -> str:
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
+
+
+class _Checker:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def fail(self, where: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.path}: {where}: {message}" if where else f"{self.path}: {message}")
+
+    def keys(self, obj: dict[str, Any], where: str, allowed: tuple[str, ...], required: tuple[str, ...]) -> None:
+        for key in obj:
+            if key not in allowed:
+                near = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+                hint = f"; did you mean {near[0]!r}?" if near else f"; allowed keys: {', '.join(allowed)}"
+                raise self.fail(f"{where}.{key}" if where else key, f"unknown key{hint}")
+        for key in required:
+            if key not in obj:
+                raise self.fail(f"{where}.{key}" if where else key, "missing required key")
+
+    def positive_int(self, value: Any, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise self.fail(where, f"expected a positive integer, got {json.dumps(value)} ({_type_name(value)})")
+        return value
+
+    def string(self, value: Any, where: str, optional: bool = False) -> str | None:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(where, f"expected a non-empty string, got {json.dumps(value)} ({_type_name(value)})")
+        return value
+
+    def data_files(self, value: Any, where: str) -> Any:
+        def files(v: Any, w: str) -> list[str]:
+            items = [v] if isinstance(v, str) else v
+            if not isinstance(items, list) or not items or not all(isinstance(f, str) and f for f in items):
+                raise self.fail(w, f"expected a file path or a non-empty list of paths, got {json.dumps(v)}")
+            for f in items:
+                full = project_path(f)
+                found = glob.glob(str(full)) if glob.has_magic(f) else ([str(full)] if full.is_file() else [])
+                if not found:
+                    raise self.fail(
+                        w,
+                        f"data file {f!r} does not exist (looked for {full}); relative paths are "
+                        "relative to the project root",
+                    )
+            return items
+
+        if isinstance(value, dict):
+            if not value:
+                raise self.fail(where, "expected at least one split of files")
+            for split, v in value.items():
+                files(v, f"{where}.{split}")
+            return value
+        files(value, where)
+        return value
+
+
+def parse_config(data: Any, path: str = "<config>") -> MixConfig:
+    """Validates already-parsed JSON data; raises ConfigError naming the JSON path of the first mistake."""
+    check = _Checker(path)
+    if not isinstance(data, dict):
+        raise check.fail("", f"expected a JSON object with keys {', '.join(TOP_KEYS)}, got {_type_name(data)}")
+    check.keys(data, "", TOP_KEYS, TOP_KEYS)
+    seed = data["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise check.fail("seed", f"expected a non-negative integer, got {json.dumps(seed)}")
+    context_length = check.positive_int(data["context_length"], "context_length")
+    target_tokens = check.positive_int(data["target_tokens"], "target_tokens")
+    mix = data["mix"]
+    if not isinstance(mix, list):
+        raise check.fail("mix", f"expected a list of sources, got {_type_name(mix)}")
+    if not mix:
+        raise check.fail("mix", "the mix is empty: add at least one source")
+
+    raw_sources = []
+    for i, entry in enumerate(mix):
+        where = f"mix[{i}]"
+        if not isinstance(entry, dict):
+            raise check.fail(where, f"expected an object with keys name, prob, ..., got {_type_name(entry)}")
+        check.keys(entry, where, SOURCE_KEYS, REQUIRED_SOURCE_KEYS)
+        name = check.string(entry["name"], f"{where}.name")
+        prob = entry["prob"]
+        if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not math.isfinite(prob) or prob <= 0:
+            raise check.fail(f"{where}.prob", f"expected a finite number > 0, got {json.dumps(prob)}")
+        split = check.string(entry.get("split", "train"), f"{where}.split")
+        subset = check.string(entry.get("subset"), f"{where}.subset", optional=True)
+        text_field = check.string(entry.get("text_field"), f"{where}.text_field", optional=True)
+        data_files = entry.get("data_files")
+        if data_files is not None:
+            data_files = check.data_files(data_files, f"{where}.data_files")
+        elif name == "json":
+            raise check.fail(f"{where}.data_files", 'a "json" source needs "data_files": the local JSONL file(s)')
+        raw_sources.append(
+            dict(name=name, prob=float(prob), split=split, data_files=data_files, subset=subset, text_field=text_field)
+        )
+
+    total = sum(s["prob"] for s in raw_sources)
+    if not math.isfinite(total):
+        raise check.fail("mix", "the probabilities are too large to add up; use shares such as 0.5, 0.3, 0.2")
+    labels = _labels(raw_sources)
+    sources = tuple(
+        SourceSpec(**{**s, "prob": s["prob"] / total}, label=label)
+        for s, label in zip(raw_sources, labels, strict=True)
+    )
+    if abs(total - 1.0) > 1e-9:
+        shares = ", ".join(f"{s.label}={s.prob:.4f}" for s in sources)
+        log.warning("%s: probabilities sum to %g, normalised to %s", path, total, shares)
+    return MixConfig(seed=seed, context_length=context_length, target_tokens=target_tokens, mix=sources, path=path)
+
+
+def _labels(sources: list[dict[str, Any]]) -> list[str]:
+    """Short unique names: the dataset id's last part, or a local file's stem (`prose` for data/prose.jsonl)."""
+    labels = []
+    for s in sources:
+        if s["name"] == "json" and s["data_files"] is not None:
+            first = s["data_files"]
+            while not isinstance(first, str):
+                first = next(iter(first.values())) if isinstance(first, dict) else first[0]
+            label = Path(first).name.split(".")[0]
+        else:
+            label = s["name"].rstrip("/").split("/")[-1]
+        if s["subset"]:
+            label += f"/{s['subset']}"
+        labels.append(label)
+    counts = {lab: labels.count(lab) for lab in labels}
+    seen: dict[str, int] = {}
+    out = []
+    for lab in labels:
+        if counts[lab] > 1:
+            seen[lab] = seen.get(lab, 0) + 1
+            lab = f"{lab}#{seen[lab]}"
+        out.append(lab)
+    return out
+
+
+def load_config(path: str | Path) -> MixConfig:
+    """Reads and validates a mix config file (relative paths are relative to the project root)."""
+    full = project_path(path)
+    shown = str(path)
+    if not full.is_file():
+        hint = ""
+        configs = sorted(p.name for p in project_path("configs").glob("*.json"))
+        if configs:
+            hint = f"; configs shipped: {', '.join('configs/' + c for c in configs)}"
+        raise ConfigError(f"config file {shown} not found (looked for {full}){hint}")
+    try:
+        text = full.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{shown}: cannot read the file: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{shown}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    return parse_config(data, shown)

@@ -1,0 +1,109 @@
+"""Model presets (GPT-2 architecture), parameter counts and training FLOPs per token.
+
+`sparknet-70m` is the public reference: 12 layers, width 512, 8 heads, context 1024, tied embeddings: 64,085,504
+parameters at GPT-2's vocabulary of 50257.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sparknet.errors import UserError
+
+
+@dataclass(frozen=True)
+class Preset:
+    """The shape of a GPT-2 model; the vocabulary comes from the tokenizer."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_positions: int
+
+
+PRESETS: dict[str, Preset] = {
+    "sparknet-70m": Preset(n_layer=12, n_embd=512, n_head=8, n_positions=1024),
+    # Small enough to learn visibly in two minutes on two CPU cores.
+    "sparknet-demo": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256),
+    # For tests: a training step in milliseconds.
+    "sparknet-tiny": Preset(n_layer=2, n_embd=64, n_head=2, n_positions=128),
+}
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called `name`; UserError listing the known ones otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UserError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}") from None
+
+
+def parameter_count(preset: Preset, vocab_size: int) -> int:
+    """Parameters of a GPT-2 model with tied input/output embeddings, counted from its shape."""
+    d, layers = preset.n_embd, preset.n_layer
+    per_layer = (
+        2 * 2 * d  # two LayerNorms (weight + bias)
+        + d * 3 * d
+        + 3 * d  # fused q/k/v projection
+        + d * d
+        + d  # attention output projection
+        + d * 4 * d
+        + 4 * d  # MLP up
+        + 4 * d * d
+        + d  # MLP down
+    )
+    embeddings = vocab_size * d + preset.n_positions * d  # token (tied with the output layer) + position
+    return embeddings + layers * per_layer + 2 * d  # + final LayerNorm
+
+
+def flops_per_token(preset: Preset, vocab_size: int, seq_len: int | None = None) -> float:
+    """Training FLOPs per token (forward + backward): 6N + 12·layers·width·seq_len.
+
+    N counts every parameter that takes part in a matmul-like product: all of them except the position embeddings
+    (a table lookup); the tied token embedding is counted once, as the output layer (its input lookup is free). The
+    second term is attention's score and value products (2·2·seq·width per layer forward, ×3 with backward), as in
+    the PaLM paper's MFU accounting.
+    """
+    seq = preset.n_positions if seq_len is None else seq_len
+    n = parameter_count(preset, vocab_size) - preset.n_positions * preset.n_embd
+    return 6.0 * n + 12.0 * preset.n_layer * preset.n_embd * seq
+
+
+def build_model(
+    preset: Preset,
+    vocab_size: int,
+    eos_token_id: int,
+    bos_token_id: int | None = None,
+    dropout: float = 0.0,
+    n_positions: int | None = None,
+) -> Any:
+    """A freshly initialised `GPT2LMHeadModel` with the tokenizer's special ids and SDPA attention."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if preset.n_embd % preset.n_head:
+        raise UserError(f"width {preset.n_embd} is not divisible by {preset.n_head} heads")
+    bos = eos_token_id if bos_token_id is None else bos_token_id
+    config = GPT2Config(
+        vocab_size=vocab_size,
+        n_positions=n_positions or preset.n_positions,
+        n_embd=preset.n_embd,
+        n_layer=preset.n_layer,
+        n_head=preset.n_head,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+        bos_token_id=bos,
+        eos_token_id=eos_token_id,
+        tie_word_embeddings=True,
+    )
+    model = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
+    gen = model.generation_config
+    # pad only for batched generation; training never pads (packed blocks), so eos is never masked as padding
+    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = bos, eos_token_id, eos_token_id
+    return model
+
+
+def preset_dict(name: str) -> dict[str, Any]:
+    """A preset as plain data (for metadata)."""
+    return {"name": name, **asdict(get_preset(name))}

@@ -1,0 +1,73 @@
+"""Process set-up shared by every script: project paths, HF caches inside the project, one logging format, seeds.
+
+`setup()` must run before `datasets`, `transformers` or `huggingface_hub` is imported: they read their cache
+locations from the environment at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+log = logging.getLogger("sparknet")
+
+
+def project_path(path: str | os.PathLike[str]) -> Path:
+    """Resolves a path from a script constant: relative paths are relative to the project root, not the cwd,
+    so scripts behave the same whichever folder they are started from."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else PROJECT_ROOT / p
+
+
+def configure_environment() -> None:
+    """Points every HF cache into `cache/` of the project (unless the user chose one) and sets tokenizer threading."""
+    cache = project_path("cache")
+    os.environ.setdefault("HF_HOME", str(cache / "huggingface"))
+    os.environ.setdefault("HF_DATASETS_CACHE", str(cache / "datasets"))
+    # Explicit, so the tokenizers library neither warns on fork nor silently drops to one thread.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """One log format for SparkNet and the HF libraries."""
+    root = logging.getLogger()
+    if not any(getattr(h, "_sparknet", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%H:%M:%S"))
+        handler._sparknet = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.setLevel(level)
+    for noisy in ("httpx", "httpcore", "urllib3", "filelock", "fsspec"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def seed_everything(seed: int) -> None:
+    """Seeds Python, NumPy and (when imported or installed) torch from one value."""
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def setup(seed: int | None = None, level: int = logging.INFO) -> None:
+    """Everything a script does first, after its flags are parsed."""
+    configure_environment()
+    configure_logging(level)
+    if seed is not None:
+        seed_everything(seed)

@@ -1,0 +1,217 @@
+"""Training the GPT-2-compatible byte-level BPE, and loading any tokenizer (a folder or a Hub id) with checks.
+
+The BPE starts from the full 256-byte alphabet, so every string encodes losslessly; `<|endoftext|>` is a real
+special token (never the empty string, never padding) used as bos, eos and unk, as in GPT-2.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import shutil
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from sparknet.config import MixConfig
+from sparknet.errors import UserError
+from sparknet.runtime import project_path
+
+log = logging.getLogger(__name__)
+
+EOT = "<|endoftext|>"
+REPORT_NAME = "training_report.json"
+# Saved as the generic fast class (not transformers 5's `TokenizersBackend`) so transformers 4 users can load it too.
+TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+# A probe for lossy tokenizers: control characters, runs of spaces, combining marks, emoji, CJK.
+ROUND_TRIP_PROBE = "Tab\there,\r\nNUL\x00 and  three   spaces; e\u0301 café 😀 日本語 <b>&amp;</b>\n"
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2, length: int | None = None) -> Any:
+    """Trains a byte-level BPE (`tokenizers.Tokenizer`) on `texts`, streaming them into the trainer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=True,
+    )
+    tok.train_from_iterator(texts, trainer, length=length)
+    return tok
+
+
+def wrap(tok: Any, context_length: int) -> Any:
+    """The `tokenizers.Tokenizer` as a transformers fast tokenizer with GPT-2's special-token roles."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=EOT,
+        eos_token=EOT,
+        unk_token=EOT,
+        model_max_length=context_length,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def save(fast: Any, out_dir: Path) -> None:
+    """`save_pretrained`, with a tokenizer class every transformers version can load."""
+    fast.save_pretrained(str(out_dir))
+    cfg_path = out_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = TOKENIZER_CLASS
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+
+
+def bytes_per_token(tok: Any, texts: list[str]) -> float | None:
+    """UTF-8 bytes per token over `texts` (higher is better compression); None without text."""
+    if not texts:
+        return None
+    n_tokens = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
+    return sum(len(t.encode("utf-8")) for t in texts) / max(n_tokens, 1)
+
+
+def train_tokenizer(
+    config: MixConfig,
+    out_dir: Path,
+    vocab_size: int,
+    max_docs: int,
+    min_frequency: int = 2,
+    heldout_docs: int = 50,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Samples `max_docs` documents from the mix (by documents, in proportion to `prob`), trains the BPE, saves it
+    with `save_pretrained` into `out_dir` and writes `training_report.json` there. Returns the report."""
+    from sparknet.data.mixing import mix_texts
+
+    if vocab_size < 257:
+        raise UserError(f"VOCAB_SIZE={vocab_size} is too small: a byte-level BPE needs 256 bytes + <|endoftext|>")
+    if max_docs <= 0:
+        raise UserError(f"MAX_DOCS={max_docs}: expected a positive number of documents")
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise UserError(
+            f"{out_dir} already exists and is not empty: choose another --output_dir, or pass "
+            "--overwrite true to replace it (datasets built with the old tokenizer will then refuse it)"
+        )
+    started = time.time()
+    mixer = mix_texts(config)
+    sampled_bytes: Counter[str] = Counter()
+
+    def sampled() -> Iterable[str]:
+        for label, text in itertools.islice(mixer, max_docs):
+            sampled_bytes[label] += len(text.encode("utf-8"))
+            yield text
+
+    log.info("sampling %d documents from %s and training a %d-token byte-level BPE", max_docs, config.path, vocab_size)
+    docs = tqdm(sampled(), total=max_docs, desc="sampling documents", unit="doc")
+    tok = train_bpe(docs, vocab_size, min_frequency, length=max_docs)
+    docs.close()
+    heldout = mixer.held_out(heldout_docs)
+    taken = sum(c.documents for c in mixer.counts.values())
+    if taken < max_docs:
+        log.warning(
+            "every source ran dry after %d of MAX_DOCS=%d documents: the tokenizer saw all the data there is",
+            taken,
+            max_docs,
+        )
+    empty = [label for label, docs in heldout.items() if not docs]
+    if empty:
+        log.warning(
+            "no held-out documents left for %s (source exhausted): bytes per token not measured for it",
+            ", ".join(empty),
+        )
+
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    fast = wrap(tok, config.context_length)
+    save(fast, tmp)
+    counts = mixer.report()
+    report = {
+        "config": config.path,
+        "mix": config.to_dict()["mix"],
+        "vocab_size_requested": vocab_size,
+        "vocab_size": tok.get_vocab_size(),
+        "min_frequency": min_frequency,
+        "max_docs": max_docs,
+        "eos_token": EOT,
+        "eos_token_id": tok.token_to_id(EOT),
+        "context_length": config.context_length,
+        "sources": {
+            label: {
+                "documents": int(c["documents"]),
+                "document_share": c["share"],
+                "requested_share": c["requested_share"],
+                "bytes": sampled_bytes[label],
+                "exhausted": c["exhausted"],
+                "heldout_documents": len(heldout[label]),
+                "heldout_bytes_per_token": bytes_per_token(tok, heldout[label]),
+            }
+            for label, c in counts.items()
+        },
+        "seconds": round(time.time() - started, 2),
+    }
+    (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    if report["vocab_size"] < vocab_size:
+        log.warning(
+            "the sample only supports %d tokens (asked for %d): sample more documents (MAX_DOCS) or lower "
+            "MIN_FREQUENCY",
+            report["vocab_size"],
+            vocab_size,
+        )
+    return report
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """Loads a tokenizer from a folder (relative to the project root) or a Hub id (e.g. `gpt2`), checking that it
+    has an end-of-text token and round-trips text losslessly."""
+    from transformers import AutoTokenizer
+
+    folder = project_path(name_or_path)
+    if folder.exists():
+        if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
+            raise UserError(
+                f"{folder} holds no tokenizer (no tokenizer.json): train one with "
+                "scripts/train_tokenizer_v5.py or point the script at another tokenizer folder or Hub id"
+            )
+        source = str(folder)
+    elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+        raise UserError(
+            f"tokenizer folder {name_or_path} not found (looked for {folder}): train one with "
+            "scripts/train_tokenizer_v5.py, or pass a Hub id such as gpt2"
+        )
+    else:
+        source = name_or_path
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+    except Exception as exc:  # noqa: BLE001 - reported against the user's value with the library's reason
+        raise UserError(
+            f"cannot load tokenizer {name_or_path!r}: no folder {folder} and the Hub id failed "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). Train one with "
+            "scripts/train_tokenizer_v5.py; Hub ids need network access or a cached copy"
+        ) from None
+    if tok.eos_token_id is None:
+        raise UserError(f"tokenizer {name_or_path!r} has no end-of-text (eos) token: documents could not be separated")
+    if tok.eos_token in ("", None):
+        raise UserError(f"tokenizer {name_or_path!r} has an empty end-of-text token")
+    ids = tok.encode(ROUND_TRIP_PROBE, add_special_tokens=False)
+    if tok.decode(ids, clean_up_tokenization_spaces=False) != ROUND_TRIP_PROBE:
+        log.warning(
+            "tokenizer %s does not round-trip text exactly (decode(encode(s)) != s): bits-per-byte and "
+            "generated samples will differ from the original text",
+            name_or_path,
+        )
+    return tok

@@ -1,0 +1,84 @@
+"""Shared fixtures: a small real corpus from the standard library and a tokenizer trained on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparknet.runtime import PROJECT_ROOT
+
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# Offline however pytest is started: the HF libraries read these when first imported.
+os.environ.update(OFFLINE_ENV)
+
+
+def run_script(script: str, *args: object, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Runs scripts/<script> as a user would, offline, capturing its output."""
+    env = {**os.environ, **OFFLINE_ENV}
+    return subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "scripts" / script), *(str(a) for a in args)],
+        cwd=cwd or PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def write_jsonl(path: Path, texts: list[str], field: str = "text") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for t in texts:
+            f.write(json.dumps({field: t}) + "\n")
+    return path
+
+
+def write_config(path: Path, mix: list[dict], **top: object) -> Path:
+    data = {"seed": 1, "context_length": 128, "target_tokens": 10_000, "mix": mix, **top}
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo corpus (prose and code from the stdlib), code capped at 2 MB to keep the tests quick."""
+    from sparknet.demo_corpus import write_demo_corpus
+
+    out = tmp_path_factory.mktemp("corpus")
+    write_demo_corpus(out, max_code_bytes=2 * 2**20, val_percent=5)
+    return out
+
+
+@pytest.fixture(scope="session")
+def corpus_config(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    mix = [
+        {"name": "json", "prob": 0.6, "data_files": str(corpus_dir / "prose.train.jsonl")},
+        {"name": "json", "prob": 0.4, "data_files": str(corpus_dir / "code.train.jsonl")},
+    ]
+    return write_config(tmp_path_factory.mktemp("cfg") / "mix.json", mix, context_length=128)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(corpus_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 1024-token byte-level BPE trained by the real script."""
+    out = tmp_path_factory.mktemp("tok") / "tokenizer"
+    proc = run_script(
+        "train_tokenizer_v5.py",
+        "--config",
+        corpus_config,
+        "--vocab_size",
+        1024,
+        "--max_docs",
+        200,
+        "--heldout_docs",
+        10,
+        "--output_dir",
+        out,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return out

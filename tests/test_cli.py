@@ -1,0 +1,123 @@
+"""The constants-on-top convention: overrides, types, help and errors, on the real scripts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparknet.cli import apply_overrides, describe_constants, parse_value
+from sparknet.errors import UsageError
+from tests.conftest import run_script
+
+SCRIPT = '''"""A test script."""
+LEARNING_RATE = 3e-4  # peak learning rate
+BATCH_SIZE = 8  # sequences per device step
+COMPILE = False  # torch.compile the model
+RUN_NAME = "run"  # folder name under checkpoints/
+ADAM_BETAS = (0.9, 0.95)  # AdamW betas
+PROMPTS = ["Once"]  # sample prompts
+# derived from the config when None
+TARGET_TOKENS = None
+'''
+
+
+@pytest.fixture
+def namespace(tmp_path: Path) -> dict:
+    path = tmp_path / "script.py"
+    path.write_text(SCRIPT)
+    ns: dict = {"__file__": str(path), "__doc__": "A test script."}
+    exec(compile(SCRIPT, str(path), "exec"), ns)
+    return ns
+
+
+def test_overrides_parse_to_the_defaults_types(namespace: dict) -> None:
+    values = apply_overrides(
+        namespace,
+        [
+            "--learning_rate",
+            "1e-3",
+            "--batch-size=16",
+            "--compile",
+            "--run_name",
+            "x1",
+            "--adam_betas",
+            "[0.8, 0.99]",
+            "--prompts",
+            '["a", "b"]',
+            "--target_tokens",
+            "1e9",
+        ],
+    )
+    assert values["LEARNING_RATE"] == 1e-3 and isinstance(values["LEARNING_RATE"], float)
+    assert namespace["BATCH_SIZE"] == 16 and namespace["COMPILE"] is True and namespace["RUN_NAME"] == "x1"
+    assert namespace["ADAM_BETAS"] == (0.8, 0.99) and namespace["PROMPTS"] == ["a", "b"]
+    assert namespace["TARGET_TOKENS"] == 1e9
+
+
+@pytest.mark.parametrize("raw,expected", [("true", True), ("0", False), ("FALSE", False), ("1", True)])
+def test_bool_values(raw: str, expected: bool) -> None:
+    assert parse_value("COMPILE", raw, False) is expected
+
+
+def test_int_accepts_whole_scientific_and_underscores() -> None:
+    assert parse_value("N", "1e9", 5) == 1_000_000_000
+    assert parse_value("N", "2_000", 5) == 2000
+    with pytest.raises(UsageError, match="--n: expected an integer, got '1.5'"):
+        parse_value("N", "1.5", 5)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--lerning_rate", "1"], "unknown flag --lerning_rate; did you mean --learning_rate?"),
+        (["--batch_size", "eight"], "--batch_size: expected an integer, got 'eight'"),
+        (["--compile", "maybe"], "--compile: expected true/false"),
+        (["--adam_betas", "[0.9]"], "--adam_betas: expected a JSON list of 2 values"),
+        (["--learning_rate"], "--learning_rate: missing value"),
+        (["positional"], "unexpected argument 'positional'"),
+    ],
+)
+def test_errors_name_the_flag(namespace: dict, args: list[str], message: str) -> None:
+    with pytest.raises(UsageError, match=message.replace("?", r"\?").replace("[", r"\[")):
+        apply_overrides(namespace, args)
+
+
+def test_help_comes_from_trailing_and_preceding_comments() -> None:
+    helps = describe_constants(SCRIPT)
+    assert helps["LEARNING_RATE"] == "peak learning rate"
+    assert helps["TARGET_TOKENS"] == "derived from the config when None"
+
+
+def test_real_script_help_lists_every_constant_with_default() -> None:
+    proc = run_script("train_tokenizer_v5.py", "--help")
+    assert proc.returncode == 0
+    for flag, default in [
+        ("--config", "'configs/datasets_v5.json'"),
+        ("--vocab_size", "50257"),
+        ("--max_docs", "500000"),
+        ("--min_frequency", "2"),
+        ("--output_dir", "'tokenizer-v5'"),
+    ]:
+        line = next(line for line in proc.stdout.splitlines() if line.strip().startswith(flag + " "))
+        assert f"(default: {default})" in line and len(line.split()) > 3
+
+
+def test_real_script_unknown_flag_exits_2_without_traceback() -> None:
+    proc = run_script("train_tokenizer_v5.py", "--vocab-sise", "100")
+    assert proc.returncode == 2
+    assert "unknown flag --vocab_sise; did you mean --vocab_size?" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_real_script_bad_type_exits_2() -> None:
+    proc = run_script("train_tokenizer_v5.py", "--max_docs=lots")
+    assert proc.returncode == 2 and "--max_docs: expected an integer, got 'lots'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_script_runs_from_another_folder(tmp_path: Path) -> None:
+    """Relative paths in constants resolve against the project root, whatever the working folder."""
+    proc = run_script("prepare_demo_corpus.py", "--output_dir", tmp_path / "c", "--max_code_mb", "0.2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "c" / "prose.train.jsonl").stat().st_size > 100_000

@@ -1,0 +1,158 @@
+"""Mix configs: every mistake exits non-zero with one message naming the file and JSON path, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparknet.config import ConfigError, load_config, parse_config
+from tests.conftest import run_script, write_config, write_jsonl
+
+GOOD = {"name": "json", "prob": 1.0, "data_files": "PLACEHOLDER"}
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> str:
+    return str(write_jsonl(tmp_path / "docs.jsonl", ["hello world"] * 3))
+
+
+def _cases(data_file: str) -> list[tuple[str, object, str]]:
+    good = {**GOOD, "data_files": data_file}
+    top = {"seed": 1, "context_length": 128, "target_tokens": 1000}
+    return [
+        ("invalid-json", '{"seed": 1,\n  "mix": [}', "invalid JSON at line 2, column 11"),
+        ("not-object", [1, 2], "expected a JSON object"),
+        ("missing-key", {**top}, "mix: missing required key"),
+        (
+            "unknown-top",
+            {**top, "mix": [good], "contxt_length": 5},
+            "contxt_length: unknown key; did you mean 'context_length'?",
+        ),
+        (
+            "unknown-source-key",
+            {**top, "mix": [{**good, "probb": 1}]},
+            "mix[0].probb: unknown key; did you mean 'prob'?",
+        ),
+        (
+            "missing-prob",
+            {**top, "mix": [{"name": "json", "data_files": data_file}]},
+            "mix[0].prob: missing required key",
+        ),
+        (
+            "prob-string",
+            {**top, "mix": [{**good, "prob": "0.5"}]},
+            'mix[0].prob: expected a finite number > 0, got "0.5"',
+        ),
+        ("prob-zero", {**top, "mix": [good, {**good, "prob": 0}]}, "mix[1].prob: expected a finite number > 0, got 0"),
+        ("prob-negative", {**top, "mix": [{**good, "prob": -1}]}, "mix[0].prob: expected a finite number > 0, got -1"),
+        (
+            "prob-nan",
+            '{"seed": 1, "context_length": 8, "target_tokens": 8, "mix": [{"name": "x", "prob": NaN}]}',
+            "mix[0].prob: expected a finite number > 0, got NaN",
+        ),
+        (
+            "prob-inf",
+            '{"seed": 1, "context_length": 8, "target_tokens": 8, "mix": [{"name": "x", "prob": Infinity}]}',
+            "mix[0].prob: expected a finite number > 0, got Infinity",
+        ),
+        ("empty-mix", {**top, "mix": []}, "mix: the mix is empty"),
+        ("mix-not-list", {**top, "mix": {"name": "x"}}, "mix: expected a list of sources"),
+        ("json-no-files", {**top, "mix": [{"name": "json", "prob": 1}]}, 'mix[0].data_files: a "json" source needs'),
+        (
+            "missing-file",
+            {**top, "mix": [{**good, "data_files": "/nonexistent/x.jsonl"}]},
+            "mix[0].data_files: data file '/nonexistent/x.jsonl' does not exist",
+        ),
+        ("ctx-zero", {**top, "context_length": 0, "mix": [good]}, "context_length: expected a positive integer, got 0"),
+        (
+            "ctx-float",
+            {**top, "context_length": 1.5, "mix": [good]},
+            "context_length: expected a positive integer, got 1.5",
+        ),
+        (
+            "tokens-string",
+            {**top, "target_tokens": "1B", "mix": [good]},
+            'target_tokens: expected a positive integer, got "1B"',
+        ),
+        (
+            "tokens-bool",
+            {**top, "target_tokens": True, "mix": [good]},
+            "target_tokens: expected a positive integer, got true",
+        ),
+        ("name-empty", {**top, "mix": [{**good, "name": ""}]}, "mix[0].name: expected a non-empty string"),
+        ("source-not-object", {**top, "mix": ["codelion/x"]}, "mix[0]: expected an object"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(21))
+def test_bad_config_exits_nonzero_with_path_and_no_traceback(case: int, data_file: str, tmp_path: Path) -> None:
+    name, content, message = _cases(data_file)[case]
+    path = tmp_path / f"{name}.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    proc = run_script("train_tokenizer_v5.py", "--config", path, "--output_dir", tmp_path / "tok")
+    assert proc.returncode == 1, (name, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"error: {path}:"), proc.stderr
+    assert message in proc.stderr, (name, proc.stderr)
+    assert not (tmp_path / "tok").exists()
+
+
+def test_missing_config_file_names_the_shipped_ones(tmp_path: Path) -> None:
+    proc = run_script("train_tokenizer_v5.py", "--config", "configs/nope.json")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "config file configs/nope.json not found" in proc.stderr and "configs/datasets_v5.json" in proc.stderr
+
+
+def test_probabilities_are_normalised_and_logged(
+    data_file: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write_config(
+        tmp_path / "c.json",
+        [{**GOOD, "data_files": data_file, "prob": 3}, {**GOOD, "data_files": data_file, "prob": 1}],
+    )
+    with caplog.at_level("WARNING"):
+        cfg = load_config(path)
+    assert [s.prob for s in cfg.mix] == [0.75, 0.25]
+    assert [s.label for s in cfg.mix] == ["docs#1", "docs#2"]
+    assert "normalised to docs#1=0.7500, docs#2=0.2500" in caplog.text
+
+
+def test_shipped_configs_are_valid(corpus_dir: Path) -> None:
+    v5 = load_config("configs/datasets_v5.json")
+    assert [(s.name, s.prob) for s in v5.mix] == [
+        ("codelion/finepdfs-1B", 0.5),
+        ("codelion/dclm-baseline-1B", 0.3),
+        ("codelion/fineweb-edu-1B", 0.2),
+    ]
+    assert (v5.context_length, v5.target_tokens, v5.seed) == (1024, 1_000_000_000, 42)
+    # The demo corpus is generated, not committed: point the local sources at the fixture's copy of it.
+    for name, labels in [
+        ("demo", ["prose", "code"]),
+        ("datasets_v1", ["finepdfs-1B", "dclm-baseline-1B", "fineweb-edu-1B", "prose"]),
+    ]:
+        data = json.loads(Path(f"configs/{name}.json").read_text())
+        for entry in data["mix"]:
+            if "data_files" in entry:
+                entry["data_files"] = str(corpus_dir / Path(entry["data_files"]).name)
+        cfg = parse_config(data, name)
+        assert [s.label for s in cfg.mix] == labels
+        assert abs(sum(s.prob for s in cfg.mix) - 1) < 1e-12
+
+
+def test_defaults_and_optional_keys(data_file: str) -> None:
+    cfg = parse_config(
+        {
+            "seed": 0,
+            "context_length": 8,
+            "target_tokens": 8,
+            "mix": [{"name": "org/ds", "prob": 1, "subset": "en", "text_field": "body"}],
+        }
+    )
+    (src,) = cfg.mix
+    assert (src.split, src.subset, src.text_field, src.data_files, src.label) == ("train", "en", "body", None, "ds/en")
+    with pytest.raises(ConfigError, match="mix\\[0\\].split: expected a non-empty string"):
+        parse_config(
+            {"seed": 0, "context_length": 8, "target_tokens": 8, "mix": [{"name": "org/ds", "prob": 1, "split": 3}]}
+        )

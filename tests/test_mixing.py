@@ -1,0 +1,101 @@
+"""Mixing sources: proportional by documents or tokens, interleaved from the start, exhausted sources handled."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from pathlib import Path
+
+from sparknet.config import load_config
+from sparknet.data.mixing import Mixer, mix_texts
+from tests.conftest import run_script, write_config, write_jsonl
+
+
+def _two_sources(tmp_path: Path, n_short: int = 3000, n_long: int = 800) -> tuple[Path, Path]:
+    rng = random.Random(0)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    short = [" ".join(rng.choices(words, k=rng.randint(2, 6))) for _ in range(n_short)]  # ~30 bytes
+    long = [" ".join(rng.choices(words, k=rng.randint(600, 1200))) for _ in range(n_long)]  # ~5 kB
+    return write_jsonl(tmp_path / "short.jsonl", short), write_jsonl(tmp_path / "long.jsonl", long)
+
+
+def test_tokenizer_samples_documents_in_proportion(tmp_path: Path) -> None:
+    """0.8/0.2 of the documents even though one source's documents are ~150x longer than the other's."""
+    short, long = _two_sources(tmp_path)
+    cfg = write_config(
+        tmp_path / "mix.json",
+        [
+            {"name": "json", "prob": 0.2, "data_files": str(long)},
+            {"name": "json", "prob": 0.8, "data_files": str(short)},
+        ],
+    )
+    proc = run_script(
+        "train_tokenizer_v5.py",
+        "--config",
+        cfg,
+        "--vocab_size",
+        300,
+        "--max_docs",
+        2000,
+        "--output_dir",
+        tmp_path / "tok",
+    )
+    assert proc.returncode == 0, proc.stderr
+    sources = json.loads((tmp_path / "tok" / "training_report.json").read_text())["sources"]
+    assert abs(sources["short"]["documents"] / 2000 - 0.8) <= 0.03
+    assert abs(sources["long"]["documents"] / 2000 - 0.2) <= 0.03
+    assert sources["long"]["bytes"] > 50 * sources["short"]["bytes"] / 4  # the long documents really are long
+
+
+def test_every_prefix_carries_the_mix(tmp_path: Path) -> None:
+    """Document by document across sources: no source is drained before the next starts."""
+    short, long = _two_sources(tmp_path, 500, 500)
+    cfg = load_config(
+        write_config(
+            tmp_path / "mix.json",
+            [
+                {"name": "json", "prob": 0.8, "data_files": str(short)},
+                {"name": "json", "prob": 0.2, "data_files": str(long)},
+            ],
+        )
+    )
+    labels = [label for label, _text in itertools.islice(mix_texts(cfg), 400)]
+    for n in (5, 10, 50, 100, 400):
+        assert abs(labels[:n].count("long") - 0.2 * n) <= 1
+
+
+def test_token_mixing_tracks_units_within_one_document() -> None:
+    rng = random.Random(1)
+    streams = {
+        "a": [[0] * rng.randint(1, 2000) for _ in range(3000)],
+        "b": [[0] * rng.randint(1, 50) for _ in range(30000)],
+    }
+    mixer = Mixer(streams, {"a": 0.5, "b": 0.5}, cost=len)
+    taken = 0
+    for _label, doc in mixer:
+        taken += len(doc)
+        if taken > 1_000_000:
+            break
+    units = {k: c.units for k, c in mixer.counts.items()}
+    assert abs(units["a"] - units["b"]) <= 2000  # never more than one (longest) document apart
+    report = mixer.report()
+    assert abs(report["a"]["share"] - 0.5) < 0.001 and report["a"]["requested_share"] == 0.5
+
+
+def test_exhausted_source_is_recorded_and_the_others_go_on() -> None:
+    mixer = Mixer({"small": iter(range(10)), "big": iter(range(1000))}, {"small": 0.5, "big": 0.5})
+    out = list(mixer)
+    assert len(out) == 1010
+    assert [label for label, _ in out[:20]].count("small") == 10
+    assert mixer.counts["small"].exhausted and mixer.counts["big"].exhausted
+    assert mixer.report()["small"]["documents"] == 10
+
+
+def test_held_out_documents_follow_the_sample_and_are_not_counted() -> None:
+    mixer = Mixer({"a": iter(range(100)), "b": iter(range(100, 200))}, {"a": 0.5, "b": 0.5})
+    sample = [item for _, item in itertools.islice(mixer, 10)]
+    held = mixer.held_out(3)
+    assert held == {"a": [5, 6, 7], "b": [105, 106, 107]}
+    assert not set(sample) & set(held["a"] + held["b"])
+    assert mixer.total_units == 10

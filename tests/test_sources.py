@@ -1,0 +1,71 @@
+"""Opening a mix entry: local JSONL streamed through `datasets`, text-column detection, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparknet.config import SourceSpec
+from sparknet.data.sources import iter_texts, open_source
+from sparknet.errors import UserError
+from sparknet.runtime import PROJECT_ROOT
+from tests.conftest import write_jsonl
+
+
+def _rows(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_streams_texts_in_order_skipping_empty(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl", ["one", "", "two", "three"])
+    spec = SourceSpec(name="json", prob=1, data_files=str(path), label="a")
+    assert list(iter_texts(spec)) == ["one", "two", "three"]
+    assert type(open_source(spec)).__name__ == "IterableDataset"  # streamed, never materialised
+
+
+def test_detects_a_common_text_column(tmp_path: Path) -> None:
+    path = _rows(tmp_path / "b.jsonl", [{"id": 1, "content": "x y"}, {"id": 2, "content": "z"}])
+    assert list(iter_texts(SourceSpec(name="json", prob=1, data_files=path, label="b"))) == ["x y", "z"]
+
+
+def test_no_usable_text_column_lists_columns_and_names_text_field(tmp_path: Path) -> None:
+    path = _rows(tmp_path / "c.jsonl", [{"id": 1, "title": "t", "body_html": "<p>"}])
+    with pytest.raises(UserError) as err:
+        list(iter_texts(SourceSpec(name="json", prob=1, data_files=path, label="c")))
+    message = str(err.value)
+    assert "columns found: id (int), title (str), body_html (str)" in message and '"text_field"' in message
+
+
+def test_explicit_text_field_missing(tmp_path: Path) -> None:
+    path = _rows(tmp_path / "d.jsonl", [{"text": "t"}])
+    with pytest.raises(UserError, match="text_field 'body' is not a column; columns found: text"):
+        list(iter_texts(SourceSpec(name="json", prob=1, data_files=path, text_field="body", label="d")))
+
+
+def test_unreachable_hub_source_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="cannot open source 'x' .*HF_HUB_OFFLINE"):
+        open_source(SourceSpec(name="sparknet-tests/no-such-dataset", prob=1, label="x"))
+
+
+def test_datasets_output_folder_never_shadows_the_datasets_package() -> None:
+    made = not (PROJECT_ROOT / "datasets").exists()
+    (PROJECT_ROOT / "datasets").mkdir(exist_ok=True)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", "import datasets; print(datasets.__file__, datasets.load_dataset)"],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": "."},
+        )
+        assert out.returncode == 0, out.stderr
+        assert "site-packages" in out.stdout
+    finally:
+        if made:
+            (PROJECT_ROOT / "datasets").rmdir()
