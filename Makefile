@@ -34,4 +34,4 @@ bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(OFFLINE) $(PY) $$b || exit 1; done
 
 clean-demo:
-	rm -rf data/demo tokenizer-demo datasets/demo checkpoints/demo logs/demo
+	rm -rf data/demo tokenizer-demo datasets/demo datasets/.demo.building checkpoints/demo logs/demo

@@ -1,11 +1,13 @@
 """Choosing the next document across sources so that the realised shares follow the mix's `prob`.
 
-The choice is deterministic deficit scheduling: the next document comes from the active source furthest behind its
-share (smallest `units / prob`), where a document's units are 1 (mixing by documents, for tokenizer sampling) or
-its token count (mixing by tokens, for datasets). Every prefix of the output then carries the mix to within one
-document per source, sources are interleaved document by document (none drained before the next), and nothing
-depends on random draws, so shares are exact and rebuilds identical. Written by hand because `interleave_datasets`
-mixes by documents with random draws: its token shares drift with document length.
+The choice is deterministic deficit scheduling with one document of look-ahead: the next document comes from the
+source that would stand lowest against its share after taking its next document (smallest `(units + next) / prob`),
+where a document's units are 1 (mixing by documents, for tokenizer sampling) or its token count (mixing by tokens,
+for datasets); looking at the next document's size keeps one long document from pushing its source over its share.
+Every prefix of the output then carries the mix to within one document per source, sources are interleaved document
+by document (none drained before the next), and nothing depends on random draws, so shares are exact and rebuilds
+identical. Written by hand because `interleave_datasets` mixes by documents with random draws: its token shares
+drift with document length.
 """
 
 from __future__ import annotations
@@ -49,24 +51,41 @@ class Mixer(Generic[T]):
         total = sum(self.probs.values())
         self.counts = {label: SourceCount(requested=self.probs[label] / total) for label in self.streams}
         self._iters: dict[str, Iterator[T]] = {label: iter(s) for label, s in self.streams.items()}
+        self._heads: dict[str, tuple[T, int]] = {}
 
-    def _next_label(self) -> str | None:
-        active = [label for label in self._iters if not self.counts[label].exhausted]
-        if not active:
-            return None
-        return min(active, key=lambda label: self.counts[label].units / self.counts[label].requested)
-
-    def __iter__(self) -> Iterator[tuple[str, T]]:
-        while (label := self._next_label()) is not None:
+    def _head(self, label: str) -> tuple[T, int] | None:
+        """The source's next item and its cost, read ahead but not yet taken; None once the source is dry."""
+        if label not in self._heads:
             try:
                 item = next(self._iters[label])
             except StopIteration:
                 self.counts[label].exhausted = True
-                continue
-            count = self.counts[label]
+                return None
+            self._heads[label] = (item, self.cost(item))
+        return self._heads[label]
+
+    def __iter__(self) -> Iterator[tuple[str, T]]:
+        while True:
+            best, best_key = None, 0.0
+            for label, count in self.counts.items():
+                head = None if count.exhausted else self._head(label)
+                if head is None:
+                    continue
+                key = (count.units + head[1]) / count.requested
+                if best is None or key < best_key:
+                    best, best_key = label, key
+            if best is None:
+                return
+            item, cost = self._heads.pop(best)
+            count = self.counts[best]
             count.documents += 1
-            count.units += self.cost(item)
-            yield label, item
+            count.units += cost
+            yield best, item
+
+    def restart_shares(self) -> None:
+        """Starts the share accounting afresh (document counts stay), so what follows carries the mix on its own."""
+        for count in self.counts.values():
+            count.units = 0
 
     @property
     def total_units(self) -> int:
@@ -77,7 +96,8 @@ class Mixer(Generic[T]):
         """The next `n` items of each source, outside the mix and its counts (held-out text the mix never used)."""
         out: dict[str, list[T]] = {}
         for label, it in self._iters.items():
-            out[label] = [] if self.counts[label].exhausted else list(itertools.islice(it, n))
+            head = [self._heads.pop(label)[0]] if label in self._heads else []
+            out[label] = (head + list(itertools.islice(it, n - len(head))))[:n]
         return out
 
     def report(self) -> dict[str, dict[str, float | int | bool]]:
@@ -96,7 +116,7 @@ class Mixer(Generic[T]):
 
 
 def mix_texts(config: MixConfig, cost: Callable[[str], int] | None = None) -> Mixer[str]:
-    """A Mixer over the document texts of every source of a config, each source streamed lazily."""
+    """A Mixer over the document texts of every source of a config, each source streamed lazily in its order."""
     from sparknet.data.sources import iter_texts
 
     streams = {spec.label: iter_texts(spec) for spec in config.mix}

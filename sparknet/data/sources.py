@@ -57,10 +57,14 @@ def pick_text_field(row: dict[str, Any], spec: SourceSpec) -> str:
     )
 
 
-def iter_texts(spec: SourceSpec, rows: Any = None) -> Iterator[str]:
-    """Yields the non-empty document texts of a source, in the source's order."""
+def iter_texts(spec: SourceSpec, shuffle_buffer: int = 0, seed: int = 0) -> Iterator[str]:
+    """Yields the non-empty document texts of a source: in the source's order, or shuffled through a buffer of
+    `shuffle_buffer` documents (and shard order) with `seed`, deterministically."""
+    rows = open_source(spec)
+    if shuffle_buffer > 0:
+        rows = rows.shuffle(seed=seed, buffer_size=shuffle_buffer)
     field = None
-    for row in open_source(spec) if rows is None else rows:
+    for row in rows:
         if field is None:
             field = pick_text_field(row, spec)
         text = row.get(field)

@@ -1,0 +1,70 @@
+"""Builds the static packed dataset: the mix's sources streamed, encoded, mixed by tokens and packed into blocks.
+
+Each source gets `prob × TARGET_TOKENS` tokens, interleaved document by document so that any prefix carries the mix.
+Every document is followed by <|endoftext|>; blocks are contiguous (no padding; only the final partial block is
+dropped). The validation split comes first from the same mix and shares no document with train. The output folder
+holds memory-mappable token files and manifest.json (written last): no manifest, no dataset. An interrupted build
+is discarded and restarted by running the same command again.
+"""
+
+CONFIG = "configs/datasets_v5.json"  # mix config
+TOKENIZER_DIR = "tokenizer-v5"  # tokenizer folder or Hub id (e.g. gpt2)
+OUTPUT_DIR = "datasets/sparknet-v5-1b"  # dataset folder
+TARGET_TOKENS = None  # training tokens (None: the config's target_tokens)
+VAL_TOKENS = 2_000_000  # validation tokens, held out from the same mix (rounded up to whole blocks)
+BLOCK_SIZE = None  # tokens per training block (None: the config's context_length)
+NUM_WORKERS = None  # tokenizer processes (None: all cores; 0: encode in this process)
+SEED = None  # seed of the per-source shuffle (None: the config's seed)
+SHUFFLE_BUFFER = 10_000  # documents shuffled per source through a buffer (0: keep each source's order)
+DTYPE = "auto"  # token dtype on disk: auto (uint16 when the vocab fits), uint16 or uint32
+FAIL_ON_EXHAUSTED = False  # stop with an error, not a warning, when a source runs dry before its share
+OVERWRITE = False  # replace an existing dataset built from other inputs
+
+
+def main() -> None:
+    from sparknet import runtime
+    from sparknet.config import load_config
+
+    config = load_config(CONFIG)
+    seed = config.seed if SEED is None else SEED
+    runtime.setup(seed)
+    from sparknet.data.build import BuildSpec, available_cores, build_dataset
+    from sparknet.errors import UserError
+
+    for name, value in [
+        ("TARGET_TOKENS", TARGET_TOKENS),
+        ("BLOCK_SIZE", BLOCK_SIZE),
+        ("NUM_WORKERS", NUM_WORKERS),
+        ("SEED", SEED),
+    ]:
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise UserError(f"{name}={value!r}: expected a non-negative integer or None")
+    spec = BuildSpec(
+        config=config,
+        tokenizer=TOKENIZER_DIR,
+        output_dir=runtime.project_path(OUTPUT_DIR),
+        target_tokens=config.target_tokens if TARGET_TOKENS is None else TARGET_TOKENS,
+        val_tokens=VAL_TOKENS,
+        block_size=config.context_length if BLOCK_SIZE is None else BLOCK_SIZE,
+        seed=seed,
+        num_workers=available_cores() if NUM_WORKERS is None else NUM_WORKERS,
+        dtype=DTYPE,
+        shuffle_buffer=SHUFFLE_BUFFER,
+        fail_on_exhausted=FAIL_ON_EXHAUSTED,
+        overwrite=OVERWRITE,
+    )
+    manifest = build_dataset(spec)
+    print(f"dataset: {spec.output_dir}  ({manifest['build_seconds']:.0f} s to build)")
+    for split, info in manifest["splits"].items():
+        print(
+            f"  {split}: {info['blocks']} blocks of {manifest['block_size']} = {info['tokens']:,} tokens, "
+            f"{info['documents']:,} documents"
+        )
+        for label, s in info["sources"].items():
+            print(f"    {label:<24} {s['tokens']:>14,} tokens  {s['share']:6.2%} (asked {s['requested_share']:.2%})")
+
+
+if __name__ == "__main__":
+    from sparknet.cli import run_script
+
+    run_script(globals(), main)

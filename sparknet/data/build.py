@@ -1,0 +1,328 @@
+"""Building a packed dataset: stream every source, encode in worker processes, mix by tokens, pack, write.
+
+Each source is read lazily and encoded in batches on a process pool, with a bounded number of batches in flight per
+source, so memory does not grow with the dataset. The mixer then takes whole documents from the source furthest
+behind its token share. The first VAL_TOKENS (whole blocks) of the mixed stream form the validation split, the
+rest the training split; a document goes entirely to one of them. Output order depends only on the inputs, never on
+the number of workers, so the same inputs give byte-identical token files.
+
+A build writes into a hidden sibling folder and renames it to OUTPUT_DIR only once the manifest is in it; an
+interrupted build is discarded and restarted from the beginning by the next run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import multiprocessing as mp
+import os
+import shutil
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sparknet.config import MixConfig
+from sparknet.data.mixing import Mixer
+from sparknet.data.packed import FORMAT_VERSION, MANIFEST, SPLITS, SplitWriter, read_manifest, write_json_atomic
+from sparknet.data.packing import BlockPacker, DocumentEncoder, encode_in_worker, init_worker, token_dtype
+from sparknet.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BuildSpec:
+    """Everything a build depends on (the script's constants, resolved)."""
+
+    config: MixConfig
+    tokenizer: str
+    output_dir: Path
+    target_tokens: int
+    val_tokens: int
+    block_size: int
+    seed: int
+    num_workers: int = 0
+    dtype: str = "auto"
+    shuffle_buffer: int = 0
+    fail_on_exhausted: bool = False
+    overwrite: bool = False
+    batch_docs: int = 256
+    batch_chars: int = 1 << 20
+
+
+def available_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _batches(texts: Iterator[str], max_docs: int, max_chars: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    chars = 0
+    for text in texts:
+        batch.append(text)
+        chars += len(text)
+        if len(batch) >= max_docs or chars >= max_chars:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def _encoded_documents(
+    texts: Iterator[str], submit: Callable[[list[str]], Any], in_flight: int, max_docs: int, max_chars: int
+) -> Iterator[np.ndarray]:
+    """Yields one source's documents as token arrays, keeping at most `in_flight` batches submitted ahead."""
+    batches = _batches(texts, max_docs, max_chars)
+    pending: deque[Any] = deque()
+
+    def top_up() -> None:
+        while len(pending) < in_flight:
+            batch = next(batches, None)
+            if batch is None:
+                return
+            pending.append(submit(batch))
+
+    top_up()
+    while pending:
+        flat, lengths = pending.popleft().get()
+        top_up()
+        yield from np.split(flat, np.cumsum(lengths)[:-1])
+
+
+class _Eager:
+    """A finished 'async' result, for building without worker processes."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def get(self) -> Any:
+        return self.value
+
+
+def tokenizer_fingerprint(name_or_path: str, tok: Any) -> str:
+    """sha256 of the tokenizer's tokenizer.json (of its serialised form for a Hub tokenizer)."""
+    from sparknet.runtime import project_path
+
+    path = project_path(name_or_path) / "tokenizer.json"
+    data = path.read_bytes() if path.is_file() else tok.backend_tokenizer.to_str().encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    keys = sorted(set(old) | set(new))
+    return [f"{k}: {json_short(old.get(k))} -> {json_short(new.get(k))}" for k in keys if old.get(k) != new.get(k)]
+
+
+def json_short(value: Any, limit: int = 80) -> str:
+    """A value as compact JSON, cut to `limit` characters."""
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """The existing manifest when OUTPUT_DIR already holds this very dataset; errors for anything else."""
+    out = spec.output_dir
+    if not out.exists():
+        return None
+    manifest = read_manifest(out)
+    if manifest is None:
+        if any(out.iterdir()):
+            raise UserError(
+                f"{out} exists but holds no dataset (no {MANIFEST}): move it away or choose another OUTPUT_DIR"
+            )
+        return None
+    if manifest.get("inputs") == inputs:
+        return manifest
+    if spec.overwrite:
+        return None
+    changes = "; ".join(_differences(manifest.get("inputs", {}), inputs))
+    raise UserError(
+        f"{out} already holds a dataset built from other inputs ({changes}). Choose another "
+        "OUTPUT_DIR, or pass --overwrite true to replace it"
+    )
+
+
+def build_dataset(spec: BuildSpec) -> dict[str, Any]:
+    """Builds (or finds already built) the dataset described by `spec`; returns its manifest."""
+    from tqdm import tqdm
+
+    from sparknet.data.sources import iter_texts
+    from sparknet.tokenizer import load_tokenizer
+
+    started = time.time()
+    config = spec.config
+    if spec.block_size > config.context_length:
+        raise UserError(
+            f"BLOCK_SIZE={spec.block_size} exceeds the model's context of {config.context_length} "
+            f"tokens ({config.path}: context_length): lower BLOCK_SIZE"
+        )
+    if spec.target_tokens < spec.block_size:
+        raise UserError(f"TARGET_TOKENS={spec.target_tokens} is less than one block of {spec.block_size} tokens")
+    if spec.val_tokens < 0:
+        raise UserError(f"VAL_TOKENS={spec.val_tokens}: expected 0 or more")
+    tok = load_tokenizer(spec.tokenizer)
+    max_len = getattr(tok, "model_max_length", None)
+    if isinstance(max_len, int) and max_len < 10**8 and spec.block_size > max_len:
+        raise UserError(f"BLOCK_SIZE={spec.block_size} exceeds the tokenizer's model_max_length of {max_len}")
+    vocab_size = len(tok)
+    dtype = token_dtype(vocab_size, spec.dtype)
+    eos_id = int(tok.eos_token_id)
+    inputs = {
+        "format_version": FORMAT_VERSION,
+        "tokenizer_sha256": tokenizer_fingerprint(spec.tokenizer, tok),
+        "mix": config.to_dict()["mix"],
+        "seed": spec.seed,
+        "block_size": spec.block_size,
+        "dtype": dtype.name,
+        "target_tokens": spec.target_tokens,
+        "val_tokens": spec.val_tokens,
+        "shuffle_buffer": spec.shuffle_buffer,
+    }
+    existing = _check_existing(spec, inputs)
+    if existing is not None:
+        log.info("%s already holds this dataset (same inputs): nothing to do", spec.output_dir)
+        return existing
+
+    tmp = spec.output_dir.with_name(f".{spec.output_dir.name}.building")
+    if tmp.exists():
+        log.warning("found an interrupted build in %s: starting over", tmp)
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    pool = None
+    try:
+        tokenizer_json = tok.backend_tokenizer.to_str()
+        if spec.num_workers > 0:
+            pool = mp.get_context("spawn").Pool(spec.num_workers, init_worker, (tokenizer_json, eos_id, dtype.name))
+
+            def submit(batch: list[str]) -> Any:
+                return pool.apply_async(encode_in_worker, (batch,))
+        else:
+            encoder = DocumentEncoder(tokenizer_json, eos_id, dtype)
+
+            def submit(batch: list[str]) -> Any:
+                return _Eager(encoder(batch))
+
+        in_flight = max(2, 2 * spec.num_workers)
+        streams = {
+            s.label: _encoded_documents(
+                iter_texts(s, spec.shuffle_buffer, spec.seed), submit, in_flight, spec.batch_docs, spec.batch_chars
+            )
+            for s in config.mix
+        }
+        mixer = Mixer(streams, {s.label: s.prob for s in config.mix}, cost=len)
+        manifest = _pack(spec, mixer, tmp, dtype, tqdm)
+    except BaseException:
+        if pool is not None:
+            pool.terminate()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if pool is not None:
+        pool.close()
+        pool.join()
+
+    manifest.update(
+        {
+            "format_version": FORMAT_VERSION,
+            "inputs": inputs,
+            "tokenizer": {
+                "path": spec.tokenizer,
+                "sha256": inputs["tokenizer_sha256"],
+                "vocab_size": vocab_size,
+                "eos_token_id": eos_id,
+                "eos_token": tok.eos_token,
+            },
+            "config": {"path": config.path, **config.to_dict()},
+            "seed": spec.seed,
+            "block_size": spec.block_size,
+            "dtype": dtype.name,
+            "build_seconds": round(time.time() - started, 2),
+        }
+    )
+    write_json_atomic(tmp / MANIFEST, manifest)
+    if spec.output_dir.exists():
+        old = spec.output_dir.with_name(f".{spec.output_dir.name}.replaced")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(spec.output_dir, old)
+        os.replace(tmp, spec.output_dir)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, spec.output_dir)
+    return manifest
+
+
+def _pack(spec: BuildSpec, mixer: Mixer, folder: Path, dtype: np.dtype, tqdm: Any) -> dict[str, Any]:
+    """Runs the mixed documents through the val then the train packer; returns the split part of the manifest."""
+    block = spec.block_size
+    want = {"val": math.ceil(spec.val_tokens / block), "train": spec.target_tokens // block}
+    packers = {split: BlockPacker(block, dtype) for split in SPLITS}
+    writers = {split: SplitWriter(folder, split, block, dtype) for split in SPLITS}
+    bar = tqdm(total=(want["val"] + want["train"]) * block, unit="tok", unit_scale=True, desc="packing", smoothing=0.1)
+    split = "val" if want["val"] else "train"
+    try:
+        for label, doc in mixer:
+            packer = packers[split]
+            full = packer.add(label, doc)
+            if full is not None:
+                writers[split].write(full[: max(0, want[split] - writers[split].blocks)])
+            bar.update(len(doc))
+            if packer.tokens_added >= want[split] * block:
+                writers[split].write(packer.finish(want[split]))
+                if split == "train":
+                    break
+                split = "train"
+                mixer.restart_shares()  # train carries the mix by itself, whatever val's last document left out
+        else:  # every source ran dry before the budget
+            for name in SPLITS:
+                if packers[name].pending_tokens:
+                    writers[name].write(packers[name].finish(want[name]))
+    finally:
+        bar.close()
+        for w in writers.values():
+            w.close()
+
+    labels = list(mixer.counts)
+    requested = {label: c.requested for label, c in mixer.counts.items()}
+    exhausted = [label for label, c in mixer.counts.items() if c.exhausted]
+    splits = {}
+    for name in SPLITS:
+        p = packers[name]
+        total = sum(p.tokens_by_source.values()) or 1
+        splits[name] = {
+            "file": f"{name}.bin",
+            "blocks": writers[name].blocks,
+            "tokens": writers[name].blocks * block,
+            "documents": sum(p.documents_by_source.values()),
+            "sources": {
+                label: {
+                    "tokens": p.tokens_by_source[label],
+                    "documents": p.documents_by_source[label],
+                    "share": p.tokens_by_source[label] / total,
+                    "requested_share": requested[label],
+                }
+                for label in labels
+            },
+        }
+    if writers["train"].blocks == 0:
+        raise UserError(
+            f"the sources hold too few tokens for even one training block of {block} tokens after "
+            f"{writers['val'].blocks} validation blocks: add data, or lower VAL_TOKENS or BLOCK_SIZE"
+        )
+    short = writers["train"].blocks < want["train"] or writers["val"].blocks < want["val"]
+    if exhausted:
+        message = f"source(s) {', '.join(exhausted)} ran dry before reaching their share" + (
+            "; the dataset is smaller than asked" if short else "; the other sources filled the gap"
+        )
+        if spec.fail_on_exhausted:
+            raise UserError(message + " (FAIL_ON_EXHAUSTED is on)")
+        log.warning(message)
+    return {"splits": splits, "exhausted_sources": exhausted, "complete": not short, "requested_blocks": want}

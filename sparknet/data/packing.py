@@ -1,0 +1,139 @@
+"""Encoding documents (no special tokens, `<|endoftext|>` appended) and cutting the token stream into fixed blocks.
+
+Shared by the static build and the stream. Packing is written by hand (numpy) because the HF route, a batched
+`datasets.map` that concatenates and re-splits, can neither track which source each token came from nor stop at an
+exact token budget.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+def token_dtype(vocab_size: int, requested: str = "auto") -> np.dtype:
+    """uint16 when every id fits, else uint32; a requested dtype too small for the vocabulary is refused."""
+    from sparknet.errors import UserError
+
+    if requested not in ("auto", "uint16", "uint32"):
+        raise UserError(f"DTYPE={requested!r}: expected auto, uint16 or uint32")
+    if requested == "auto":
+        return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+    dtype = np.dtype(requested)
+    if vocab_size > np.iinfo(dtype).max + 1:
+        raise UserError(
+            f"a vocabulary of {vocab_size} tokens overflows {requested} (ids up to "
+            f"{np.iinfo(dtype).max}): use DTYPE=uint32 or auto"
+        )
+    return dtype
+
+
+class DocumentEncoder:
+    """Encodes batches of texts to one flat token array with eos after every document, plus document lengths.
+
+    Built from the tokenizer's JSON so that worker processes can rebuild it cheaply. Special-token text inside a
+    document (a literal "<|endoftext|>") is encoded as plain text: only the appended eos separates documents.
+    """
+
+    def __init__(self, tokenizer_json: str, eos_id: int, dtype: str | np.dtype) -> None:
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.tokenizer.encode_special_tokens = True
+        self.eos_id = eos_id
+        self.dtype = np.dtype(dtype)
+
+    def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        encodings = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+        lengths = np.fromiter((len(e.ids) + 1 for e in encodings), dtype=np.int64, count=len(encodings))
+        flat = np.empty(int(lengths.sum()), dtype=self.dtype)
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        for enc, start, end in zip(encodings, starts, ends, strict=True):
+            flat[start : end - 1] = enc.ids
+        flat[ends - 1] = self.eos_id
+        return flat, lengths
+
+
+_WORKER_ENCODER: DocumentEncoder | None = None
+
+
+def init_worker(tokenizer_json: str, eos_id: int, dtype: str) -> None:
+    """Pool initializer: one single-threaded encoder per worker process (the pool gives the parallelism)."""
+    global _WORKER_ENCODER
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER_ENCODER = DocumentEncoder(tokenizer_json, eos_id, dtype)
+
+
+def encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Pool task: encode one batch with the worker's encoder."""
+    assert _WORKER_ENCODER is not None, "init_worker did not run"
+    return _WORKER_ENCODER(texts)
+
+
+@dataclass
+class BlockPacker:
+    """Appends documents and hands out full blocks of `block_size` tokens, crediting each token to its source.
+
+    Documents are concatenated as they come (each already ends with eos); nothing is padded. Only the final partial
+    block, held back by `finish`, is dropped.
+    """
+
+    block_size: int
+    dtype: np.dtype
+    flush_tokens: int = 1 << 20
+    tokens_by_source: Counter[str] = field(default_factory=Counter)  # tokens in handed-out blocks
+    documents_by_source: Counter[str] = field(default_factory=Counter)  # documents started in this packer
+    blocks: int = 0
+
+    def __post_init__(self) -> None:
+        self._pending: list[np.ndarray] = []
+        self._segments: deque[list[Any]] = deque()  # [label, tokens not yet in a handed-out block], in order
+        self.pending_tokens = 0
+
+    @property
+    def tokens_added(self) -> int:
+        """Tokens handed out in blocks plus those still pending."""
+        return self.blocks * self.block_size + self.pending_tokens
+
+    def add(self, label: str, tokens: np.ndarray) -> np.ndarray | None:
+        """Appends one document; returns full blocks (shape [n, block_size]) once enough tokens are pending."""
+        self._pending.append(tokens)
+        self._segments.append([label, len(tokens)])
+        self.pending_tokens += len(tokens)
+        self.documents_by_source[label] += 1
+        if self.pending_tokens >= self.flush_tokens:
+            return self._take(self.pending_tokens // self.block_size)
+        return None
+
+    def finish(self, max_blocks: int | None = None) -> np.ndarray:
+        """The remaining full blocks (at most `max_blocks` more in all); the partial rest is dropped."""
+        n = self.pending_tokens // self.block_size
+        if max_blocks is not None:
+            n = max(0, min(n, max_blocks - self.blocks))
+        out = self._take(n)
+        self._pending, self._segments, self.pending_tokens = [], deque(), 0
+        return out
+
+    def _take(self, n_blocks: int) -> np.ndarray:
+        n_tokens = n_blocks * self.block_size
+        flat = np.concatenate(self._pending) if len(self._pending) != 1 else self._pending[0]
+        out, rest = flat[:n_tokens], flat[n_tokens:]
+        self._pending = [rest] if len(rest) else []
+        self.pending_tokens = len(rest)
+        self.blocks += n_blocks
+        remaining = n_tokens
+        while remaining and self._segments:
+            seg = self._segments[0]
+            used = min(seg[1], remaining)
+            self.tokens_by_source[seg[0]] += used
+            seg[1] -= used
+            remaining -= used
+            if seg[1] == 0:
+                self._segments.popleft()
+        return out.reshape(n_blocks, self.block_size)

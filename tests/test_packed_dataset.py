@@ -1,0 +1,283 @@
+"""The static packed dataset: exact token mixture, eos placement, disjoint splits, identical rebuilds, interruption,
+bad input, and the memory-mapped reader."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sparknet.config import load_config
+from sparknet.data.build import BuildSpec, build_dataset
+from sparknet.data.packed import PackedDataset
+from sparknet.errors import UserError
+from tests.conftest import OFFLINE_ENV, run_script, write_config, write_jsonl
+
+EOT = "<|endoftext|>"
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """Two sources of unique documents with very different lengths; a few hold tricky text."""
+    from pydoc_data.topics import topics
+
+    words = " ".join(topics.values()).split()
+    rng = random.Random(7)
+    folder = tmp_path_factory.mktemp("src")
+    docs = {
+        "short": [f"short-{i}: " + " ".join(rng.choices(words, k=rng.randint(5, 120))) for i in range(4000)],
+        "long": [f"long-{i}: " + " ".join(rng.choices(words, k=rng.randint(300, 1000))) for i in range(900)],
+    }
+    docs["short"][3] += f" a literal {EOT} inside a document"
+    docs["short"][5] += " crlf\r\nand tabs\t and emoji 😀"
+    for name, texts in docs.items():
+        write_jsonl(folder / f"{name}.jsonl", texts)
+    docs["folder"] = [str(folder)]  # type: ignore[list-item]
+    return docs
+
+
+def _config(sources: dict, tmp_path: Path, short: float = 0.7, long: float = 0.3, context: int = 128) -> Path:
+    folder = Path(sources["folder"][0])
+    mix = [
+        {"name": "json", "prob": short, "data_files": str(folder / "short.jsonl")},
+        {"name": "json", "prob": long, "data_files": str(folder / "long.jsonl")},
+    ]
+    return write_config(tmp_path / "mix.json", mix, context_length=context)
+
+
+def _spec(cfg: Path, out: Path, tokenizer_dir: Path, **kw: object) -> BuildSpec:
+    args = dict(
+        config=load_config(cfg),
+        tokenizer=str(tokenizer_dir),
+        output_dir=out,
+        target_tokens=400_000,
+        val_tokens=10_000,
+        block_size=128,
+        seed=3,
+        num_workers=0,
+    )
+    args.update(kw)
+    return BuildSpec(**args)  # type: ignore[arg-type]
+
+
+def _segments(tokens: np.ndarray, eos: int) -> list[np.ndarray]:
+    """Splits a token stream after every eos; the last piece is what follows the last eos."""
+    cuts = np.flatnonzero(tokens == eos) + 1
+    return np.split(tokens, cuts)
+
+
+@pytest.fixture(scope="module")
+def built(sources: dict, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("built")
+    out = tmp / "ds"
+    build_dataset(_spec(_config(sources, tmp), out, tokenizer_dir, num_workers=2))
+    return out
+
+
+def test_realised_token_shares_match_the_requested_ones(built: Path) -> None:
+    manifest = json.loads((built / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["exhausted_sources"] == []
+    for split in ("train", "val"):
+        for label, want in (("short", 0.7), ("long", 0.3)):
+            got = manifest["splits"][split]["sources"][label]
+            assert got["requested_share"] == pytest.approx(want)
+            tolerance = 0.005 if split == "train" else 0.05  # val is only ~80 documents
+            assert abs(got["share"] - want) <= tolerance, (split, label, got)
+    train = manifest["splits"]["train"]
+    assert train["blocks"] == 400_000 // 128 and train["tokens"] == train["blocks"] * 128
+    assert sum(s["tokens"] for s in train["sources"].values()) == train["tokens"]
+    assert manifest["splits"]["val"]["blocks"] == -(-10_000 // 128)
+    assert manifest["dtype"] == "uint16" and manifest["block_size"] == 128
+    assert len(manifest["tokenizer"]["sha256"]) == 64 and manifest["build_seconds"] > 0
+
+
+def test_eos_after_every_document_none_missing_and_splits_disjoint(
+    built: Path, sources: dict, tokenizer_dir: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    eos = tok.eos_token_id
+    seen: dict[str, list[int]] = {"short": [], "long": []}
+    index = {text: (name, i) for name in ("short", "long") for i, text in enumerate(sources[name])}
+    per_split = {}
+    for split in ("val", "train"):
+        tokens = np.asarray(PackedDataset(built, split).tokens).reshape(-1)
+        pieces = _segments(tokens, eos)
+        whole = pieces[:-1]  # the last piece was cut by the final block
+        texts = [tok.decode(p[:-1].tolist()) for p in whole]
+        assert all(text in index for text in texts), "a piece between two eos is not exactly one document"
+        per_split[split] = {index[t] for t in texts}
+        for text in texts:
+            name, i = index[text]
+            seen[name].append(i)
+    assert not per_split["val"] & per_split["train"]
+    for name, order in seen.items():  # each source read in order, no document skipped (but the cut ones)
+        gaps = np.diff(order)
+        assert gaps.min() >= 1 and (gaps > 1).sum() <= 1, name  # one gap: the document cut at the end of val
+
+
+def test_literal_end_of_text_inside_a_document_is_not_a_separator(sources: dict, tokenizer_dir: Path) -> None:
+    from sparknet.data.packing import DocumentEncoder
+    from sparknet.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(tokenizer_dir))
+    enc = DocumentEncoder(tok.backend_tokenizer.to_str(), tok.eos_token_id, np.uint16)
+    flat, lengths = enc([sources["short"][3], "x"])
+    assert (flat == tok.eos_token_id).sum() == 2 and flat[lengths[0] - 1] == tok.eos_token_id
+    assert tok.decode(flat[: lengths[0] - 1].tolist()) == sources["short"][3]
+
+
+def test_rebuild_is_byte_identical_whatever_the_workers(
+    built: Path, sources: dict, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    again = tmp_path / "again"
+    build_dataset(_spec(_config(sources, built.parent), again, tokenizer_dir, num_workers=0))
+    for name in ("train.bin", "val.bin"):
+        assert (again / name).read_bytes() == (built / name).read_bytes()
+    a, b = (json.loads((d / "manifest.json").read_text()) for d in (built, again))
+    for m in (a, b):
+        m.pop("build_seconds")
+    assert a == b
+
+
+def test_same_inputs_again_is_a_no_op_and_other_inputs_are_refused(
+    built: Path, sources: dict, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    before = (built / "manifest.json").read_bytes()
+    build_dataset(_spec(_config(sources, built.parent), built, tokenizer_dir))
+    assert (built / "manifest.json").read_bytes() == before
+    with pytest.raises(UserError, match="built from other inputs .*target_tokens: 400000 -> 100000.*--overwrite"):
+        build_dataset(_spec(_config(sources, built.parent), built, tokenizer_dir, target_tokens=100_000))
+    assert (built / "manifest.json").read_bytes() == before
+
+
+def test_reader_gives_blocks_for_the_trainer(built: Path) -> None:
+    ds = PackedDataset(built, "train")
+    item = ds[len(ds) - 1]
+    assert len(ds) == 400_000 // 128 and item["input_ids"].dtype.is_floating_point is False
+    assert item["input_ids"].shape == (128,) and item["input_ids"].dtype.itemsize == 8
+    assert (item["labels"] == item["input_ids"]).all()
+    raw = np.fromfile(built / "train.bin", dtype=np.uint16).reshape(-1, 128)
+    assert item["input_ids"].tolist() == raw[-1].tolist()
+
+
+def test_opening_a_1b_token_dataset_copies_nothing(tmp_path: Path) -> None:
+    import resource
+
+    folder = tmp_path / "big"
+    folder.mkdir()
+    blocks = 1_000_000_000 // 1024
+    with (folder / "train.bin").open("wb") as f:
+        f.truncate(blocks * 1024 * 2)  # sparse: 2 GB on paper, nothing on disk
+    manifest = {
+        "format_version": 1,
+        "block_size": 1024,
+        "dtype": "uint16",
+        "splits": {"train": {"file": "train.bin", "blocks": blocks}},
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    ds = PackedDataset(folder, "train")
+    opened = time.perf_counter() - t
+    _ = ds[blocks // 2]["input_ids"].sum()
+    assert len(ds) == blocks and opened < 1.0
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 100_000  # KiB: < 100 MB
+
+
+def test_exhausted_source_is_filled_by_the_others_and_recorded(
+    sources: dict, tokenizer_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = _config(sources, tmp_path, short=0.8, long=0.2)  # the short source holds ~0.65M tokens: too few
+    with caplog.at_level("WARNING"):
+        manifest = build_dataset(_spec(cfg, tmp_path / "dry", tokenizer_dir, target_tokens=1_200_000))
+    assert manifest["exhausted_sources"] == ["short"] and manifest["complete"]
+    assert "short ran dry before reaching their share; the other sources filled the gap" in caplog.text
+    train = manifest["splits"]["train"]
+    assert train["tokens"] == 1_200_000 // 128 * 128 and train["sources"]["long"]["share"] > 0.3
+    with pytest.raises(UserError, match="FAIL_ON_EXHAUSTED"):
+        build_dataset(_spec(cfg, tmp_path / "strict", tokenizer_dir, target_tokens=1_200_000, fail_on_exhausted=True))
+    assert not (tmp_path / "strict").exists()
+
+
+def _script_args(cfg: Path, out: Path, tokenizer_dir: Path, *extra: object) -> list[object]:
+    return [
+        "--config",
+        cfg,
+        "--tokenizer_dir",
+        tokenizer_dir,
+        "--output_dir",
+        out,
+        "--val_tokens",
+        10_000,
+        "--num_workers",
+        0,
+        *extra,
+    ]
+
+
+def test_killed_build_is_not_taken_as_complete_and_a_rerun_completes(
+    sources: dict, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    cfg = _config(sources, tmp_path)
+    out = tmp_path / "ds"
+    building = tmp_path / ".ds.building"
+    argv = [
+        sys.executable,
+        "scripts/build_dataset_v5.py",
+        *map(str, _script_args(cfg, out, tokenizer_dir, "--target_tokens", 1_000_000)),
+    ]
+    proc = subprocess.Popen(
+        argv, env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 60
+    while not (building / "train.bin").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert building.exists() and not (building / "manifest.json").exists(), "the build finished before the kill"
+    assert not out.exists()
+    with pytest.raises(UserError, match="does not exist"):
+        PackedDataset(out)
+    rerun = run_script("build_dataset_v5.py", *_script_args(cfg, out, tokenizer_dir, "--target_tokens", 1_000_000))
+    assert rerun.returncode == 0, rerun.stderr
+    assert "interrupted build" in rerun.stderr and not building.exists()
+    assert len(PackedDataset(out)) == 1_000_000 // 128
+
+
+def test_bad_inputs_exit_nonzero_and_leave_nothing(sources: dict, tokenizer_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    cfg = _config(sources, tmp_path)
+    out = tmp_path / "ds"
+    no_text = tmp_path / "notext.jsonl"
+    no_text.write_text(json.dumps({"id": 1, "title": "t", "url": "u"}) + "\n")
+    bad_cfg = write_config(tmp_path / "notext.json", [{"name": "json", "prob": 1, "data_files": str(no_text)}])
+    big = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    big.add_tokens([f"zz{i}qq" for i in range(66_000)])
+    big.save_pretrained(str(tmp_path / "bigtok"))
+    cases = [
+        (_script_args(cfg, out, tmp_path / "missing-tok"), "tokenizer folder"),
+        (_script_args(tmp_path / "nope.json", out, tokenizer_dir), "config file"),
+        (_script_args(bad_cfg, out, tokenizer_dir), "columns found: id (int), title (str), url (str)"),
+        (
+            _script_args(cfg, out, tokenizer_dir, "--block_size", 256),
+            "BLOCK_SIZE=256 exceeds the model's context of 128",
+        ),
+        (_script_args(cfg, out, tmp_path / "bigtok", "--dtype", "uint16"), "overflows uint16"),
+    ]
+    for args, message in cases:
+        proc = run_script("build_dataset_v5.py", *args)
+        assert proc.returncode == 1, (message, proc.stderr)
+        assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert not out.exists() and not (tmp_path / ".ds.building").exists()
