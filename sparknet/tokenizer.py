@@ -125,7 +125,7 @@ def train_tokenizer(
             max_docs,
         )
     empty = [label for label, docs in heldout.items() if not docs]
-    if empty:
+    if empty and heldout_docs > 0:
         log.warning(
             "no held-out documents left for %s (source exhausted): bytes per token not measured for it",
             ", ".join(empty),

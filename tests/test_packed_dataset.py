@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from sparknet.config import load_config
+from sparknet.data import PackedDataset
 from sparknet.data.build import BuildSpec, build_dataset
-from sparknet.data.packed import PackedDataset
 from sparknet.errors import UserError
 from tests.conftest import OFFLINE_ENV, run_script, write_config, write_jsonl
 

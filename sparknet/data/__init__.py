@@ -1,5 +1,19 @@
 """The data pipeline: sources -> mixing -> packing -> the packed (static) dataset or the stream.
 
-What the Trainer reads is handed on here; the modules themselves are imported lazily by their users, so importing
-`sparknet.data` stays cheap.
+What the Trainer reads is handed on here (`from sparknet.data import PackedDataset`), imported on first use so
+that importing `sparknet.data` stays cheap.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["PackedDataset"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PackedDataset":
+        from sparknet.data.packed import PackedDataset
+
+        return PackedDataset
+    raise AttributeError(f"module 'sparknet.data' has no attribute {name!r}")

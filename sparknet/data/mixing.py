@@ -97,7 +97,7 @@ class Mixer(Generic[T]):
         out: dict[str, list[T]] = {}
         for label, it in self._iters.items():
             head = [self._heads.pop(label)[0]] if label in self._heads else []
-            out[label] = (head + list(itertools.islice(it, n - len(head))))[:n]
+            out[label] = (head + list(itertools.islice(it, max(0, n - len(head)))))[:n]
         return out
 
     def report(self) -> dict[str, dict[str, float | int | bool]]:

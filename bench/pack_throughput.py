@@ -1,0 +1,148 @@
+"""Benchmarks the packed-dataset build, measured side by side in one run (ratios, not absolute times).
+
+1. Throughput: the whole build (streaming, worker pool, mixing, packing, writing) against the tokenizer's own
+   `encode_batch` over the same documents on the same cores, the pipeline's ceiling. Target: ratio >= 0.8.
+2. Memory: peak RSS (main process + workers) of builds of N and 10×N tokens. Target: the larger <= 1.2× the smaller.
+3. Loading: random-access batch reads/s from the packed dataset against training steps/s of the 70M preset on this
+   CPU, same batch shape. Target: the loader >= 100× faster.
+
+Run: `make bench` or `.venv/bin/python bench/pack_throughput.py` (about 3 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+N_TOKENS = 500_000
+BATCH, BLOCK = 4, 1024
+TRAIN_STEPS = 2
+
+
+def build_cmd(cfg: Path, tok: Path, out: Path, target: int, workers: int) -> list[str]:
+    return [sys.executable, str(ROOT / "scripts/build_dataset_v5.py"), "--config", str(cfg), "--tokenizer_dir",
+            str(tok), "--output_dir", str(out), "--target_tokens", str(target), "--val_tokens", "0",
+            "--num_workers", str(workers), "--shuffle_buffer", "0", "--overwrite", "true"]
+
+
+def peak_rss_of(cmd: list[str]) -> tuple[float, float]:
+    """Runs `cmd`, sampling the summed RSS of it and its children; returns (peak MB, seconds)."""
+    import psutil
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = psutil.Process(proc.pid)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            procs = [parent, *parent.children(recursive=True)]
+            peak = max(peak, sum(p.memory_info().rss for p in procs))
+        except psutil.Error:
+            pass
+        time.sleep(0.02)
+    if proc.returncode != 0:
+        raise SystemExit(f"build failed: {' '.join(cmd)}")
+    return peak / 2**20, time.perf_counter() - start
+
+
+def main() -> None:
+    from sparknet import runtime
+
+    runtime.setup(0)
+    import numpy as np
+    import torch
+
+    from sparknet.config import load_config
+    from sparknet.data.build import BuildSpec, available_cores, build_dataset
+    from sparknet.data.packed import PackedDataset
+    from sparknet.demo_corpus import write_demo_corpus
+    from sparknet.model import build_model, get_preset
+    from sparknet.tokenizer import train_tokenizer
+
+    cores = available_cores()
+    work = Path(tempfile.mkdtemp(prefix="sparknet-bench-"))
+    corpus = work / "corpus"
+    write_demo_corpus(corpus, max_code_bytes=40 * 2**20, include_tests=True)
+    cfg_path = work / "mix.json"
+    cfg_path.write_text(json.dumps({"seed": 0, "context_length": BLOCK, "target_tokens": 10**9, "mix": [
+        {"name": "json", "prob": 0.4, "data_files": str(corpus / "prose.train.jsonl")},
+        {"name": "json", "prob": 0.6, "data_files": str(corpus / "code.train.jsonl")}]}))
+    config = load_config(cfg_path)
+    tok_dir = work / "tok"
+    train_tokenizer(config, tok_dir, vocab_size=8192, max_docs=600, heldout_docs=0)
+
+    # 1. Throughput: a target beyond the corpus makes the build consume every document, as encode_batch does.
+    from tokenizers import Tokenizer
+
+    texts = [json.loads(line)["text"] for name in ("prose", "code")
+             for line in (corpus / f"{name}.train.jsonl").open(encoding="utf-8")]
+    tokenizer = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    tokenizer.encode_batch_fast(texts[:50])  # warm the thread pool
+    t = time.perf_counter()
+    n_ceiling = sum(len(e.ids) + 1 for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False))
+    ceiling = n_ceiling / (time.perf_counter() - t)
+    out = work / "full"
+    t = time.perf_counter()
+    manifest = build_dataset(BuildSpec(config=config, tokenizer=str(tok_dir), output_dir=out, target_tokens=10**9,
+                                       val_tokens=0, block_size=BLOCK, seed=0, num_workers=cores))
+    build_s = time.perf_counter() - t
+    n_build = sum(sum(s["tokens"] for s in manifest["splits"][k]["sources"].values()) for k in ("train", "val"))
+    pipeline = n_build / build_s
+    print(f"\n[throughput] {len(texts)} documents, {cores} cores")
+    print(f"  encode_batch (ceiling): {n_ceiling:,} tokens, {ceiling:,.0f} tokens/s")
+    print(f"  whole build:            {n_build:,} tokens, {pipeline:,.0f} tokens/s ({build_s:.1f} s incl. start-up)")
+    print(f"  ratio build/ceiling:    {pipeline / ceiling:.2f}   (target >= 0.8)")
+
+    # 2. Peak memory of builds of N and 10N tokens, each in its own process tree.
+    small, t_small = peak_rss_of(build_cmd(cfg_path, tok_dir, work / "n", N_TOKENS, cores))
+    large, t_large = peak_rss_of(build_cmd(cfg_path, tok_dir, work / "10n", 10 * N_TOKENS, cores))
+    print(f"\n[memory] peak RSS, main process + {cores} workers")
+    print(f"  {N_TOKENS:>10,} tokens: {small:7.0f} MB ({t_small:.1f} s)")
+    print(f"  {10 * N_TOKENS:>10,} tokens: {large:7.0f} MB ({t_large:.1f} s)")
+    print(f"  ratio 10N/N:            {large / small:.2f}   (target <= 1.20)")
+
+    # 3. Random batch reads from the memmap against 70M-preset training steps, same batch shape.
+    ds = PackedDataset(out, "train")
+    rng = np.random.default_rng(0)
+    n_reads = 2000
+    t = time.perf_counter()
+    for _ in range(n_reads):
+        idx = rng.integers(0, len(ds), BATCH)
+        batch = torch.stack([ds[int(i)]["input_ids"] for i in idx])
+    reads = n_reads / (time.perf_counter() - t)
+    torch.manual_seed(0)
+    model = build_model(get_preset("sparknet-70m"), vocab_size=50257, eos_token_id=0)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # warm-up
+    t = time.perf_counter()
+    for _ in range(TRAIN_STEPS):
+        step()
+    steps = TRAIN_STEPS / (time.perf_counter() - t)
+    print(f"\n[loading] batches of {BATCH}x{BLOCK} tokens")
+    print(f"  random batch reads:     {reads:,.0f} /s")
+    print(f"  70M training steps:     {steps:.4f} /s ({1 / steps:.1f} s per step, fp32, {cores} cores)")
+    print(f"  ratio reads/steps:      {reads / steps:,.0f}   (target >= 100)")
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
