@@ -1,8 +1,9 @@
 """Writes the demo corpus: local JSONL ({"text": ...} per line) from text every Python installation already has.
 
 Two sources: `prose` (the standard library's module, class and function docstrings, plus the language reference's
-help topics) and `code` (the standard library's source files), each split into train and a held-out validation part
-by a hash of the file name. Deterministic for a given Python version; no network; a few seconds.
+help topics) and `code` (the standard library's source, cut into pieces of a few kB at top-level definitions), each
+split into train and a held-out validation part by a hash of the file name. Deterministic for a given Python
+version; no network; a few seconds.
 """
 
 OUTPUT_DIR = "data/demo"  # where prose/code .train/.val .jsonl files are written

@@ -36,3 +36,40 @@ class Chain:
         print("outputs:")
         for what, where in outputs.items():
             print(f"  {what:<20} {where}")
+
+
+def remove_previous_run(run_name: str) -> None:
+    """Deletes the demo's own previous run, so that every demo trains afresh."""
+    import shutil
+
+    from sparknet.runtime import project_path
+
+    for folder in (project_path("checkpoints") / run_name, project_path("logs") / run_name):
+        if folder.exists():
+            shutil.rmtree(folder)
+
+
+def report(run_name: str, dataset_dir: str) -> None:
+    """Prints eval loss at start and end against the corpus's unigram entropy, and the final sample; fails the
+    demo when the model did not learn more than token frequencies."""
+    import json
+
+    import numpy as np
+
+    from sparknet.data.packed import PackedDataset
+    from sparknet.evaluation import unigram_entropy
+    from sparknet.runtime import project_path
+
+    run_dir = project_path("checkpoints") / run_name
+    metadata = json.loads((run_dir / "training_metadata.json").read_text())
+    train = PackedDataset(dataset_dir, "train")
+    entropy = unigram_entropy(np.asarray(train.tokens), train.manifest["tokenizer"]["vocab_size"])
+    m = metadata["metrics"]
+    print(f"\neval loss: {m['eval_loss_start']:.3f} at start -> {m['eval_loss']:.3f} at the end "
+          f"(bits per byte {m['eval_bits_per_byte']:.3f}); unigram entropy of the corpus: {entropy:.3f} nats/token")
+    samples = sorted(run_dir.glob("sample_step*.txt"))
+    if samples:
+        print(f"\nsample ({samples[-1].name}):\n{samples[-1].read_text(encoding='utf-8').strip()}")
+    if not m["eval_loss"] < entropy - 0.5:
+        raise UserError(f"the demo model did not learn: eval loss {m['eval_loss']:.3f} is not clearly below the "
+                        f"unigram entropy {entropy:.3f}")

@@ -20,7 +20,9 @@ from tqdm import tqdm
 
 log = logging.getLogger(__name__)
 
-SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "idlelib", "turtledemo", "lib2to3", "ensurepip"}
+# encodings/ holds generated codec tables (0x00 mappings), not code anyone writes
+SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "idlelib", "turtledemo", "lib2to3", "ensurepip",
+             "encodings"}
 TEST_DIRS = {"test", "tests", "idle_test"}
 
 
@@ -59,6 +61,21 @@ def docstrings(source: str, module: str) -> str:
         parts.append(f"{module}\n\n{head}")
     visit(tree, module)
     return "\n\n".join(parts)
+
+
+def code_chunks(source: str, min_chars: int = 2000) -> list[str]:
+    """A source file cut before top-level definitions into pieces of at least `min_chars` (the last may be
+    shorter): documents of a few kB, like web text, rather than files of up to 200 kB."""
+    chunks, current, size = [], [], 0
+    for line in source.splitlines(keepends=True):
+        if size >= min_chars and line.startswith(("def ", "class ", "async def ", "@")):
+            chunks.append("".join(current))
+            current, size = [], 0
+        current.append(line)
+        size += len(line)
+    if current:
+        chunks.append("".join(current))
+    return [c for c in chunks if c.strip()]
 
 
 def help_topics() -> Iterator[tuple[str, str]]:
@@ -111,7 +128,8 @@ def write_demo_corpus(
             if prose:
                 emit("prose", rel, prose)
             if source.strip() and code_bytes < max_code_bytes:
-                emit("code", rel, source)
+                for chunk in code_chunks(source):
+                    emit("code", rel, chunk)  # split by file: all chunks of a file go to the same side
                 code_bytes += len(source.encode("utf-8"))
     finally:
         for h in handles.values():

@@ -98,6 +98,7 @@ def build_model(
         tie_word_embeddings=True,
     )
     model = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
+    model.loss_type = "ForCausalLM"  # transformers cannot infer it from the class name and warns on every run
     gen = model.generation_config
     # pad only for batched generation; training never pads (packed blocks), so eos is never masked as padding
     gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = bos, eos_token_id, eos_token_id
@@ -107,3 +108,31 @@ def build_model(
 def preset_dict(name: str) -> dict[str, Any]:
     """A preset as plain data (for metadata)."""
     return {"name": name, **asdict(get_preset(name))}
+
+
+# Dense peak TFLOP/s per GPU (no sparsity) for MFU, by a substring of torch.cuda.get_device_name(); bf16 also
+# stands for fp16, fp32 for TF32 matmuls where the GPU has them.
+PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H200", {"bf16": 989.5, "fp32": 494.7}),
+    ("H100 PCIe", {"bf16": 756.0, "fp32": 378.0}),
+    ("H100", {"bf16": 989.5, "fp32": 494.7}),
+    ("GH200", {"bf16": 989.5, "fp32": 494.7}),
+    ("B200", {"bf16": 2250.0, "fp32": 1100.0}),
+    ("A100", {"bf16": 312.0, "fp32": 156.0}),
+    ("A10G", {"bf16": 70.0, "fp32": 35.0}),
+    ("A10", {"bf16": 125.0, "fp32": 62.5}),
+    ("L40S", {"bf16": 362.0, "fp32": 183.0}),
+    ("L4", {"bf16": 121.0, "fp32": 60.0}),
+    ("RTX 4090", {"bf16": 165.2, "fp32": 82.6}),
+    ("RTX 3090", {"bf16": 71.0, "fp32": 35.6}),
+    ("V100", {"bf16": 125.0, "fp32": 15.7}),
+    ("T4", {"bf16": 65.0, "fp32": 8.1}),
+)
+
+
+def peak_flops(device_name: str, dtype: str) -> float | None:
+    """Peak FLOP/s of one device for `dtype` ("bf16" or "fp32"), or None when the device is not in the table."""
+    for key, peaks in PEAK_TFLOPS:
+        if key.lower() in device_name.lower():
+            return peaks["bf16" if dtype in ("bf16", "fp16") else "fp32"] * 1e12
+    return None

@@ -71,3 +71,16 @@ def setup(seed: int | None = None, level: int = logging.INFO) -> None:
     configure_logging(level)
     if seed is not None:
         seed_everything(seed)
+
+
+def device_info() -> dict[str, object]:
+    """The accelerator this process trains on: kind, name, count, and whether bf16 and TF32 are usable."""
+    import torch
+
+    if torch.cuda.is_available():
+        major, _ = torch.cuda.get_device_capability()
+        return {"kind": "cuda", "name": torch.cuda.get_device_name(), "count": torch.cuda.device_count(),
+                "bf16": torch.cuda.is_bf16_supported(), "tf32": major >= 8}
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return {"kind": "mps", "name": "Apple MPS", "count": 1, "bf16": False, "tf32": False}
+    return {"kind": "cpu", "name": "cpu", "count": 1, "bf16": False, "tf32": False}

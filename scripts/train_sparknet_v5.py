@@ -1,0 +1,77 @@
+"""Trains a SparkNet model with the HF Trainer on a packed dataset (scripts/build_dataset_v5.py).
+
+Warmup then cosine decay to MIN_LR_RATIO x LEARNING_RATE, AdamW, bf16 and TF32 where the GPU has them (fp32 on CPU),
+periodic eval, the best checkpoint (on eval loss) exported at the end to checkpoints/RUN_NAME/. TensorBoard:
+`tensorboard --logdir logs/RUN_NAME`. Run the same command again to resume an interrupted run; Ctrl-C saves a
+checkpoint first. Multi-GPU: `torchrun --nproc_per_node N scripts/train_sparknet_v5.py` (or `accelerate launch`).
+"""
+
+RUN_NAME = "sparknet-70m-v5"  # run folder name under checkpoints/ and logs/
+CONFIG = "configs/datasets_v5.json"  # mix config (recorded in the metadata; the dataset must come from it)
+DATASET_DIR = "datasets/sparknet-v5-1b"  # packed dataset from build_dataset_v5.py
+TOKENIZER_DIR = None  # tokenizer folder or Hub id (None: the one the dataset was built with)
+MODEL_PRESET = "sparknet-70m"  # sparknet-70m, sparknet-demo or sparknet-tiny
+TARGET_TOKENS = None  # training tokens (None: the config's target_tokens)
+BATCH_SIZE = 32  # blocks per device per micro-step
+GRAD_ACCUM = 4  # micro-steps per optimizer step
+LEARNING_RATE = 1e-3  # peak learning rate
+MIN_LR_RATIO = 0.1  # the cosine decays to this fraction of LEARNING_RATE
+WARMUP_RATIO = 0.02  # fraction of the steps spent warming up linearly
+WEIGHT_DECAY = 0.1  # AdamW weight decay
+ADAM_BETAS = (0.9, 0.95)  # AdamW betas
+MAX_GRAD_NORM = 1.0  # clip the global grad norm to this (0: no clipping)
+DROPOUT = 0.0  # dropout everywhere (the public reference run used 0.1; it costs ~40% of step time on CPU)
+EVAL_STEPS = 250  # evaluate on the validation split every this many steps
+SAVE_STEPS = 500  # save a checkpoint every this many steps (a multiple of EVAL_STEPS)
+SAVE_TOTAL_LIMIT = 3  # checkpoints kept (the best one is always kept)
+SAMPLE_STEPS = 500  # write a sample every this many steps (0: only at the end)
+SAMPLE_PROMPTS = ["The history of", "In this paper we", "def fibonacci(n):"]  # prompts sampled from
+SAMPLE_MAX_NEW_TOKENS = 64  # tokens generated per prompt
+SAMPLE_TEMPERATURE = 0.8  # sampling temperature
+SAMPLE_TOP_K = 50  # sample among the k most likely tokens
+LOGGING_STEPS = 10  # console line and TensorBoard scalars every this many steps
+COMPILE = "auto"  # torch.compile: auto (on for CUDA), on, off
+SEED = 42  # seed of initialisation, data order and dropout
+PEAK_TFLOPS = 0.0  # the device's peak for MFU (0: from the table of common GPUs)
+NONFINITE = "stop"  # on a non-finite loss or grad norm: stop, or skip the update (costs a sync per step)
+ALLOW_CONFIG_CHANGE = False  # continue an existing RUN_NAME even though settings changed
+RECORD_BATCHES = False  # write each step's LR and blocks to checkpoints/RUN_NAME/batches.jsonl
+CHECKPOINTS_DIR = "checkpoints"  # runs are saved in CHECKPOINTS_DIR/RUN_NAME
+LOGS_DIR = "logs"  # TensorBoard logs go to LOGS_DIR/RUN_NAME
+
+
+def main() -> None:
+    from sparknet import runtime
+    from sparknet.cli import constant_names
+    from sparknet.config import load_config
+
+    config = load_config(CONFIG)
+    runtime.setup(SEED)
+    from sparknet.training import TrainSettings, train_packed
+
+    constants = {name: globals()[name] for name in constant_names(globals())}
+    settings = TrainSettings.from_constants(constants)
+    if settings.target_tokens is None:
+        settings.target_tokens = config.target_tokens
+    finish(train_packed(settings))
+
+
+def finish(result) -> None:  # noqa: ANN001 - sparknet.training.TrainResult, imported late to keep --help fast
+    from sparknet.errors import UserError
+
+    if result.status == "interrupted":
+        print(result.message)
+        raise SystemExit(128 + result.signal)
+    if result.status == "diverged":
+        raise UserError(result.message)
+    m = result.metadata.get("metrics", {})
+    start = m.get("eval_loss_start")
+    start_text = f"{start:.3f} at start -> " if start is not None else ""
+    print(f"model: {result.run_dir}  (eval loss {start_text}{m.get('eval_loss', float('nan')):.3f}; "
+          f"tensorboard --logdir {LOGS_DIR}/{result.run_dir.name})")
+
+
+if __name__ == "__main__":
+    from sparknet.cli import run_script
+
+    run_script(globals(), main)

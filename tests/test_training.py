@@ -1,0 +1,231 @@
+"""Training on the packed dataset: budget, TensorBoard, samples, export, resume, signals, conflicts, divergence."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from sparknet.training import TrainSettings, budget, latest_complete_checkpoint, train_packed
+from tests.conftest import OFFLINE_ENV, run_script
+
+# 40 steps of 4 blocks of 128 tokens: a few seconds with the tiny preset.
+FAST = dict(model_preset="sparknet-tiny", target_tokens=40 * 4 * 128, batch_size=4, grad_accum=1,
+            learning_rate=3e-3, eval_steps=4, save_steps=8, sample_steps=8, logging_steps=2,
+            sample_prompts=["def ", "The "], sample_max_new_tokens=8, seed=0)
+
+
+def _settings(tmp_path: Path, dataset: Path, **kw: object) -> TrainSettings:
+    values = {**FAST, "run_name": "run", "dataset_dir": str(dataset), "checkpoints_dir": str(tmp_path / "ckpt"),
+              "logs_dir": str(tmp_path / "logs"), **kw}
+    return TrainSettings(**values)  # type: ignore[arg-type]
+
+
+def _script_args(tmp_path: Path, dataset: Path, **kw: object) -> list[object]:
+    values = {**FAST, "run_name": "run", "dataset_dir": str(dataset), "checkpoints_dir": str(tmp_path / "ckpt"),
+              "logs_dir": str(tmp_path / "logs"), **kw}
+    values["config"] = json.loads((dataset / "manifest.json").read_text())["config"]["path"]
+    args: list[object] = []
+    for key, value in values.items():
+        args += [f"--{key}", json.dumps(value) if isinstance(value, list) else value]
+    return args
+
+
+def _events(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    out = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    out.update({f"text:{tag}": [(e.step, 0.0) for e in acc.Tensors(tag)] for tag in acc.Tags()["tensors"]})
+    return out
+
+
+def test_budget_arithmetic() -> None:
+    assert budget(1_000_000_000, 1024, 32, 4, 1) == (7630, 131072)  # ceil(1e9 / 131072) = ceil(7629.39)
+    assert budget(1_000_000_000, 1024, 32, 4, 8) == (954, 1048576)
+    assert budget(131072, 1024, 32, 4, 1) == (1, 131072)
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - TrainResult
+    tmp = tmp_path_factory.mktemp("train")
+    result = train_packed(_settings(tmp, tiny_dataset, peak_tflops=0.001))
+    assert result.status == "finished"
+    return result, tmp
+
+
+def test_tensorboard_tags_present_once_and_finite(finished) -> None:  # noqa: ANN001
+    result, tmp = finished
+    log_dir = tmp / "logs" / "run"
+    assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1  # one event stream
+    events = _events(log_dir)
+    expected = {"train/loss", "train/perplexity", "train/learning_rate", "train/grad_norm", "perf/tokens_per_second",
+                "perf/examples_per_second", "perf/tokens_seen", "perf/mfu", "perf/device_memory_gb", "eval/loss",
+                "eval/perplexity", "eval/bits_per_byte"}
+    assert expected <= set(events), expected - set(events)
+    samples = [tag for tag in events if tag.startswith("text:samples")]
+    assert len(samples) == 1 and [s for s, _ in events[samples[0]]] == [8, 16, 24, 32, 40]
+    for tag, points in events.items():
+        steps = [s for s, _ in points]
+        assert len(steps) == len(set(steps)), f"{tag} written twice at one step"
+        assert all(math.isfinite(v) for _, v in points), tag
+    assert [s for s, _ in events["train/grad_norm"]] == list(range(1, 41))  # every optimizer step
+    assert [s for s, _ in events["train/loss"]] == list(range(2, 41, 2))
+    assert [s for s, _ in events["eval/loss"]] == [0, *range(4, 41, 4)]
+    assert events["perf/tokens_seen"][-1] == (40, 40 * 4 * 128)
+    assert events["eval/loss"][-1][1] < events["eval/loss"][0][1]  # it learns
+    assert all(0 < v < 10 for _, v in events["eval/bits_per_byte"])
+
+
+def test_samples_written(finished) -> None:  # noqa: ANN001
+    result, _ = finished
+    names = sorted(p.name for p in result.run_dir.glob("sample_step*.txt"))
+    assert names == [f"sample_step{s:06d}.txt" for s in (8, 16, 24, 32, 40)]
+    text = (result.run_dir / "sample_step000040.txt").read_text()
+    assert text.startswith("step 40") and "def " in text and "The " in text
+
+
+def test_export_loads_with_automodel_and_matches_logits(finished) -> None:  # noqa: ANN001
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    result, _ = finished
+    model = AutoModelForCausalLM.from_pretrained(str(result.run_dir)).eval()
+    tok = AutoTokenizer.from_pretrained(str(result.run_dir))
+    ids = tok("def main():\n    return", return_tensors="pt")["input_ids"]
+    trained = result.trainer.model.eval()
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, trained(ids).logits, atol=1e-5)
+    out = model.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=tok.eos_token_id)
+    assert out.shape[1] == ids.shape[1] + 5
+    assert model.config.eos_token_id == tok.eos_token_id == model.generation_config.eos_token_id
+    meta = json.loads((result.run_dir / "training_metadata.json").read_text())
+    assert meta["tokens_seen"] == 40 * 4 * 128 and meta["model"]["parameters"] == model.num_parameters()
+    assert meta["metrics"]["eval_loss"] < meta["metrics"]["eval_loss_start"]
+    assert set(meta["versions"]) >= {"torch", "transformers", "datasets"}
+    assert set(meta["dataset"]["realised_mixture"]["train"]) == {"prose", "code"}
+
+
+def test_same_run_name_with_other_settings_is_refused(finished, tiny_dataset: Path) -> None:  # noqa: ANN001
+    _, tmp = finished
+    proc = run_script("train_sparknet_v5.py", *_script_args(tmp, tiny_dataset, learning_rate=1e-4))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "run run exists with other settings (LEARNING_RATE: 0.003 -> 0.0001)" in proc.stderr
+    assert "--allow_config_change true" in proc.stderr
+
+
+def _popen(args: list[object]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "scripts/train_sparknet_v5.py", *map(str, args)],
+                            env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.005)
+
+
+def _steps(batch_log: Path) -> dict[int, dict]:
+    steps: dict[int, dict] = {}
+    for line in batch_log.read_text().splitlines():
+        record = json.loads(line)
+        steps[record["step"]] = record  # a replayed step after resume overwrites the one before the kill
+    return steps
+
+
+def test_kill_then_resume_reproduces_lr_and_batch_order(tiny_dataset: Path, tmp_path: Path) -> None:
+    long = dict(target_tokens=120 * 4 * 128, eval_steps=10, save_steps=10, sample_steps=0, record_batches=True)
+    reference = train_packed(_settings(tmp_path / "a", tiny_dataset, **long))
+    expected = _steps(reference.run_dir / "batches.jsonl")
+    assert len(expected) == 120
+
+    args = _script_args(tmp_path / "b", tiny_dataset, **long)
+    run_dir = tmp_path / "b" / "ckpt" / "run"
+    proc = _popen(args)
+    _wait_for(run_dir / "checkpoint-20" / ".complete", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run_dir / "training_metadata.json").exists()
+    partial = run_dir / "checkpoint-999"  # as if the process had died while writing a later checkpoint
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"truncated")
+    assert latest_complete_checkpoint(run_dir).name.startswith("checkpoint-")
+    assert latest_complete_checkpoint(run_dir) != partial
+
+    resumed = run_script("train_sparknet_v5.py", *args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "skipping" in resumed.stderr and "checkpoint-999" in resumed.stderr
+    assert "resuming from" in resumed.stderr
+    got = _steps(run_dir / "batches.jsonl")
+    assert sorted(got) == sorted(expected)
+    for step in expected:
+        assert got[step]["lr"] == expected[step]["lr"], step
+        assert got[step]["blocks"] == expected[step]["blocks"], step
+
+
+def test_sigint_saves_a_checkpoint_then_exits(tiny_dataset: Path, tmp_path: Path) -> None:
+    args = _script_args(tmp_path, tiny_dataset, target_tokens=400 * 4 * 128, eval_steps=50, save_steps=100,
+                        sample_steps=0)
+    run_dir = tmp_path / "ckpt" / "run"
+    proc = _popen(args)
+    _wait_for(run_dir / "eval_start.json", proc)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-2000:]
+    assert "Traceback" not in out
+    saved = latest_complete_checkpoint(run_dir)
+    assert saved is not None and f"checkpoint saved in {saved}" in out
+    assert int(saved.name.split("-")[1]) < 400
+
+
+def test_non_finite_loss_stops_cleanly_and_keeps_the_last_good_checkpoint(tiny_dataset: Path,
+                                                                          tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    args = _script_args(tmp_path, tiny_dataset, learning_rate=1e30, max_grad_norm=0.0, warmup_ratio=0.0,
+                        eval_steps=1, save_steps=1, sample_steps=0, logging_steps=1)
+    proc = run_script("train_sparknet_v5.py", *args)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "error: training stopped: non-finite loss or grad norm at step" in proc.stderr
+    bad_step = int(proc.stderr.split("grad norm at step ")[1].split(";")[0])
+    run_dir = tmp_path / "ckpt" / "run"
+    saved = sorted(int(p.name.split("-")[1]) for p in run_dir.glob("checkpoint-*"))
+    assert all(step < bad_step for step in saved)
+    if saved:
+        weights = load_file(str(run_dir / f"checkpoint-{saved[-1]}" / "model.safetensors"))
+        assert all(torch.isfinite(w).all() for w in weights.values())
+    assert not (run_dir / "training_metadata.json").exists()
+
+
+def test_sampling_leaves_rng_and_train_mode_as_they_were(finished, tmp_path: Path) -> None:  # noqa: ANN001
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers import AutoTokenizer, TrainerState
+
+    from sparknet.callbacks import MetricsCallback, SamplingCallback
+
+    result, _ = finished
+    model = result.trainer.model.train()
+    tok = AutoTokenizer.from_pretrained(str(result.run_dir))
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    metrics = MetricsCallback(writer, 512, 128, 1.0, None, 1, [], 0, 0, "cpu")
+    sampler = SamplingCallback(tok, ["def "], 1, tmp_path, writer, metrics, 6, 0.8, 50, seed=7)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    state = TrainerState()
+    state.global_step = 5
+    first = sampler.sample(model, state)
+    assert torch.equal(torch.get_rng_state(), before) and model.training
+    assert sampler.sample(model, state) == first  # fixed sampling seed: the same text
+    assert (tmp_path / "sample_step000005.txt").read_text() == first
