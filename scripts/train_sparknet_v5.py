@@ -53,7 +53,7 @@ def main() -> None:
     settings = TrainSettings.from_constants(constants)
     if settings.target_tokens is None:
         settings.target_tokens = config.target_tokens
-    finish(train_packed(settings))
+    finish(train_packed(settings, config))
 
 
 def finish(result) -> None:  # noqa: ANN001 - sparknet.training.TrainResult, imported late to keep --help fast
