@@ -332,10 +332,10 @@ def train_packed(s: TrainSettings, config: MixConfig | None = None) -> TrainResu
     eval_tokens = np.asarray(val_ds.tokens)
     eval_bytes = utf8_bytes(tokenizer, eval_tokens)
     # default_data_collator only stacks the fixed-size blocks: nothing is padded, so nothing is masked as padding
+    batch_log = BATCH_LOG if main_process else f"batches.rank{os.environ['RANK']}.jsonl"
     trainer = SparkTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=val_ds,
                            processing_class=tokenizer, data_collator=default_data_collator, nonfinite=s.nonfinite,
-                           batch_log=(run_dir / (BATCH_LOG if main_process else f"batches.rank{os.environ['RANK']}.jsonl")
-                                      if s.record_batches else None))
+                           batch_log=run_dir / batch_log if s.record_batches else None)
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
     peak = s.peak_tflops * 1e12 if s.peak_tflops > 0 else (
