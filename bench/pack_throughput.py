@@ -30,7 +30,7 @@ TRAIN_STEPS = 2
 
 def build_cmd(cfg: Path, tok: Path, out: Path, target: int, workers: int) -> list[str]:
     return [sys.executable, str(ROOT / "scripts/build_dataset_v5.py"), "--config", str(cfg), "--tokenizer_dir",
-            str(tok), "--output_dir", str(out), "--target_tokens", str(target), "--val_tokens", "0",
+            str(tok), "--output_dir", str(out), "--target_tokens", str(target), "--val_tokens", str(BLOCK),
             "--num_workers", str(workers), "--shuffle_buffer", "0", "--overwrite", "true"]
 
 
@@ -93,7 +93,7 @@ def main() -> None:
     out = work / "full"
     t = time.perf_counter()
     manifest = build_dataset(BuildSpec(config=config, tokenizer=str(tok_dir), output_dir=out, target_tokens=10**9,
-                                       val_tokens=0, block_size=BLOCK, seed=0, num_workers=cores))
+                                       val_tokens=BLOCK, block_size=BLOCK, seed=0, num_workers=cores))
     build_s = time.perf_counter() - t
     n_build = sum(sum(s["tokens"] for s in manifest["splits"][k]["sources"].values()) for k in ("train", "val"))
     pipeline = n_build / build_s

@@ -10,11 +10,11 @@ is discarded and restarted by running the same command again.
 CONFIG = "configs/datasets_v5.json"  # mix config
 TOKENIZER_DIR = "tokenizer-v5"  # tokenizer folder or Hub id (e.g. gpt2)
 OUTPUT_DIR = "datasets/sparknet-v5-1b"  # dataset folder
-TARGET_TOKENS = None  # training tokens (None: the config's target_tokens)
+TARGET_TOKENS: int | None = None  # training tokens (None: the config's target_tokens)
 VAL_TOKENS = 2_000_000  # validation tokens, held out from the same mix (rounded up to whole blocks)
-BLOCK_SIZE = None  # tokens per training block (None: the config's context_length)
-NUM_WORKERS = None  # tokenizer processes (None: all cores; 0: encode in this process)
-SEED = None  # seed of the per-source shuffle (None: the config's seed)
+BLOCK_SIZE: int | None = None  # tokens per training block (None: the config's context_length)
+NUM_WORKERS: int | None = None  # tokenizer processes (None: all cores; 0: encode in this process)
+SEED: int | None = None  # seed of the per-source shuffle (None: the config's seed)
 SHUFFLE_BUFFER = 10_000  # documents shuffled per source through a buffer (0: keep each source's order)
 DTYPE = "auto"  # token dtype on disk: auto (uint16 when the vocab fits), uint16 or uint32
 FAIL_ON_EXHAUSTED = False  # stop with an error, not a warning, when a source runs dry before its share

@@ -9,9 +9,9 @@ checkpoint first. Multi-GPU: `torchrun --nproc_per_node N scripts/train_sparknet
 RUN_NAME = "sparknet-70m-v5"  # run folder name under checkpoints/ and logs/
 CONFIG = "configs/datasets_v5.json"  # mix config (recorded in the metadata; the dataset must come from it)
 DATASET_DIR = "datasets/sparknet-v5-1b"  # packed dataset from build_dataset_v5.py
-TOKENIZER_DIR = None  # tokenizer folder or Hub id (None: the one the dataset was built with)
+TOKENIZER_DIR: str | None = None  # tokenizer folder or Hub id (None: the one the dataset was built with)
 MODEL_PRESET = "sparknet-70m"  # sparknet-70m, sparknet-demo or sparknet-tiny
-TARGET_TOKENS = None  # training tokens (None: the config's target_tokens)
+TARGET_TOKENS: int | None = None  # training tokens (None: the config's target_tokens)
 BATCH_SIZE = 32  # blocks per device per micro-step
 GRAD_ACCUM = 4  # micro-steps per optimizer step
 LEARNING_RATE = 1e-3  # peak learning rate

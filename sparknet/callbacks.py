@@ -119,7 +119,7 @@ class MetricsCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         if norms:  # one transfer for the whole window
-            values = torch.stack([torch.as_tensor(n, dtype=torch.float32).reshape(()).cpu() for _, n in norms])
+            values = torch.stack([torch.as_tensor(n).float().reshape(()) for _, n in norms]).cpu()
             for (step, _), value in zip(norms, values.tolist(), strict=True):
                 self.writer.add_scalar("train/grad_norm", value, step)
         loss = float(logs["loss"])
@@ -250,17 +250,29 @@ class SafetyCallback(TrainerCallback):
         self.stop_signal = signum
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        import torch.distributed as dist
+
         at_sync_point = control.should_log or control.should_save or control.should_evaluate
-        if self.trainer.nonfinite == "stop" and (at_sync_point or state.global_step >= state.max_steps
-                                                 or self.stop_signal is not None):
-            bad = self.trainer.first_nonfinite_step()
-            if bad is not None:
-                self.diverged_at = bad
-                control.should_training_stop = True
-                control.should_save = False
-                control.should_evaluate = False
-                return
-        if self.stop_signal is not None:
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        last = state.global_step >= state.max_steps
+        if distributed and not (at_sync_point or last):
+            return  # processes decide together, at steps where all of them synchronise anyway
+        check_nan = self.trainer.nonfinite == "stop" and (at_sync_point or last or self.stop_signal is not None)
+        bad = self.trainer.first_nonfinite_step() if check_nan else None
+        stop = self.stop_signal
+        if distributed:  # one decision for all processes, or they would wait for each other forever
+            import torch
+
+            flags = torch.tensor([stop or 0, -1 if bad is None else bad], device=args.device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            stop, bad = (int(flags[0]) or None), (None if int(flags[1]) < 0 else int(flags[1]))
+            self.stop_signal = stop
+        if bad is not None:
+            self.diverged_at = bad
+            control.should_training_stop = True
+            control.should_save = False
+            control.should_evaluate = False
+        elif stop is not None:
             control.should_save = True
             control.should_training_stop = True
 

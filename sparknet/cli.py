@@ -53,6 +53,21 @@ def describe_constants(source: str) -> dict[str, str]:
     return help_
 
 
+_PROTOTYPES = {"int": 0, "float": 0.0, "str": "", "bool": False}
+
+
+def annotated_types(source: str) -> dict[str, Any]:
+    """For constants annotated like `TARGET_TOKENS: int | None = None`, a value of the annotated type (0, 0.0, "",
+    False) that flags are parsed against; None defaults without an annotation are parsed as JSON."""
+    out: dict[str, Any] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names = {n.id for n in ast.walk(node.annotation) if isinstance(n, ast.Name)} & set(_PROTOTYPES)
+            if len(names) == 1:
+                out[node.target.id] = _PROTOTYPES[names.pop()]
+    return out
+
+
 def parse_value(name: str, raw: str, default: Any) -> Any:
     """Parses `raw` to the type of `default`; raises UsageError naming the flag and the expected type."""
     flag = f"--{name.lower()}"
@@ -136,7 +151,9 @@ def apply_overrides(namespace: dict[str, Any], argv: list[str] | None = None) ->
     names = constant_names(namespace)
     by_flag = {n.lower(): n for n in names}
     source_file = namespace.get("__file__")
-    helps = describe_constants(Path(source_file).read_text()) if source_file else {}
+    source = Path(source_file).read_text() if source_file else ""
+    helps = describe_constants(source) if source else {}
+    types = annotated_types(source) if source else {}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -165,7 +182,10 @@ def apply_overrides(namespace: dict[str, Any], argv: list[str] | None = None) ->
             else:
                 raw = following
                 i += 1
-        namespace[name] = parse_value(name, raw, namespace[name])
+        if namespace[name] is None and name in types:
+            namespace[name] = None if raw.strip().lower() in ("none", "null") else parse_value(name, raw, types[name])
+        else:
+            namespace[name] = parse_value(name, raw, namespace[name])
         i += 1
     return {n: namespace[n] for n in names}
 

@@ -114,6 +114,7 @@ def preset_dict(name: str) -> dict[str, Any]:
 # stands for fp16, fp32 for TF32 matmuls where the GPU has them.
 PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("H200", {"bf16": 989.5, "fp32": 494.7}),
+    ("H100 NVL", {"bf16": 835.0, "fp32": 417.0}),
     ("H100 PCIe", {"bf16": 756.0, "fp32": 378.0}),
     ("H100", {"bf16": 989.5, "fp32": 494.7}),
     ("GH200", {"bf16": 989.5, "fp32": 494.7}),
@@ -122,6 +123,7 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("A10G", {"bf16": 70.0, "fp32": 35.0}),
     ("A10", {"bf16": 125.0, "fp32": 62.5}),
     ("L40S", {"bf16": 362.0, "fp32": 183.0}),
+    ("L40", {"bf16": 181.0, "fp32": 90.5}),
     ("L4", {"bf16": 121.0, "fp32": 60.0}),
     ("RTX 4090", {"bf16": 165.2, "fp32": 82.6}),
     ("RTX 3090", {"bf16": 71.0, "fp32": 35.6}),
@@ -131,8 +133,12 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 
 
 def peak_flops(device_name: str, dtype: str) -> float | None:
-    """Peak FLOP/s of one device for `dtype` ("bf16" or "fp32"), or None when the device is not in the table."""
+    """Peak FLOP/s of one device for `dtype` ("bf16" or "fp32"), or None when the device is not in the table.
+
+    Names match as whole words, first match wins: "NVIDIA L40" is not an L4, "H100 NVL" not an H100 SXM."""
+    import re
+
     for key, peaks in PEAK_TFLOPS:
-        if key.lower() in device_name.lower():
+        if re.search(rf"(?<![\w-]){re.escape(key)}(?![\w])", device_name, flags=re.IGNORECASE):
             return peaks["bf16" if dtype in ("bf16", "fp16") else "fp32"] * 1e12
     return None

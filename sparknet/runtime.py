@@ -80,7 +80,7 @@ def device_info() -> dict[str, object]:
     if torch.cuda.is_available():
         major, _ = torch.cuda.get_device_capability()
         return {"kind": "cuda", "name": torch.cuda.get_device_name(), "count": torch.cuda.device_count(),
-                "bf16": torch.cuda.is_bf16_supported(), "tf32": major >= 8}
+                "bf16": torch.cuda.is_bf16_supported(including_emulation=False), "tf32": major >= 8}
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         return {"kind": "mps", "name": "Apple MPS", "count": 1, "bf16": False, "tf32": False}
     return {"kind": "cpu", "name": "cpu", "count": 1, "bf16": False, "tf32": False}

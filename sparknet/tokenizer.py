@@ -98,11 +98,14 @@ def train_tokenizer(
         raise UserError(f"VOCAB_SIZE={vocab_size} is too small: a byte-level BPE needs 256 bytes + <|endoftext|>")
     if max_docs <= 0:
         raise UserError(f"MAX_DOCS={max_docs}: expected a positive number of documents")
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise UserError(
-            f"{out_dir} already exists and is not empty: choose another --output_dir, or pass "
-            "--overwrite true to replace it (datasets built with the old tokenizer will then refuse it)"
-        )
+    if out_dir.exists() and any(out_dir.iterdir()):
+        ours = (out_dir / "tokenizer.json").is_file() or (out_dir / REPORT_NAME).is_file()
+        if not ours:
+            raise UserError(f"{out_dir} is not empty and holds no tokenizer: it is never replaced; choose another "
+                            "--output_dir")
+        if not overwrite:
+            raise UserError(f"{out_dir} already holds a tokenizer: choose another --output_dir, or pass --overwrite "
+                            "true to replace it (datasets and runs built with the old one will then refuse it)")
     started = time.time()
     mixer = mix_texts(config)
     sampled_bytes: Counter[str] = Counter()

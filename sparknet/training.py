@@ -27,6 +27,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from sparknet.callbacks import COMPLETE_MARKER, MetricsCallback, SafetyCallback, SamplingCallback
 from sparknet.config import MixConfig
+from sparknet.data.build import tokenizer_fingerprint
 from sparknet.data.packed import PackedDataset, write_json_atomic
 from sparknet.errors import UserError
 from sparknet.evaluation import perplexity, utf8_bytes
@@ -193,9 +194,16 @@ def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def _check_settings(s: TrainSettings) -> None:
     if not s.run_name or "/" in s.run_name or s.run_name.startswith("."):
         raise UserError(f"RUN_NAME={s.run_name!r}: expected a plain folder name such as sparknet-70m-v5")
-    for name in ("batch_size", "grad_accum", "eval_steps", "save_steps", "logging_steps"):
+    for name in ("batch_size", "grad_accum", "eval_steps", "save_steps", "logging_steps", "save_total_limit"):
         if getattr(s, name) <= 0:
             raise UserError(f"{name.upper()}={getattr(s, name)}: expected a positive integer")
+    if s.target_tokens is not None and s.target_tokens <= 0:
+        raise UserError(f"TARGET_TOKENS={s.target_tokens}: expected a positive number of tokens")
+    if not (math.isfinite(s.learning_rate) and s.learning_rate > 0):
+        raise UserError(f"LEARNING_RATE={s.learning_rate}: expected a positive number")
+    if s.sample_steps < 0 or s.max_grad_norm < 0 or not 0 <= s.dropout < 1:
+        raise UserError(f"SAMPLE_STEPS={s.sample_steps}, MAX_GRAD_NORM={s.max_grad_norm}, DROPOUT={s.dropout}: "
+                        "expected SAMPLE_STEPS >= 0, MAX_GRAD_NORM >= 0 and DROPOUT in [0, 1)")
     if s.save_steps % s.eval_steps:
         raise UserError(f"SAVE_STEPS={s.save_steps} must be a multiple of EVAL_STEPS={s.eval_steps} (the best "
                         "checkpoint is chosen on eval loss)")
@@ -233,11 +241,12 @@ def train_packed(s: TrainSettings, config: MixConfig | None = None) -> TrainResu
                     train_ds.folder, config.path, manifest["config"]["path"])
     tokenizer_source = s.tokenizer_dir or manifest["tokenizer"]["path"]
     tokenizer = load_tokenizer(tokenizer_source)
-    if len(tokenizer) != manifest["tokenizer"]["vocab_size"] or tokenizer.eos_token_id != manifest["tokenizer"][
-            "eos_token_id"]:
-        raise UserError(f"tokenizer {tokenizer_source} (vocab {len(tokenizer)}) is not the one dataset "
-                        f"{train_ds.folder} was built with (vocab {manifest['tokenizer']['vocab_size']}): use "
-                        f"TOKENIZER_DIR={manifest['tokenizer']['path']}")
+    if tokenizer_fingerprint(tokenizer_source, tokenizer) != manifest["tokenizer"]["sha256"]:
+        raise UserError(f"tokenizer {tokenizer_source} is not the one dataset {train_ds.folder} was built with "
+                        f"({manifest['tokenizer']['path']}, sha256 {manifest['tokenizer']['sha256'][:12]}...): "
+                        "rebuild the dataset with this tokenizer, or point TOKENIZER_DIR at the original one")
+    if len(val_ds) == 0:
+        raise UserError(f"dataset {val_ds.folder} has no validation blocks: rebuild it with VAL_TOKENS > 0")
     preset = get_preset(s.model_preset)
     block = train_ds.block_size
     if block > preset.n_positions:
@@ -259,20 +268,24 @@ def train_packed(s: TrainSettings, config: MixConfig | None = None) -> TrainResu
     identity.update({"adam_betas": list(s.adam_betas), "dataset_inputs": manifest.get("inputs"),
                      "target_tokens": target, "world_size": world})
     resume = None
+    main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, one process writes the run's files
     if (run_dir / RUN_CONFIG).is_file():
         previous = json.loads((run_dir / RUN_CONFIG).read_text())
         changes = _differences(previous, identity)
         if changes and not s.allow_config_change:
             raise UserError(f"run {s.run_name} exists with other settings ({'; '.join(changes)}). Choose a new "
                             "RUN_NAME, or pass --allow_config_change true to continue it with the new settings")
+        if changes:
+            log.warning("continuing run %s with changed settings (%s); the checkpoint's optimizer and LR-scheduler "
+                        "state are restored as saved, so a changed peak LR does not take effect", s.run_name,
+                        "; ".join(changes))
         if (run_dir / METADATA).is_file():
             log.info("run %s already finished (%s): choose a new RUN_NAME to train again", s.run_name,
                      run_dir / METADATA)
             return TrainResult("already_finished", run_dir, metadata=json.loads((run_dir / METADATA).read_text()))
         resume = latest_complete_checkpoint(run_dir)
-    elif run_dir.exists() and any(run_dir.iterdir()):
+    elif main_process and run_dir.exists() and any(run_dir.iterdir()):  # other ranks may see it being created
         raise UserError(f"{run_dir} exists but is not a SparkNet run (no {RUN_CONFIG}): choose another RUN_NAME")
-    main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, one process writes the run's files
     if main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         if resume is None and log_dir.exists():
@@ -327,10 +340,12 @@ def train_packed(s: TrainSettings, config: MixConfig | None = None) -> TrainResu
     )
     from torch.utils.tensorboard import SummaryWriter
 
-    writer = (SummaryWriter(str(log_dir), purge_step=int(resume.name.split("-")[1]) if resume else None)
+    # purge what a killed attempt logged after its checkpoint: the resumed run writes those steps again
+    writer = (SummaryWriter(str(log_dir), purge_step=int(resume.name.split("-")[1]) + 1 if resume else None)
               if main_process else NullWriter())
-    eval_tokens = np.asarray(val_ds.tokens)
-    eval_bytes = utf8_bytes(tokenizer, eval_tokens)
+    # bits per byte over what the loss averages: every token of a block but the first is predicted
+    predicted = np.asarray(val_ds.tokens)[:, 1:]
+    eval_bytes = utf8_bytes(tokenizer, predicted)
     # default_data_collator only stacks the fixed-size blocks: nothing is padded, so nothing is masked as padding
     batch_log = BATCH_LOG if main_process else f"batches.rank{os.environ['RANK']}.jsonl"
     trainer = SparkTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=val_ds,
@@ -341,7 +356,7 @@ def train_packed(s: TrainSettings, config: MixConfig | None = None) -> TrainResu
     peak = s.peak_tflops * 1e12 if s.peak_tflops > 0 else (
         peak_flops(str(device["name"]), "bf16" if bf16 else "fp32") if cuda else None)
     metrics = MetricsCallback(writer, tokens_per_step, block, flops_per_token(preset, len(tokenizer), block), peak,
-                              world, trainer.grad_norms, int(eval_tokens.size), eval_bytes, str(device["kind"]))
+                              world, trainer.grad_norms, int(predicted.size), eval_bytes, str(device["kind"]))
     sampler = SamplingCallback(tokenizer, list(s.sample_prompts), s.sample_steps, run_dir, writer, metrics,
                                s.sample_max_new_tokens, s.sample_temperature, s.sample_top_k, s.sample_seed)
     safety = SafetyCallback(trainer)
@@ -385,7 +400,8 @@ def train_packed(s: TrainSettings, config: MixConfig | None = None) -> TrainResu
         writer.close()
         return TrainResult("diverged", run_dir, trainer, message=(
             f"training stopped: non-finite loss or grad norm at step {safety.diverged_at}; the last good checkpoint "
-            f"is {good or 'none'}. Lower LEARNING_RATE or MAX_GRAD_NORM, or set NONFINITE=skip, then run again"))
+            f"is {good or 'none'}. Start a new RUN_NAME with a lower LEARNING_RATE or MAX_GRAD_NORM, or set "
+            "NONFINITE=skip to skip such updates"))
     if safety.stop_signal is not None:
         writer.close()
         return TrainResult("interrupted", run_dir, trainer, signal=safety.stop_signal, message=(

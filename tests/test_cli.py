@@ -18,7 +18,8 @@ RUN_NAME = "run"  # folder name under checkpoints/
 ADAM_BETAS = (0.9, 0.95)  # AdamW betas
 PROMPTS = ["Once"]  # sample prompts
 # derived from the config when None
-TARGET_TOKENS = None
+TARGET_TOKENS: int | None = None
+EXTRA = None  # untyped: parsed as JSON
 '''
 
 
@@ -52,7 +53,14 @@ def test_overrides_parse_to_the_defaults_types(namespace: dict) -> None:
     assert values["LEARNING_RATE"] == 1e-3 and isinstance(values["LEARNING_RATE"], float)
     assert namespace["BATCH_SIZE"] == 16 and namespace["COMPILE"] is True and namespace["RUN_NAME"] == "x1"
     assert namespace["ADAM_BETAS"] == (0.8, 0.99) and namespace["PROMPTS"] == ["a", "b"]
-    assert namespace["TARGET_TOKENS"] == 1e9
+    assert namespace["TARGET_TOKENS"] == 1_000_000_000 and isinstance(namespace["TARGET_TOKENS"], int)
+
+
+def test_annotated_none_defaults_parse_to_their_type(namespace: dict) -> None:
+    with pytest.raises(UsageError, match="--target_tokens: expected an integer, got '100k'"):
+        apply_overrides(namespace, ["--target_tokens", "100k"])
+    apply_overrides(namespace, ["--target_tokens", "none", "--extra", '{"a": 1}'])
+    assert namespace["TARGET_TOKENS"] is None and namespace["EXTRA"] == {"a": 1}
 
 
 @pytest.mark.parametrize("raw,expected", [("true", True), ("0", False), ("FALSE", False), ("1", True)])

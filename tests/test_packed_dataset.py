@@ -171,7 +171,7 @@ def test_reader_gives_blocks_for_the_trainer(built: Path) -> None:
 
 
 def test_opening_a_1b_token_dataset_copies_nothing(tmp_path: Path) -> None:
-    import resource
+    import psutil
 
     folder = tmp_path / "big"
     folder.mkdir()
@@ -185,13 +185,13 @@ def test_opening_a_1b_token_dataset_copies_nothing(tmp_path: Path) -> None:
         "splits": {"train": {"file": "train.bin", "blocks": blocks}},
     }
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_before = psutil.Process().memory_info().rss
     t = time.perf_counter()
     ds = PackedDataset(folder, "train")
     opened = time.perf_counter() - t
     _ = ds[blocks // 2]["input_ids"].sum()
     assert len(ds) == blocks and opened < 1.0
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 100_000  # KiB: < 100 MB
+    assert psutil.Process().memory_info().rss - rss_before < 50 * 2**20  # the 2 GB file is not read in
 
 
 def test_exhausted_source_is_filled_by_the_others_and_recorded(
@@ -275,9 +275,40 @@ def test_bad_inputs_exit_nonzero_and_leave_nothing(sources: dict, tokenizer_dir:
             "BLOCK_SIZE=256 exceeds the model's context of 128",
         ),
         (_script_args(cfg, out, tmp_path / "bigtok", "--dtype", "uint16"), "overflows uint16"),
+        (_script_args(cfg, out, tokenizer_dir, "--block_size", 0), "BLOCK_SIZE=0: expected a positive number"),
+        ([*_script_args(cfg, out, tokenizer_dir), "--val_tokens", 0], "VAL_TOKENS=0: expected a positive number"),
+        (_script_args(cfg, out, tokenizer_dir, "--target_tokens", "lots"), "--target_tokens: expected an integer"),
     ]
     for args, message in cases:
         proc = run_script("build_dataset_v5.py", *args)
-        assert proc.returncode == 1, (message, proc.stderr)
+        assert proc.returncode == (2 if message.startswith("--") else 1), (message, proc.stderr)
         assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
         assert not out.exists() and not (tmp_path / ".ds.building").exists()
+
+
+def test_edited_local_data_is_another_input(sources: dict, tokenizer_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    folder = tmp_path / "copy"
+    shutil.copytree(sources["folder"][0], folder)
+    cfg = _config({"folder": [str(folder)]}, tmp_path)
+    build_dataset(_spec(cfg, tmp_path / "ds", tokenizer_dir, target_tokens=20_000))
+    with (folder / "short.jsonl").open("a") as f:
+        f.write(json.dumps({"text": "one more document"}) + "\n")
+    with pytest.raises(UserError, match="built from other inputs .*local_files_sha256"):
+        build_dataset(_spec(cfg, tmp_path / "ds", tokenizer_dir, target_tokens=20_000))
+
+
+def test_packer_never_credits_tokens_beyond_its_budget() -> None:
+    from sparknet.data.packing import BlockPacker
+
+    packer = BlockPacker(4, np.dtype(np.uint16), max_blocks=2, flush_tokens=8)
+    out = packer.add("a", np.arange(5, dtype=np.uint16))
+    assert out is None
+    out = packer.add("b", np.arange(20, dtype=np.uint16))  # 25 pending: a flush would give 6 blocks
+    assert out.shape == (2, 4) and packer.blocks == 2 and packer.full
+    assert dict(packer.tokens_by_source) == {"a": 5, "b": 3}
+    assert packer.finish().shape == (0, 4)  # nothing pending within budget: no crash, nothing credited
+    assert sum(packer.tokens_by_source.values()) == 8
+    empty = BlockPacker(4, np.dtype(np.uint16))
+    assert empty.finish().shape == (0, 4)

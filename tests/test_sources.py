@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +10,6 @@ import pytest
 from sparknet.config import SourceSpec
 from sparknet.data.sources import iter_texts, open_source
 from sparknet.errors import UserError
-from sparknet.runtime import PROJECT_ROOT
 from tests.conftest import write_jsonl
 
 
@@ -51,21 +47,3 @@ def test_explicit_text_field_missing(tmp_path: Path) -> None:
 def test_unreachable_hub_source_is_a_user_error() -> None:
     with pytest.raises(UserError, match="cannot open source 'x' .*HF_HUB_OFFLINE"):
         open_source(SourceSpec(name="sparknet-tests/no-such-dataset", prob=1, label="x"))
-
-
-def test_datasets_output_folder_never_shadows_the_datasets_package() -> None:
-    made = not (PROJECT_ROOT / "datasets").exists()
-    (PROJECT_ROOT / "datasets").mkdir(exist_ok=True)
-    try:
-        out = subprocess.run(
-            [sys.executable, "-c", "import datasets; print(datasets.__file__, datasets.load_dataset)"],
-            cwd=PROJECT_ROOT,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": "."},
-        )
-        assert out.returncode == 0, out.stderr
-        assert "site-packages" in out.stdout
-    finally:
-        if made:
-            (PROJECT_ROOT / "datasets").rmdir()

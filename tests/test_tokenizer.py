@@ -110,7 +110,7 @@ def test_existing_output_is_not_overwritten_silently(tokenizer_dir: Path, corpus
         "--max_docs",
         20,
     )
-    assert proc.returncode == 1 and "already exists" in proc.stderr and "--overwrite true" in proc.stderr
+    assert proc.returncode == 1 and "already holds a tokenizer" in proc.stderr and "--overwrite true" in proc.stderr
     assert (tokenizer_dir / "tokenizer.json").read_bytes() == before
 
 
@@ -122,3 +122,11 @@ def test_load_tokenizer_checks(tmp_path: Path, tokenizer_dir: Path) -> None:
         load_tokenizer("./missing-tok")
     with pytest.raises(UserError, match="cannot load tokenizer 'no-such-org/no-such-tokenizer'"):
         load_tokenizer("no-such-org/no-such-tokenizer")  # offline in tests: the Hub path fails fast and clearly
+
+
+def test_overwrite_never_replaces_a_folder_that_holds_no_tokenizer(corpus_config: Path, tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("the user's own file")
+    proc = run_script("train_tokenizer_v5.py", "--config", corpus_config, "--output_dir", tmp_path,
+                      "--vocab_size", 300, "--max_docs", 20, "--overwrite", "true")
+    assert proc.returncode == 1 and "holds no tokenizer: it is never replaced" in proc.stderr
+    assert (tmp_path / "notes.txt").read_text() == "the user's own file"

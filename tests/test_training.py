@@ -157,21 +157,28 @@ def test_kill_then_resume_reproduces_lr_and_batch_order(tiny_dataset: Path, tmp_
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (run_dir / "training_metadata.json").exists()
-    partial = run_dir / "checkpoint-999"  # as if the process had died while writing a later checkpoint
-    partial.mkdir()
+    latest = latest_complete_checkpoint(run_dir)
+    step = int(latest.name.split("-")[1])
+    partial = run_dir / f"checkpoint-{step + 10}"  # as if the process had died while writing the next checkpoint
+    partial.mkdir(exist_ok=True)
     (partial / "model.safetensors").write_bytes(b"truncated")
-    assert latest_complete_checkpoint(run_dir).name.startswith("checkpoint-")
-    assert latest_complete_checkpoint(run_dir) != partial
+    (partial / ".complete").unlink(missing_ok=True)
+    assert latest_complete_checkpoint(run_dir) == latest
 
     resumed = run_script("train_sparknet_v5.py", *args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "skipping" in resumed.stderr and "checkpoint-999" in resumed.stderr
-    assert "resuming from" in resumed.stderr
+    assert f"skipping {partial}" in resumed.stderr and f"resuming from {latest}" in resumed.stderr
     got = _steps(run_dir / "batches.jsonl")
     assert sorted(got) == sorted(expected)
     for step in expected:
         assert got[step]["lr"] == expected[step]["lr"], step
         assert got[step]["blocks"] == expected[step]["blocks"], step
+    # TensorBoard, as one stream: every step once, what the killed attempt logged past its checkpoint purged
+    events = _events(tmp_path / "b" / "logs" / "run")
+    reference_events = _events(tmp_path / "a" / "logs" / "run")
+    for tag in ("train/loss", "train/learning_rate", "train/grad_norm", "eval/loss"):
+        assert [s for s, _ in events[tag]] == [s for s, _ in reference_events[tag]], tag
+    assert [v for _, v in events["train/learning_rate"]] == [v for _, v in reference_events["train/learning_rate"]]
 
 
 def test_sigint_saves_a_checkpoint_then_exits(tiny_dataset: Path, tmp_path: Path) -> None:
@@ -229,3 +236,17 @@ def test_sampling_leaves_rng_and_train_mode_as_they_were(finished, tmp_path: Pat
     assert torch.equal(torch.get_rng_state(), before) and model.training
     assert sampler.sample(model, state) == first  # fixed sampling seed: the same text
     assert (tmp_path / "sample_step000005.txt").read_text() == first
+
+
+def test_a_different_tokenizer_than_the_datasets_is_refused(tiny_dataset: Path, tokenizer_dir: Path,
+                                                            tmp_path: Path) -> None:
+    import shutil
+
+    from sparknet.errors import UserError
+
+    other = tmp_path / "tok"
+    shutil.copytree(tokenizer_dir, other)
+    data = json.loads((other / "tokenizer.json").read_text())
+    (other / "tokenizer.json").write_text(json.dumps(data, indent=1))  # same vocabulary, another file
+    with pytest.raises(UserError, match="is not the one dataset .* was built with"):
+        train_packed(_settings(tmp_path, tiny_dataset, tokenizer_dir=str(other)))

@@ -118,6 +118,25 @@ def tokenizer_fingerprint(name_or_path: str, tok: Any) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def local_files_fingerprint(config: MixConfig) -> dict[str, str]:
+    """sha256 of every local data file of the mix, so that an edited file counts as another input (Hub sources
+    are named by id and split only)."""
+    import glob
+
+    out: dict[str, str] = {}
+    for spec in config.mix:
+        files = spec.resolved_data_files()
+        groups = files.values() if isinstance(files, dict) else [files or []]
+        for pattern in (f for group in groups for f in group):
+            for path in sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]:
+                digest = hashlib.sha256()
+                with open(path, "rb") as f:
+                    while chunk := f.read(1 << 22):
+                        digest.update(chunk)
+                out[path] = digest.hexdigest()
+    return out
+
+
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     keys = sorted(set(old) | set(new))
     return [f"{k}: {json_short(old.get(k))} -> {json_short(new.get(k))}" for k in keys if old.get(k) != new.get(k)]
@@ -161,6 +180,8 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
 
     started = time.time()
     config = spec.config
+    if spec.block_size <= 0:
+        raise UserError(f"BLOCK_SIZE={spec.block_size}: expected a positive number of tokens")
     if spec.block_size > config.context_length:
         raise UserError(
             f"BLOCK_SIZE={spec.block_size} exceeds the model's context of {config.context_length} "
@@ -168,8 +189,8 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
         )
     if spec.target_tokens < spec.block_size:
         raise UserError(f"TARGET_TOKENS={spec.target_tokens} is less than one block of {spec.block_size} tokens")
-    if spec.val_tokens < 0:
-        raise UserError(f"VAL_TOKENS={spec.val_tokens}: expected 0 or more")
+    if spec.val_tokens <= 0:
+        raise UserError(f"VAL_TOKENS={spec.val_tokens}: expected a positive number (the trainer evaluates on them)")
     tok = load_tokenizer(spec.tokenizer)
     max_len = getattr(tok, "model_max_length", None)
     if isinstance(max_len, int) and max_len < 10**8 and spec.block_size > max_len:
@@ -181,6 +202,7 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
         "format_version": FORMAT_VERSION,
         "tokenizer_sha256": tokenizer_fingerprint(spec.tokenizer, tok),
         "mix": config.to_dict()["mix"],
+        "local_files_sha256": local_files_fingerprint(config),
         "seed": spec.seed,
         "block_size": spec.block_size,
         "dtype": dtype.name,
@@ -264,27 +286,29 @@ def _pack(spec: BuildSpec, mixer: Mixer, folder: Path, dtype: np.dtype, tqdm: An
     """Runs the mixed documents through the val then the train packer; returns the split part of the manifest."""
     block = spec.block_size
     want = {"val": math.ceil(spec.val_tokens / block), "train": spec.target_tokens // block}
-    packers = {split: BlockPacker(block, dtype) for split in SPLITS}
+    packers = {split: BlockPacker(block, dtype, max_blocks=want[split]) for split in SPLITS}
     writers = {split: SplitWriter(folder, split, block, dtype) for split in SPLITS}
     bar = tqdm(total=(want["val"] + want["train"]) * block, unit="tok", unit_scale=True, desc="packing", smoothing=0.1)
-    split = "val" if want["val"] else "train"
+    split = "val"
     try:
         for label, doc in mixer:
             packer = packers[split]
             full = packer.add(label, doc)
             if full is not None:
-                writers[split].write(full[: max(0, want[split] - writers[split].blocks)])
+                writers[split].write(full)
             bar.update(len(doc))
-            if packer.tokens_added >= want[split] * block:
-                writers[split].write(packer.finish(want[split]))
+            if packer.full:
+                writers[split].write(packer.finish())
                 if split == "train":
                     break
                 split = "train"
                 mixer.restart_shares()  # train carries the mix by itself, whatever val's last document left out
+            elif spec.fail_on_exhausted and any(c.exhausted for c in mixer.counts.values()):
+                dry = ", ".join(name for name, c in mixer.counts.items() if c.exhausted)  # stop now, not hours later
+                raise UserError(f"source(s) {dry} ran dry before reaching their share (FAIL_ON_EXHAUSTED is on)")
         else:  # every source ran dry before the budget
             for name in SPLITS:
-                if packers[name].pending_tokens:
-                    writers[name].write(packers[name].finish(want[name]))
+                writers[name].write(packers[name].finish())
     finally:
         bar.close()
         for w in writers.values():

@@ -80,12 +80,13 @@ def encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 class BlockPacker:
     """Appends documents and hands out full blocks of `block_size` tokens, crediting each token to its source.
 
-    Documents are concatenated as they come (each already ends with eos); nothing is padded. Only the final partial
-    block, held back by `finish`, is dropped.
+    Documents are concatenated as they come (each already ends with eos); nothing is padded. At most `max_blocks`
+    blocks are ever handed out; tokens beyond them, and the final partial block, are dropped and credited to no one.
     """
 
     block_size: int
     dtype: np.dtype
+    max_blocks: int | None = None
     flush_tokens: int = 1 << 20
     tokens_by_source: Counter[str] = field(default_factory=Counter)  # tokens in handed-out blocks
     documents_by_source: Counter[str] = field(default_factory=Counter)  # documents started in this packer
@@ -101,6 +102,11 @@ class BlockPacker:
         """Tokens handed out in blocks plus those still pending."""
         return self.blocks * self.block_size + self.pending_tokens
 
+    @property
+    def full(self) -> bool:
+        """Whether the blocks handed out and pending reach `max_blocks`."""
+        return self.max_blocks is not None and self.tokens_added >= self.max_blocks * self.block_size
+
     def add(self, label: str, tokens: np.ndarray) -> np.ndarray | None:
         """Appends one document; returns full blocks (shape [n, block_size]) once enough tokens are pending."""
         self._pending.append(tokens)
@@ -111,16 +117,17 @@ class BlockPacker:
             return self._take(self.pending_tokens // self.block_size)
         return None
 
-    def finish(self, max_blocks: int | None = None) -> np.ndarray:
-        """The remaining full blocks (at most `max_blocks` more in all); the partial rest is dropped."""
-        n = self.pending_tokens // self.block_size
-        if max_blocks is not None:
-            n = max(0, min(n, max_blocks - self.blocks))
-        out = self._take(n)
+    def finish(self) -> np.ndarray:
+        """The remaining full blocks; the partial rest is dropped."""
+        out = self._take(self.pending_tokens // self.block_size)
         self._pending, self._segments, self.pending_tokens = [], deque(), 0
         return out
 
     def _take(self, n_blocks: int) -> np.ndarray:
+        if self.max_blocks is not None:
+            n_blocks = max(0, min(n_blocks, self.max_blocks - self.blocks))
+        if n_blocks == 0:
+            return np.empty((0, self.block_size), dtype=self.dtype)
         n_tokens = n_blocks * self.block_size
         flat = np.concatenate(self._pending) if len(self._pending) != 1 else self._pending[0]
         out, rest = flat[:n_tokens], flat[n_tokens:]
