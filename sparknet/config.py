@@ -236,3 +236,16 @@ def load_config(path: str | Path) -> MixConfig:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{shown}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     return parse_config(data, shown)
+
+
+def describe_changes(old: dict[str, Any], new: dict[str, Any], upper: bool = False, limit: int = 80) -> list[str]:
+    """`key: old -> new` for every key whose value differs (values as compact JSON cut to `limit` characters), for
+    the errors that refuse to mix a saved run or dataset with other settings; `upper` names keys as constants."""
+
+    def short(value: Any) -> str:
+        text = json.dumps(value, sort_keys=True)
+        return text if len(text) <= limit else text[: limit - 3] + "..."
+
+    keys = sorted(set(old) | set(new))
+    return [f"{k.upper() if upper else k}: {short(old.get(k))} -> {short(new.get(k))}"
+            for k in keys if old.get(k) != new.get(k)]

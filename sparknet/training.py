@@ -26,7 +26,7 @@ from transformers import Trainer, TrainingArguments, default_data_collator
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from sparknet.callbacks import COMPLETE_MARKER, MetricsCallback, SafetyCallback, SamplingCallback
-from sparknet.config import MixConfig
+from sparknet.config import MixConfig, describe_changes
 from sparknet.data.build import tokenizer_fingerprint
 from sparknet.data.packed import PackedDataset, write_json_atomic
 from sparknet.errors import UserError
@@ -185,12 +185,6 @@ def latest_complete_checkpoint(run_dir: Path) -> Path | None:
     return None
 
 
-def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    keys = sorted(set(old) | set(new))
-    return [f"{k.upper()}: {json.dumps(old.get(k))} -> {json.dumps(new.get(k))}"
-            for k in keys if old.get(k) != new.get(k)]
-
-
 def _check_settings(s: TrainSettings) -> None:
     if not s.run_name or "/" in s.run_name or s.run_name.startswith("."):
         raise UserError(f"RUN_NAME={s.run_name!r}: expected a plain folder name such as sparknet-70m-v5")
@@ -271,7 +265,7 @@ def train_packed(s: TrainSettings, config: MixConfig | None = None) -> TrainResu
     main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, one process writes the run's files
     if (run_dir / RUN_CONFIG).is_file():
         previous = json.loads((run_dir / RUN_CONFIG).read_text())
-        changes = _differences(previous, identity)
+        changes = describe_changes(previous, identity, upper=True)
         if changes and not s.allow_config_change:
             raise UserError(f"run {s.run_name} exists with other settings ({'; '.join(changes)}). Choose a new "
                             "RUN_NAME, or pass --allow_config_change true to continue it with the new settings")

@@ -13,7 +13,6 @@ interrupted build is discarded and restarted from the beginning by the next run.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import multiprocessing as mp
@@ -28,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from sparknet.config import MixConfig
+from sparknet.config import MixConfig, describe_changes
 from sparknet.data.mixing import Mixer
 from sparknet.data.packed import FORMAT_VERSION, MANIFEST, SPLITS, SplitWriter, read_manifest, write_json_atomic
 from sparknet.data.packing import BlockPacker, DocumentEncoder, encode_in_worker, init_worker, token_dtype
@@ -137,17 +136,6 @@ def local_files_fingerprint(config: MixConfig) -> dict[str, str]:
     return out
 
 
-def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    keys = sorted(set(old) | set(new))
-    return [f"{k}: {json_short(old.get(k))} -> {json_short(new.get(k))}" for k in keys if old.get(k) != new.get(k)]
-
-
-def json_short(value: Any, limit: int = 80) -> str:
-    """A value as compact JSON, cut to `limit` characters."""
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] | None:
     """The existing manifest when OUTPUT_DIR already holds this very dataset; errors for anything else."""
     out = spec.output_dir
@@ -164,7 +152,7 @@ def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] |
         return manifest
     if spec.overwrite:
         return None
-    changes = "; ".join(_differences(manifest.get("inputs", {}), inputs))
+    changes = "; ".join(describe_changes(manifest.get("inputs", {}), inputs))
     raise UserError(
         f"{out} already holds a dataset built from other inputs ({changes}). Choose another "
         "OUTPUT_DIR, or pass --overwrite true to replace it"
