@@ -29,6 +29,7 @@ SAMPLE_PROMPTS = ["The history of", "In this paper we", "def fibonacci(n):"]  # 
 SAMPLE_MAX_NEW_TOKENS = 64  # tokens generated per prompt
 SAMPLE_TEMPERATURE = 0.8  # sampling temperature
 SAMPLE_TOP_K = 50  # sample among the k most likely tokens
+SAMPLE_SEED = 1234  # seed of the sampling (the same prompts give the same text at the same weights)
 LOGGING_STEPS = 10  # console line and TensorBoard scalars every this many steps
 COMPILE = "auto"  # torch.compile: auto (on for CUDA), on, off
 SEED = 42  # seed of initialisation, data order and dropout
@@ -47,28 +48,19 @@ def main() -> None:
 
     config = load_config(CONFIG)
     runtime.setup(SEED)
-    from sparknet.training import TrainSettings, train_packed
+    from sparknet.train_data import packed_plan
+    from sparknet.training import TrainSettings, train
 
-    constants = {name: globals()[name] for name in constant_names(globals())}
-    settings = TrainSettings.from_constants(constants)
+    settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
     if settings.target_tokens is None:
         settings.target_tokens = config.target_tokens
-    finish(train_packed(settings, config))
+    finish(train(settings, packed_plan(DATASET_DIR, TOKENIZER_DIR, config)))
 
 
 def finish(result) -> None:  # noqa: ANN001 - sparknet.training.TrainResult, imported late to keep --help fast
-    from sparknet.errors import UserError
+    from sparknet.training import report_outcome
 
-    if result.status == "interrupted":
-        print(result.message)
-        raise SystemExit(128 + result.signal)
-    if result.status == "diverged":
-        raise UserError(result.message)
-    m = result.metadata.get("metrics", {})
-    start = m.get("eval_loss_start")
-    start_text = f"{start:.3f} at start -> " if start is not None else ""
-    print(f"model: {result.run_dir}  (eval loss {start_text}{m.get('eval_loss', float('nan')):.3f}; "
-          f"tensorboard --logdir {LOGS_DIR}/{result.run_dir.name})")
+    report_outcome(result, LOGS_DIR)
 
 
 if __name__ == "__main__":

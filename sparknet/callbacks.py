@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from sparknet.evaluation import bits_per_byte, perplexity
+from sparknet.run_folder import mark_complete
+from sparknet.runtime import write_json_atomic
 
 log = logging.getLogger("sparknet.train")
-COMPLETE_MARKER = ".complete"
 
 
 def _finite(value: float) -> bool:
@@ -33,16 +38,30 @@ def _duration(seconds: float) -> str:
     return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
 
 
+# Shown under each tag in TensorBoard, so a reader of a multi-GPU run knows what the numbers cover.
+TAG_DESCRIPTIONS = {
+    "perf/tokens_per_second": "Training tokens per second over all processes together (global), training time only: "
+                              "eval, saving and sampling excluded.",
+    "perf/examples_per_second": "Training blocks per second over all processes together (global).",
+    "perf/mfu": "Model FLOPs utilisation of one device: FLOPs per token x global tokens/s / (peak FLOP/s x devices).",
+    "perf/tokens_seen": "Training tokens consumed so far, all processes together.",
+    "perf/device_memory_gb": "Peak memory of the main process's device (GPU) or its resident memory (CPU), GiB.",
+}
+
+
 class MetricsCallback(TrainerCallback):
     """TensorBoard scalars and a console line at every logging step and evaluation.
 
-    Throughput counts training time only: the gaps after a step in which evaluation, saving or sampling ran are
-    excluded from the window they fall in.
+    Throughput counts training time only: everything from the end of a step's training work to the start of the
+    next step is excluded when evaluation, saving or sampling ran in it (so nothing is subtracted twice, and a
+    window's training time never goes below zero). With torch.compile the first window after (re)starting holds the
+    compilation: it is printed as warm-up and left out of the perf/ figures and of the run's mean.
     """
 
-    def __init__(self, writer: Any, tokens_per_step: int, block_size: int, flops_per_token: float,
-                 peak_flops: float | None, world_size: int, grad_norms: list, eval_tokens: int,
-                 eval_bytes: int, device_kind: str) -> None:
+    def __init__(self, *, writer: Any, tokens_per_step: int, block_size: int, flops_per_token: float,
+                 peak_flops: float | None, world_size: int, grad_norms: list, eval_tokens: int, eval_bytes: int,
+                 device_kind: str, compile_warmup: bool = False, start_file: Path | None = None,
+                 logged_eval_steps: set[int] | None = None) -> None:
         self.writer = writer
         self.tokens_per_step = tokens_per_step
         self.block_size = block_size
@@ -52,41 +71,49 @@ class MetricsCallback(TrainerCallback):
         self.grad_norms = grad_norms
         self.eval_tokens, self.eval_bytes = eval_tokens, eval_bytes
         self.device_kind = device_kind
+        self.compile_warmup = compile_warmup
+        self.start_file = start_file
         self._window_start = time.perf_counter()
         self._window_step = 0
         self._excluded = 0.0
-        self._exclude_gap = False
+        self._paused = False  # evaluation, saving or sampling ran since the last step's end
         self._step_end = 0.0
-        self._train_seconds = 0.0
+        self._windows = 0
+        self.train_seconds = 0.0  # summed over the measured windows of this process (warm-up left out)
+        self.train_tokens = 0
         self.last_train: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
-        self._eval_steps: set[int] = set()
+        self._eval_steps: set[int] = set(logged_eval_steps or ())  # written before a resume
+        self._described: set[str] = set()
 
-    def exclude_next_gap(self) -> None:
-        """Marks the time until the next step begins as not training (eval, save)."""
-        self._exclude_gap = True
+    def pause(self) -> None:
+        """Marks the time from the last step's end to the next step's start as not training."""
+        self._paused = True
 
-    def exclude(self, seconds: float) -> None:
-        """Takes `seconds` of non-training work (sampling) out of the current throughput window."""
-        self._excluded += seconds
+    @property
+    def mean_tokens_per_second(self) -> float | None:
+        """Tokens per second over all measured training time of this process (None before the first window)."""
+        return self.train_tokens / self.train_seconds if self.train_seconds > 0 else None
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         self._window_start = time.perf_counter()
         self._window_step = state.global_step
         self._excluded = 0.0
+        self._windows = 0
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        if self._exclude_gap and self._step_end:
+        if self._paused:
             # from the later of the step's end and the window's start: work before a log belongs to the old window
             self._excluded += time.perf_counter() - max(self._step_end, self._window_start)
-        self._exclude_gap = False
+        self._paused = False
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         self._step_end = time.perf_counter()
+        self._paused = False
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     metrics: dict[str, float] | None = None, **kw: Any) -> None:
-        self.exclude_next_gap()
+        self.pause()
         if not metrics or "eval_loss" not in metrics or not state.is_world_process_zero:
             return
         loss = float(metrics["eval_loss"])
@@ -96,12 +123,29 @@ class MetricsCallback(TrainerCallback):
         if state.global_step not in self._eval_steps:  # the closing eval of the best model repeats a step
             self._eval_steps.add(state.global_step)
             self._write(values, state.global_step)
+        if state.global_step == 0 and self.start_file is not None:
+            write_json_atomic(self.start_file, {"eval_loss": loss})
         self.last_eval = {k.split("/")[1]: v for k, v in values.items()}
         bpb = f"  bits/byte {values['eval/bits_per_byte']:.3f}" if "eval/bits_per_byte" in values else ""
         log.info("eval   step %6d  loss %.4f  ppl %.2f%s", state.global_step, loss, values["eval/perplexity"], bpb)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        self.exclude_next_gap()
+        self.pause()
+
+    def _close_window(self, global_step: int) -> tuple[int, float, bool]:
+        """Ends the current throughput window: (steps, training seconds, whether it was the compile warm-up)."""
+        now = time.perf_counter()
+        if self._paused:  # sampling ran after this step's training work: not training time
+            self._excluded += now - max(self._step_end, self._window_start)
+        steps = global_step - self._window_step
+        seconds = max(now - self._window_start - self._excluded, 1e-9)
+        warmup = self.compile_warmup and self._windows == 0
+        self._windows += 1
+        if not warmup:
+            self.train_seconds += seconds
+            self.train_tokens += steps * self.tokens_per_step
+        self._window_start, self._window_step, self._excluded = now, global_step, 0.0
+        return steps, seconds, warmup
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, float] | None = None, **kw: Any) -> None:
@@ -109,11 +153,7 @@ class MetricsCallback(TrainerCallback):
             return
         import torch
 
-        now = time.perf_counter()
-        steps = state.global_step - self._window_step
-        seconds = max(now - self._window_start - self._excluded, 1e-9)
-        self._train_seconds += seconds
-        self._window_start, self._window_step, self._excluded = now, state.global_step, 0.0
+        steps, seconds, warmup = self._close_window(state.global_step)
         norms = self.grad_norms[:]
         self.grad_norms.clear()
         if not state.is_world_process_zero:
@@ -128,21 +168,23 @@ class MetricsCallback(TrainerCallback):
             "train/loss": loss,
             "train/perplexity": perplexity(loss),
             "train/learning_rate": float(logs.get("learning_rate", 0.0)),
-            "perf/tokens_per_second": tokens_per_s,
-            "perf/examples_per_second": tokens_per_s / self.block_size,
             "perf/tokens_seen": float(state.global_step * self.tokens_per_step),
             "perf/device_memory_gb": self._memory_gb(),
         }
-        if self.peak_flops:
-            scalars["perf/mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops * self.world_size)
+        if not warmup:
+            scalars["perf/tokens_per_second"] = tokens_per_s
+            scalars["perf/examples_per_second"] = tokens_per_s / self.block_size
+            if self.peak_flops:
+                scalars["perf/mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops * self.world_size)
+            self.last_train = {"tokens_per_second": tokens_per_s}
         self._write(scalars, state.global_step)
-        self.last_train = {"loss": loss, "tokens_per_second": tokens_per_s}
+        self.last_train["loss"] = loss
         eta = (state.max_steps - state.global_step) * seconds / max(steps, 1)
         grad = f"{values[-1].item():.3f}" if norms else "n/a"
         mfu = f"  mfu {scalars['perf/mfu']:.1%}" if "perf/mfu" in scalars else ""
-        log.info("train  step %6d/%d  loss %.4f  lr %.3e  grad %s  %s tok/s%s  eta %s", state.global_step,
-                 state.max_steps, loss, scalars["train/learning_rate"], grad, f"{tokens_per_s:,.0f}", mfu,
-                 _duration(eta))
+        speed = "warm-up (torch.compile)" if warmup else f"{tokens_per_s:,.0f} tok/s{mfu}"
+        log.info("train  step %6d/%d  loss %.4f  lr %.3e  grad %s  %s  eta %s", state.global_step, state.max_steps,
+                 loss, scalars["train/learning_rate"], grad, speed, _duration(eta))
 
     def _memory_gb(self) -> float:
         import torch
@@ -155,8 +197,23 @@ class MetricsCallback(TrainerCallback):
 
     def _write(self, scalars: dict[str, float], step: int) -> None:
         for tag, value in scalars.items():
+            if tag in TAG_DESCRIPTIONS and tag not in self._described and self._write_described(tag, value, step):
+                continue
             self.writer.add_scalar(tag, value, step)
         self.writer.flush()
+
+    def _write_described(self, tag: str, value: float, step: int) -> bool:
+        """Writes a tag's first value with its description (TensorBoard keeps the first one it sees)."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.plugins.scalar import metadata
+
+        file_writer = self.writer._get_file_writer() if hasattr(self.writer, "_get_file_writer") else None
+        if file_writer is None:
+            return False
+        md = metadata.create_summary_metadata(display_name=tag, description=TAG_DESCRIPTIONS[tag])
+        file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, simple_value=value, metadata=md)]), step)
+        self._described.add(tag)
+        return True
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         self.writer.flush()
@@ -178,11 +235,10 @@ class SamplingCallback(TrainerCallback):
         self.last_text = ""
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        if self.every > 0 and state.global_step % self.every == 0:
-            self.sample(kw["model"], state)
-
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        if state.global_step != self.last_sampled:
+        # The final sample is taken at the last step, before the Trainer reloads the best checkpoint, so that it
+        # shows the model of the step it is labelled with; a run stopped early (signal, divergence) gets none.
+        last = state.global_step >= state.max_steps
+        if (self.every > 0 and state.global_step % self.every == 0) or last:
             self.sample(kw["model"], state)
 
     def _generate(self, model: Any, prompt: str, device: Any) -> str:
@@ -203,7 +259,6 @@ class SamplingCallback(TrainerCallback):
             return ""
         import torch
 
-        started = time.perf_counter()
         model = getattr(model, "module", model)  # DDP
         model = getattr(model, "_orig_mod", model)  # torch.compile
         device = next(model.parameters()).device
@@ -232,53 +287,130 @@ class SamplingCallback(TrainerCallback):
         self.writer.flush()
         self.last_sampled = state.global_step
         self.last_text = text
-        self.metrics.exclude(time.perf_counter() - started)
+        self.metrics.pause()
         log.info("sample step %6d  -> %s", state.global_step, path.name)
         return text
 
 
 class SafetyCallback(TrainerCallback):
     """Stops cleanly on SIGINT/SIGTERM (saving a checkpoint first) and on a non-finite loss or grad norm (saving
-    nothing, so the last good checkpoint stays the latest); marks each fully written checkpoint as complete."""
+    nothing, so the last good checkpoint stays the latest); marks each checkpoint complete once every process has
+    written its part; logs at the last step and at a stop, so no step's loss or grad norm goes unlogged.
+
+    Under data parallelism the processes must stop at the same step. At every step each process contributes its
+    signal flag to an all-reduce on a CPU (gloo) group, started asynchronously and read one step later, so a stop
+    comes within two steps without a device synchronisation; the non-finite check, which reads the device, is
+    agreed on at logging, eval and save steps, where the Trainer synchronises anyway.
+    """
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.stop_signal: int | None = None
         self.diverged_at: int | None = None
+        self._group: Any = None
+        self._pending: tuple[Any, Any] | None = None  # (work, buffer) of the all-reduce started last step
 
     def request_stop(self, signum: int) -> None:
         self.stop_signal = signum
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+    @staticmethod
+    def _distributed() -> bool:
         import torch.distributed as dist
 
-        at_sync_point = control.should_log or control.should_save or control.should_evaluate
-        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        last = state.global_step >= state.max_steps
-        if distributed and not (at_sync_point or last):
-            return  # processes decide together, at steps where all of them synchronise anyway
-        check_nan = self.trainer.nonfinite == "stop" and (at_sync_point or last or self.stop_signal is not None)
-        bad = self.trainer.first_nonfinite_step() if check_nan else None
-        stop = self.stop_signal
-        if distributed:  # one decision for all processes, or they would wait for each other forever
-            import torch
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
-            flags = torch.tensor([stop or 0, -1 if bad is None else bad], device=args.device)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            stop, bad = (int(flags[0]) or None), (None if int(flags[1]) < 0 else int(flags[1]))
-            self.stop_signal = stop
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        import torch.distributed as dist
+
+        if self._distributed() and self._group is None:  # a collective: every process creates it here
+            self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+    def _agreed_stop(self) -> int | None:
+        """The stop signal any process had at the previous step; starts this step's all-reduce."""
+        import torch
+        import torch.distributed as dist
+
+        agreed = None
+        if self._pending is not None:
+            work, buffer = self._pending
+            work.wait()
+            agreed = int(buffer[0]) or None
+        buffer = torch.tensor([self.stop_signal or 0], dtype=torch.int64)
+        self._pending = (dist.all_reduce(buffer, op=dist.ReduceOp.MAX, group=self._group, async_op=True), buffer)
+        return agreed
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        import torch
+        import torch.distributed as dist
+
+        distributed = self._distributed()
+        last = state.global_step >= state.max_steps
+        at_sync_point = control.should_log or control.should_save or control.should_evaluate or last
+        stop = self._agreed_stop() if distributed else self.stop_signal
+        bad = None
+        if self.trainer.nonfinite == "stop" and (at_sync_point or stop is not None):
+            bad = self.trainer.first_nonfinite_step()
+            if distributed:  # every process reads its device here, so all of them take part
+                flags = torch.tensor([-1 if bad is None else bad], device=args.device)
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+                bad = None if int(flags[0]) < 0 else int(flags[0])
         if bad is not None:
             self.diverged_at = bad
             control.should_training_stop = True
             control.should_save = False
             control.should_evaluate = False
         elif stop is not None:
+            self.stop_signal = stop
             control.should_save = True
             control.should_training_stop = True
+        if last or control.should_training_stop:
+            control.should_log = True
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        import torch.distributed as dist
+
+        if self._distributed():
+            dist.barrier(group=self._group)  # every process has written its part (its RNG state) of the checkpoint
         if state.is_world_process_zero:
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if folder.is_dir():
-                marker = folder / COMPLETE_MARKER
-                marker.write_text(f"{state.global_step}\n")
+                mark_complete(folder, state.global_step)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        if self._pending is not None:
+            self._pending[0].wait()
+            self._pending = None
+
+
+@contextmanager
+def stop_on_signals(safety: SafetyCallback) -> Iterator[None]:
+    """While training: SIGINT/SIGTERM ask for a checkpoint and a clean stop; a second signal aborts.
+
+    Under torchrun a Ctrl-C reaches each worker twice (from the terminal, then forwarded by torchrun), so repeats
+    within a few seconds of the first count as the same request there."""
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+    first_at: list[float] = []
+    grace = 5.0 if "TORCHELASTIC_RUN_ID" in os.environ else 0.0
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        now = time.monotonic()
+        if first_at and now - first_at[0] <= grace:
+            return
+        if first_at:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            signal.raise_signal(signum)
+            return
+        first_at.append(now)
+        log.warning("received %s: saving a checkpoint at the end of this step, then stopping (again to abort)",
+                    signal.Signals(signum).name)
+        safety.request_stop(signum)
+
+    for sig in signals:
+        signal.signal(sig, on_signal)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -201,3 +201,19 @@ def run_script(namespace: dict[str, Any], main: Callable[[], Any], argv: list[st
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         raise SystemExit(130) from None
+
+
+def script_constants(script: str) -> dict[str, Any]:
+    """The constants of `scripts/<script>` with their defaults as written there (the one source of defaults), read
+    without running the script."""
+    import importlib.util
+
+    from sparknet.runtime import PROJECT_ROOT
+
+    path = PROJECT_ROOT / "scripts" / script
+    spec = importlib.util.spec_from_file_location(f"_sparknet_script_{path.stem}", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # scripts only assign constants and define functions at import
+    namespace = vars(module)
+    return {name: namespace[name] for name in constant_names(namespace)}

@@ -19,14 +19,34 @@ def perplexity(loss: float) -> float:
     return math.exp(min(loss, 700.0))
 
 
+def token_byte_lengths(tokenizer: Any) -> np.ndarray:
+    """UTF-8 bytes each token id stands for (special tokens: 0), so that the bytes of any token sequence are a sum.
+
+    Exact for byte-level BPE (GPT-2 style: each character of a token is one byte), whatever the block boundaries
+    cut: decoding a block that starts inside a multi-byte character would add replacement characters instead.
+    Other tokenizers fall back to decoding each token alone.
+    """
+    from tokenizers import decoders
+
+    backend = tokenizer.backend_tokenizer
+    special = set(tokenizer.all_special_ids)
+    vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    lengths = np.zeros(len(vocab), dtype=np.int64)
+    byte_level = isinstance(backend.decoder, decoders.ByteLevel)
+    for token_id, token in enumerate(vocab):
+        if token_id in special or token is None:
+            continue
+        if byte_level:
+            lengths[token_id] = len(token)  # one character of the byte-level alphabet per byte
+        else:
+            lengths[token_id] = len(tokenizer.decode([token_id]).encode("utf-8"))
+    return lengths
+
+
 def utf8_bytes(tokenizer: Any, tokens: np.ndarray) -> int:
-    """UTF-8 bytes of the text the tokens stand for, special tokens (end-of-text) counted as none."""
-    flat = np.asarray(tokens).reshape(-1).tolist()
-    total = 0
-    step = 1 << 20  # decode in chunks; a cut multi-byte character costs at most a few bytes per million tokens
-    for start in range(0, len(flat), step):
-        total += len(tokenizer.decode(flat[start : start + step], skip_special_tokens=True).encode("utf-8"))
-    return total
+    """UTF-8 bytes of the text the tokens stand for, counted per token id (special tokens count as none)."""
+    lengths = token_byte_lengths(tokenizer)
+    return int(lengths[np.asarray(tokens).reshape(-1).astype(np.int64)].sum())
 
 
 def bits_per_byte(loss: float, tokens: int, n_bytes: int) -> float:

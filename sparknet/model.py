@@ -110,35 +110,44 @@ def preset_dict(name: str) -> dict[str, Any]:
     return {"name": name, **asdict(get_preset(name))}
 
 
-# Dense peak TFLOP/s per GPU (no sparsity) for MFU, by a substring of torch.cuda.get_device_name(); bf16 also
-# stands for fp16, fp32 for TF32 matmuls where the GPU has them.
-PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H200", {"bf16": 989.5, "fp32": 494.7}),
-    ("H100 NVL", {"bf16": 835.0, "fp32": 417.0}),
-    ("H100 PCIe", {"bf16": 756.0, "fp32": 378.0}),
-    ("H100", {"bf16": 989.5, "fp32": 494.7}),
-    ("GH200", {"bf16": 989.5, "fp32": 494.7}),
-    ("B200", {"bf16": 2250.0, "fp32": 1100.0}),
-    ("A100", {"bf16": 312.0, "fp32": 156.0}),
-    ("A10G", {"bf16": 70.0, "fp32": 35.0}),
-    ("A10", {"bf16": 125.0, "fp32": 62.5}),
-    ("L40S", {"bf16": 362.0, "fp32": 183.0}),
-    ("L40", {"bf16": 181.0, "fp32": 90.5}),
-    ("L4", {"bf16": 121.0, "fp32": 60.0}),
-    ("RTX 4090", {"bf16": 165.2, "fp32": 82.6}),
-    ("RTX 3090", {"bf16": 71.0, "fp32": 35.6}),
-    ("V100", {"bf16": 125.0, "fp32": 15.7}),
-    ("T4", {"bf16": 65.0, "fp32": 8.1}),
-)
+# Dense peak TFLOP/s per GPU (no sparsity) for MFU, keyed by the exact name torch.cuda.get_device_name() reports
+# without its "NVIDIA " / "Tesla " prefix. Exact names only: variants such as "H200 NVL", "H100 PCIe", "RTX 4090 D"
+# or laptop parts have other peaks, and an unknown name gives no MFU (set PEAK_TFLOPS) rather than a wrong one.
+# bf16 also stands for fp16; fp32 means TF32 matmuls where the GPU has them.
+_H100_SXM = {"bf16": 989.5, "fp32": 494.7}
+_A100 = {"bf16": 312.0, "fp32": 156.0}
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H200": _H100_SXM,
+    "H200 NVL": {"bf16": 835.5, "fp32": 417.8},
+    "H100 80GB HBM3": _H100_SXM,
+    "H100 SXM5 80GB": _H100_SXM,
+    "H100 NVL": {"bf16": 835.5, "fp32": 417.8},
+    "H100 PCIe": {"bf16": 756.0, "fp32": 378.0},
+    "GH200 480GB": _H100_SXM,
+    "B200": {"bf16": 2250.0, "fp32": 1100.0},
+    "A100-SXM4-80GB": _A100,
+    "A100-SXM4-40GB": _A100,
+    "A100-PCIE-40GB": _A100,
+    "A100 80GB PCIe": _A100,
+    "A10G": {"bf16": 70.0, "fp32": 35.0},
+    "A10": {"bf16": 125.0, "fp32": 62.5},
+    "L40S": {"bf16": 362.0, "fp32": 183.0},
+    "L40": {"bf16": 181.0, "fp32": 90.5},
+    "L4": {"bf16": 121.0, "fp32": 60.0},
+    "GeForce RTX 4090": {"bf16": 165.2, "fp32": 82.6},
+    "GeForce RTX 3090": {"bf16": 71.0, "fp32": 35.6},
+    "V100-SXM2-16GB": {"bf16": 125.0, "fp32": 15.7},
+    "V100-SXM2-32GB": {"bf16": 125.0, "fp32": 15.7},
+    "T4": {"bf16": 65.0, "fp32": 8.1},
+}
 
 
 def peak_flops(device_name: str, dtype: str) -> float | None:
-    """Peak FLOP/s of one device for `dtype` ("bf16" or "fp32"), or None when the device is not in the table.
-
-    Names match as whole words, first match wins: "NVIDIA L40" is not an L4, "H100 NVL" not an H100 SXM."""
-    import re
-
-    for key, peaks in PEAK_TFLOPS:
-        if re.search(rf"(?<![\w-]){re.escape(key)}(?![\w])", device_name, flags=re.IGNORECASE):
-            return peaks["bf16" if dtype in ("bf16", "fp16") else "fp32"] * 1e12
-    return None
+    """Peak FLOP/s of one device for `dtype` ("bf16" or "fp32"), or None when the device is not in the table."""
+    name = device_name.strip()
+    for prefix in ("NVIDIA ", "Tesla "):
+        name = name.removeprefix(prefix)
+    peaks = PEAK_TFLOPS.get(name)
+    if peaks is None:
+        return None
+    return peaks["bf16" if dtype in ("bf16", "fp16") else "fp32"] * 1e12

@@ -6,11 +6,13 @@ locations from the environment at import time.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -42,7 +44,8 @@ def configure_logging(level: int = logging.INFO) -> None:
         handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%H:%M:%S"))
         handler._sparknet = True  # type: ignore[attr-defined]
         root.addHandler(handler)
-    root.setLevel(level)
+    # under torchrun the other processes say only what goes wrong: one voice for progress
+    root.setLevel(level if process_rank() == 0 else max(level, logging.WARNING))
     for noisy in ("httpx", "httpcore", "urllib3", "filelock", "fsspec"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -84,3 +87,24 @@ def device_info() -> dict[str, object]:
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         return {"kind": "mps", "name": "Apple MPS", "count": 1, "bf16": False, "tf32": False}
     return {"kind": "cpu", "name": "cpu", "count": 1, "bf16": False, "tf32": False}
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Writes JSON to a temporary file, fsyncs it and renames it over `path`: readers see all or nothing."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def world_size() -> int:
+    """Processes training together (torchrun/accelerate set WORLD_SIZE); 1 for a plain `python` run."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def process_rank() -> int:
+    """This process's global rank (0 for a plain run): rank 0 alone writes the run's shared files."""
+    return int(os.environ.get("RANK", "0"))

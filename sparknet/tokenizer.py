@@ -6,6 +6,7 @@ special token (never the empty string, never padding) used as bos, eos and unk, 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -218,3 +219,10 @@ def load_tokenizer(name_or_path: str) -> Any:
             name_or_path,
         )
     return tok
+
+
+def tokenizer_fingerprint(name_or_path: str, tok: Any) -> str:
+    """sha256 of the tokenizer's tokenizer.json (of its serialised form for a Hub tokenizer): its identity."""
+    path = project_path(name_or_path) / "tokenizer.json"
+    data = path.read_bytes() if path.is_file() else tok.backend_tokenizer.to_str().encode()
+    return hashlib.sha256(data).hexdigest()

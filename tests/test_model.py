@@ -51,3 +51,26 @@ def test_special_ids_come_from_the_tokenizer() -> None:
 def test_unknown_preset_lists_known_ones() -> None:
     with pytest.raises(UserError, match="unknown model preset 'gpt-70m'; presets: sparknet-70m"):
         get_preset("gpt-70m")
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("NVIDIA H200", 989.5e12),
+        ("NVIDIA H200 NVL", 835.5e12),
+        ("NVIDIA H100 80GB HBM3", 989.5e12),
+        ("NVIDIA H100 PCIe", 756.0e12),
+        ("NVIDIA L40", 181.0e12),
+        ("NVIDIA L4", 121.0e12),
+        ("NVIDIA GeForce RTX 4090", 165.2e12),
+        ("NVIDIA GeForce RTX 4090 D", None),  # a cut-down part: no guess
+        ("NVIDIA GeForce RTX 4090 Laptop GPU", None),
+        ("NVIDIA A100-SXM4-80GB", 312.0e12),
+        ("Tesla T4", 65.0e12),
+        ("cpu", None),
+    ],
+)
+def test_peak_flops_match_device_names_exactly(name: str, expected: float | None) -> None:
+    from sparknet.model import peak_flops
+
+    assert peak_flops(name, "bf16") == expected

@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparknet.training import TrainSettings, budget, latest_complete_checkpoint, train_packed
+from sparknet.cli import script_constants
+from sparknet.run_folder import latest_complete_checkpoint
+from sparknet.train_data import packed_plan
+from sparknet.training import TrainResult, TrainSettings, budget, train
 from tests.conftest import OFFLINE_ENV, run_script
 
 # 40 steps of 4 blocks of 128 tokens: a few seconds with the tiny preset.
@@ -23,10 +26,15 @@ FAST = dict(model_preset="sparknet-tiny", target_tokens=40 * 4 * 128, batch_size
             sample_prompts=["def ", "The "], sample_max_new_tokens=8, seed=0)
 
 
-def _settings(tmp_path: Path, dataset: Path, **kw: object) -> TrainSettings:
-    values = {**FAST, "run_name": "run", "dataset_dir": str(dataset), "checkpoints_dir": str(tmp_path / "ckpt"),
-              "logs_dir": str(tmp_path / "logs"), **kw}
-    return TrainSettings(**values)  # type: ignore[arg-type]
+def _settings(tmp_path: Path, **kw: object) -> TrainSettings:
+    values = {**FAST, "run_name": "run", "checkpoints_dir": str(tmp_path / "ckpt"), "logs_dir": str(tmp_path / "logs"),
+              **kw}
+    return TrainSettings.from_constants(script_constants("train_sparknet_v5.py"), **values)
+
+
+def train_packed(settings: TrainSettings, dataset: Path, tokenizer_dir: str | None = None) -> TrainResult:
+    """The packed trainer in this process, as scripts/train_sparknet_v5.py runs it."""
+    return train(settings, packed_plan(str(dataset), tokenizer_dir, None))
 
 
 def _script_args(tmp_path: Path, dataset: Path, **kw: object) -> list[object]:
@@ -58,7 +66,7 @@ def test_budget_arithmetic() -> None:
 @pytest.fixture(scope="module")
 def finished(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - TrainResult
     tmp = tmp_path_factory.mktemp("train")
-    result = train_packed(_settings(tmp, tiny_dataset, peak_tflops=0.001))
+    result = train_packed(_settings(tmp, peak_tflops=0.001), tiny_dataset)
     assert result.status == "finished"
     return result, tmp
 
@@ -146,7 +154,7 @@ def _steps(batch_log: Path) -> dict[int, dict]:
 
 def test_kill_then_resume_reproduces_lr_and_batch_order(tiny_dataset: Path, tmp_path: Path) -> None:
     long = dict(target_tokens=120 * 4 * 128, eval_steps=10, save_steps=10, sample_steps=0, record_batches=True)
-    reference = train_packed(_settings(tmp_path / "a", tiny_dataset, **long))
+    reference = train_packed(_settings(tmp_path / "a", **long), tiny_dataset)
     expected = _steps(reference.run_dir / "batches.jsonl")
     assert len(expected) == 120
 
@@ -226,7 +234,9 @@ def test_sampling_leaves_rng_and_train_mode_as_they_were(finished, tmp_path: Pat
     model = result.trainer.model.train()
     tok = AutoTokenizer.from_pretrained(str(result.run_dir))
     writer = SummaryWriter(str(tmp_path / "tb"))
-    metrics = MetricsCallback(writer, 512, 128, 1.0, None, 1, [], 0, 0, "cpu")
+    metrics = MetricsCallback(writer=writer, tokens_per_step=512, block_size=128, flops_per_token=1.0,
+                              peak_flops=None, world_size=1, grad_norms=[], eval_tokens=0, eval_bytes=0,
+                              device_kind="cpu")
     sampler = SamplingCallback(tok, ["def "], 1, tmp_path, writer, metrics, 6, 0.8, 50, seed=7)
     torch.manual_seed(123)
     before = torch.get_rng_state()
@@ -249,4 +259,4 @@ def test_a_different_tokenizer_than_the_datasets_is_refused(tiny_dataset: Path, 
     data = json.loads((other / "tokenizer.json").read_text())
     (other / "tokenizer.json").write_text(json.dumps(data, indent=1))  # same vocabulary, another file
     with pytest.raises(UserError, match="is not the one dataset .* was built with"):
-        train_packed(_settings(tmp_path, tiny_dataset, tokenizer_dir=str(other)))
+        train_packed(_settings(tmp_path), tiny_dataset, str(other))

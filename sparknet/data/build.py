@@ -29,9 +29,11 @@ import numpy as np
 
 from sparknet.config import MixConfig, describe_changes
 from sparknet.data.mixing import Mixer
-from sparknet.data.packed import FORMAT_VERSION, MANIFEST, SPLITS, SplitWriter, read_manifest, write_json_atomic
+from sparknet.data.packed import FORMAT_VERSION, MANIFEST, SPLITS, SplitWriter, read_manifest
 from sparknet.data.packing import BlockPacker, DocumentEncoder, encode_in_worker, init_worker, token_dtype
 from sparknet.errors import UserError
+from sparknet.runtime import write_json_atomic
+from sparknet.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -106,15 +108,6 @@ class _Eager:
 
     def get(self) -> Any:
         return self.value
-
-
-def tokenizer_fingerprint(name_or_path: str, tok: Any) -> str:
-    """sha256 of the tokenizer's tokenizer.json (of its serialised form for a Hub tokenizer)."""
-    from sparknet.runtime import project_path
-
-    path = project_path(name_or_path) / "tokenizer.json"
-    data = path.read_bytes() if path.is_file() else tok.backend_tokenizer.to_str().encode()
-    return hashlib.sha256(data).hexdigest()
 
 
 def local_files_fingerprint(config: MixConfig) -> dict[str, str]:

@@ -23,17 +23,6 @@ MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Writes JSON to a temporary file, fsyncs it and renames it over `path`: readers see all or nothing."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class SplitWriter:
     """Appends blocks to `<split>.bin`."""
 

@@ -1,0 +1,111 @@
+"""A run's folders: `checkpoints/<RUN_NAME>/` (identity, checkpoints, samples, final model, metadata) and
+`logs/<RUN_NAME>/` (TensorBoard), the guard against reusing a RUN_NAME with other settings, and the resume point.
+
+A checkpoint counts only once its completion marker is written, and the marker lists every file the checkpoint
+must hold (each rank's RNG state included), so a checkpoint that lost a file, or whose marker was written before
+another rank finished, is skipped on resume.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparknet.config import describe_changes
+from sparknet.errors import UserError
+from sparknet.runtime import project_path, write_json_atomic
+
+log = logging.getLogger("sparknet.train")
+RUN_CONFIG = "run_config.json"
+METADATA = "training_metadata.json"
+EVAL_START = "eval_start.json"
+COMPLETE_MARKER = ".complete"
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a `checkpoint-N` folder, or None for anything else."""
+    suffix = path.name.split("-", 1)[1] if path.name.startswith("checkpoint-") else ""
+    return int(suffix) if suffix.isdigit() else None
+
+
+def mark_complete(folder: Path, step: int) -> None:
+    """Writes the completion marker, listing the checkpoint's files and sizes as they are now."""
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != COMPLETE_MARKER}
+    write_json_atomic(folder / COMPLETE_MARKER, {"step": step, "files": files})
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether the marker exists and every file it lists is there with its size."""
+    try:
+        marker = json.loads((folder / COMPLETE_MARKER).read_text())
+        files = marker["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return all((folder / name).is_file() and (folder / name).stat().st_size == size for name, size in files.items())
+
+
+def latest_complete_checkpoint(run_dir: Path) -> Path | None:
+    """The highest-step checkpoint that was fully written; half-written ones are skipped with a warning."""
+    found = sorted(((checkpoint_step(p), p) for p in run_dir.glob("checkpoint-*") if p.is_dir()),
+                   key=lambda item: -1 if item[0] is None else item[0], reverse=True)
+    for step, path in found:
+        if step is None:
+            continue
+        if is_complete(path):
+            return path
+        log.warning("skipping %s: it was not completely written (the process died while saving)", path)
+    return None
+
+
+@dataclass
+class RunFolder:
+    """Where a run lives and where it resumes from."""
+
+    run_dir: Path
+    log_dir: Path
+    resume: Path | None  # the checkpoint to resume from; None for a fresh start
+    finished_metadata: dict[str, Any] | None  # set when the run already finished
+
+    @property
+    def resume_step(self) -> int:
+        return checkpoint_step(self.resume) or 0 if self.resume else 0
+
+    def initial_eval(self) -> float | None:
+        path = self.run_dir / EVAL_START
+        return json.loads(path.read_text())["eval_loss"] if path.is_file() else None
+
+
+def open_run(run_name: str, checkpoints_dir: str, logs_dir: str, identity: dict[str, Any],
+             allow_config_change: bool, main_process: bool) -> RunFolder:
+    """Opens (or creates) the run's folders: refuses a RUN_NAME used with other settings, finds the resume point,
+    and on a fresh start clears the logs of an attempt that never saved a checkpoint."""
+    run_dir = project_path(checkpoints_dir) / run_name
+    log_dir = project_path(logs_dir) / run_name
+    resume = None
+    if (run_dir / RUN_CONFIG).is_file():
+        previous = json.loads((run_dir / RUN_CONFIG).read_text())
+        changes = describe_changes(previous, identity, upper=True)
+        if changes and not allow_config_change:
+            raise UserError(f"run {run_name} exists with other settings ({'; '.join(changes)}). Choose a new "
+                            "RUN_NAME, or pass --allow_config_change true to continue it with the new settings")
+        if changes:
+            log.warning("continuing run %s with changed settings (%s); the checkpoint's optimizer and LR-scheduler "
+                        "state are restored as saved, so a changed peak LR does not take effect", run_name,
+                        "; ".join(changes))
+        if (run_dir / METADATA).is_file():
+            log.info("run %s already finished (%s): choose a new RUN_NAME to train again", run_name,
+                     run_dir / METADATA)
+            return RunFolder(run_dir, log_dir, None, json.loads((run_dir / METADATA).read_text()))
+        resume = latest_complete_checkpoint(run_dir)
+    elif main_process and run_dir.exists() and any(run_dir.iterdir()):  # other ranks may see it being created
+        raise UserError(f"{run_dir} exists but is not a SparkNet run (no {RUN_CONFIG}): choose another RUN_NAME")
+    if main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if resume is None and log_dir.exists():
+            shutil.rmtree(log_dir)  # a fresh start: events of an attempt that never saved a checkpoint are void
+        write_json_atomic(run_dir / RUN_CONFIG, identity)
+    return RunFolder(run_dir, log_dir, resume, None)
