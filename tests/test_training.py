@@ -114,6 +114,13 @@ def test_export_loads_with_automodel_and_matches_logits(finished) -> None:  # no
         assert torch.allclose(model(ids).logits, trained(ids).logits, atol=1e-5)
     out = model.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=tok.eos_token_id)
     assert out.shape[1] == ids.shape[1] + 5
+    # padding works out of the box for batched generation and evaluation: <|endoftext|> is the pad token
+    assert tok.pad_token == tok.eos_token == "<|endoftext|>" and model.config.pad_token_id == tok.eos_token_id
+    tok.padding_side = "left"
+    batch = tok(["def main():\n    return", "The"], return_tensors="pt", padding=True)
+    out = model.generate(**batch, max_new_tokens=4, do_sample=False)
+    alone = model.generate(tok(["The"], return_tensors="pt")["input_ids"], max_new_tokens=4, do_sample=False)
+    assert out[1, -4:].tolist() == alone[0, -4:].tolist()
     assert model.config.eos_token_id == tok.eos_token_id == model.generation_config.eos_token_id
     meta = json.loads((result.run_dir / "training_metadata.json").read_text())
     assert meta["tokens_seen"] == 40 * 4 * 128 and meta["model"]["parameters"] == model.num_parameters()
@@ -191,7 +198,7 @@ def test_kill_then_resume_reproduces_lr_and_batch_order(tiny_dataset: Path, tmp_
 
 def test_sigint_saves_a_checkpoint_then_exits(tiny_dataset: Path, tmp_path: Path) -> None:
     args = _script_args(tmp_path, tiny_dataset, target_tokens=4000 * 4 * 128, eval_steps=50, save_steps=100,
-                        sample_steps=0)
+                        sample_steps=0, logging_steps=1000)
     run_dir = tmp_path / "ckpt" / "run"
     proc = _popen(args)
     _wait_for(run_dir / "eval_start.json", proc)
@@ -202,7 +209,14 @@ def test_sigint_saves_a_checkpoint_then_exits(tiny_dataset: Path, tmp_path: Path
     assert "Traceback" not in out
     saved = latest_complete_checkpoint(run_dir)
     assert saved is not None and f"checkpoint saved in {saved}" in out
-    assert int(saved.name.split("-")[1]) < 4000
+    stop = int(saved.name.split("-")[1])
+    assert stop < 4000
+    # what happened since the last log reaches TensorBoard: every grad norm, and the loss at the stop
+    events = _events(tmp_path / "logs" / "run")
+    assert [s for s, _ in events["train/grad_norm"]] == list(range(1, stop + 1))
+    assert [s for s, _ in events["train/loss"]] == [stop]
+    # no "final" sample: after a stop the Trainer reloads the best checkpoint, which is not the stop step's model
+    assert not list(run_dir.glob("sample_step*.txt"))
 
 
 def test_non_finite_loss_stops_cleanly_and_keeps_the_last_good_checkpoint(tiny_dataset: Path,
@@ -260,3 +274,49 @@ def test_a_different_tokenizer_than_the_datasets_is_refused(tiny_dataset: Path, 
     (other / "tokenizer.json").write_text(json.dumps(data, indent=1))  # same vocabulary, another file
     with pytest.raises(UserError, match="is not the one dataset .* was built with"):
         train_packed(_settings(tmp_path), tiny_dataset, str(other))
+
+
+def test_throughput_counts_each_pause_once_and_the_last_step_is_logged(tiny_dataset: Path, tmp_path: Path) -> None:
+    """Sampling on an eval/save step that is not a logging step used to be subtracted twice (1.5e12 tokens/s)."""
+    result = train_packed(_settings(tmp_path, logging_steps=3, eval_steps=4, save_steps=8, sample_steps=4),
+                          tiny_dataset)
+    events = _events(tmp_path / "logs" / "run")
+    assert [s for s, _ in events["train/loss"]] == [*range(3, 40, 3), 40]  # and the last step, off the grid
+    assert [s for s, _ in events["train/grad_norm"]] == list(range(1, 41))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "logs" / "run"))
+    acc.Reload()
+    loss_times = {e.step: e.wall_time for e in acc.Scalars("train/loss")}
+    rates = dict(events["perf/tokens_per_second"])
+    previous = 0
+    for step, rate in sorted(rates.items()):
+        tokens = (step - previous) * 4 * 128
+        if previous:  # a window's training time is at most its wall time, so its rate is at least this
+            assert rate >= tokens / (loss_times[step] - loss_times[previous]) * 0.99, (step, rate)
+        previous = step
+    rates_sorted = sorted(rates.values())
+    assert rates_sorted[-1] < 5 * rates_sorted[len(rates_sorted) // 2], rates  # nothing absurd
+    meta = result.metadata["metrics"]
+    assert meta["tokens_per_second"] == pytest.approx(rates[40], rel=1e-6)
+    assert rates_sorted[0] * 0.9 <= meta["tokens_per_second_mean"] <= rates_sorted[-1] * 1.1
+
+
+def test_resume_from_a_checkpoint_at_the_last_step_exports_without_training(tiny_dataset: Path,
+                                                                             tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    settings = _settings(tmp_path, eval_steps=8, save_steps=8, sample_steps=0)
+    first = train_packed(settings, tiny_dataset)
+    run_dir = first.run_dir
+    exported = load_file(str(run_dir / "model.safetensors"))
+    for name in ("training_metadata.json", "model.safetensors", "config.json"):  # died right after the last save
+        (run_dir / name).unlink()
+    again = train_packed(settings, tiny_dataset)
+    assert again.status == "finished"
+    assert sorted(p.name for p in run_dir.glob("checkpoint-*"))[-1] == "checkpoint-40"
+    assert not (run_dir / "checkpoint-41").exists()
+    reexported = load_file(str(run_dir / "model.safetensors"))
+    assert all(torch.equal(exported[k], reexported[k]) for k in exported)
+    assert again.metadata["steps"] == 40 and again.metadata["metrics"]["eval_loss"] == pytest.approx(
+        first.metadata["metrics"]["eval_loss"], abs=1e-6)

@@ -1,0 +1,39 @@
+"""The resume point: only checkpoints whose completion marker vouches for every file they must hold."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sparknet.run_folder import COMPLETE_MARKER, latest_complete_checkpoint, mark_complete
+
+
+def _checkpoint(run_dir: Path, step: int, files: tuple[str, ...] = ("model.safetensors", "rng_state_0.pth",
+                                                                   "rng_state_1.pth")) -> Path:
+    folder = run_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    for name in files:
+        (folder / name).write_bytes(b"x" * (len(name) + step))
+    return folder
+
+
+def test_a_checkpoint_that_lost_a_listed_file_is_skipped(tmp_path: Path) -> None:
+    good = _checkpoint(tmp_path, 10)
+    mark_complete(good, 10)
+    later = _checkpoint(tmp_path, 20)
+    mark_complete(later, 20)
+    (later / "rng_state_1.pth").unlink()  # e.g. another rank had not written its part when the marker was written
+    truncated = _checkpoint(tmp_path, 30)
+    mark_complete(truncated, 30)
+    (truncated / "model.safetensors").write_bytes(b"short")
+    unmarked = _checkpoint(tmp_path, 40)
+    assert not (unmarked / COMPLETE_MARKER).exists()
+    assert latest_complete_checkpoint(tmp_path) == good
+    assert set(json.loads((good / COMPLETE_MARKER).read_text())["files"]) == {
+        "model.safetensors", "rng_state_0.pth", "rng_state_1.pth"}
+
+
+def test_an_old_style_marker_without_a_file_list_is_not_trusted(tmp_path: Path) -> None:
+    folder = _checkpoint(tmp_path, 5)
+    (folder / COMPLETE_MARKER).write_text("5\n")
+    assert latest_complete_checkpoint(tmp_path) is None
