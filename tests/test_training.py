@@ -295,8 +295,11 @@ def test_throughput_counts_each_pause_once_and_the_last_step_is_logged(tiny_data
         if previous:  # a window's training time is at most its wall time, so its rate is at least this
             assert rate >= tokens / (loss_times[step] - loss_times[previous]) * 0.99, (step, rate)
         previous = step
+    # nothing absurd (the bug gave 1.5e12): no window beats the whole run's wall-clock rate by orders of magnitude,
+    # a bound loose enough for a busy machine
+    overall = 40 * 4 * 128 / (loss_times[40] - acc.Scalars("eval/loss")[0].wall_time)
+    assert max(rates.values()) < 50 * overall, (rates, overall)
     rates_sorted = sorted(rates.values())
-    assert rates_sorted[-1] < 5 * rates_sorted[len(rates_sorted) // 2], rates  # nothing absurd
     meta = result.metadata["metrics"]
     assert meta["tokens_per_second"] == pytest.approx(rates[40], rel=1e-6)
     assert rates_sorted[0] * 0.9 <= meta["tokens_per_second_mean"] <= rates_sorted[-1] * 1.1
