@@ -1,14 +1,14 @@
 """The data pipeline: sources -> mixing -> packing -> the packed (static) dataset or the stream.
 
-What the Trainer reads is handed on here (`from sparknet.data import PackedDataset`), imported on first use so
-that importing `sparknet.data` stays cheap.
+What the Trainer reads is handed on here (`from sparknet.data import PackedDataset, TokenStream`), imported on
+first use so that importing `sparknet.data` stays cheap.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PackedDataset"]
+__all__ = ["PackedDataset", "TokenStream", "hold_out_validation"]
 
 
 def __getattr__(name: str) -> Any:
@@ -16,4 +16,8 @@ def __getattr__(name: str) -> Any:
         from sparknet.data.packed import PackedDataset
 
         return PackedDataset
+    if name in ("TokenStream", "hold_out_validation"):
+        from sparknet.data import stream
+
+        return getattr(stream, name)
     raise AttributeError(f"module 'sparknet.data' has no attribute {name!r}")

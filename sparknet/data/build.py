@@ -12,7 +12,6 @@ interrupted build is discarded and restarted from the beginning by the next run.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import multiprocessing as mp
@@ -27,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sparknet.config import MixConfig, describe_changes
+from sparknet.config import MixConfig, describe_changes, local_files_fingerprint
 from sparknet.data.mixing import Mixer
 from sparknet.data.packed import FORMAT_VERSION, MANIFEST, SPLITS, SplitWriter, read_manifest
 from sparknet.data.packing import BlockPacker, DocumentEncoder, encode_in_worker, init_worker, token_dtype
@@ -56,14 +55,6 @@ class BuildSpec:
     overwrite: bool = False
     batch_docs: int = 256
     batch_chars: int = 1 << 20
-
-
-def available_cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def _batches(texts: Iterator[str], max_docs: int, max_chars: int) -> Iterator[list[str]]:
@@ -108,25 +99,6 @@ class _Eager:
 
     def get(self) -> Any:
         return self.value
-
-
-def local_files_fingerprint(config: MixConfig) -> dict[str, str]:
-    """sha256 of every local data file of the mix, so that an edited file counts as another input (Hub sources
-    are named by id and split only)."""
-    import glob
-
-    out: dict[str, str] = {}
-    for spec in config.mix:
-        files = spec.resolved_data_files()
-        groups = files.values() if isinstance(files, dict) else [files or []]
-        for pattern in (f for group in groups for f in group):
-            for path in sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]:
-                digest = hashlib.sha256()
-                with open(path, "rb") as f:
-                    while chunk := f.read(1 << 22):
-                        digest.update(chunk)
-                out[path] = digest.hexdigest()
-    return out
 
 
 def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] | None:

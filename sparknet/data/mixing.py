@@ -82,6 +82,29 @@ class Mixer(Generic[T]):
             count.units += cost
             yield best, item
 
+    def has_read_ahead(self, label: str) -> bool:
+        """Whether the source's next item was taken from its stream but not yet mixed (it will come out next time
+        this source is chosen): a saved position must count it as not yet read."""
+        return label in self._heads
+
+    def state_dict(self) -> dict[str, dict[str, int | bool]]:
+        """The counts, as plain data. Read-ahead items are not in it: whoever saves the streams' positions puts them
+        before those items (`has_read_ahead`), and the choices, which depend only on counts and items, repeat."""
+        return {
+            label: {"documents": c.documents, "units": c.units, "exhausted": c.exhausted}
+            for label, c in self.counts.items()
+        }
+
+    def load_state_dict(self, state: dict[str, dict[str, int | bool]]) -> None:
+        """Restores the counts of `state_dict` (before iterating; the streams must be at the saved positions)."""
+        for label, count in self.counts.items():
+            saved = state[label]
+            count.documents, count.units, count.exhausted = (
+                int(saved["documents"]),
+                int(saved["units"]),
+                bool(saved["exhausted"]),
+            )
+
     def restart_shares(self) -> None:
         """Starts the share accounting afresh (document counts stay), so what follows carries the mix on its own."""
         for count in self.counts.values():

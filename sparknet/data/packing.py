@@ -117,6 +117,11 @@ class BlockPacker:
             return self._take(self.pending_tokens // self.block_size)
         return None
 
+    def take(self, n_blocks: int) -> np.ndarray:
+        """Up to `n_blocks` full blocks now (fewer when fewer are pending), for a caller that hands blocks out one
+        at a time: every token is credited to its source when its block is taken."""
+        return self._take(min(n_blocks, self.pending_tokens // self.block_size))
+
     def finish(self) -> np.ndarray:
         """The remaining full blocks; the partial rest is dropped."""
         out = self._take(self.pending_tokens // self.block_size)

@@ -57,6 +57,60 @@ def pick_text_field(row: dict[str, Any], spec: SourceSpec) -> str:
     )
 
 
+def document_text(row: dict[str, Any], field: str, spec: SourceSpec) -> str | None:
+    """The row's text in column `field` (None when the row has none); a non-text value is the user's mistake."""
+    text = row.get(field)
+    if text is not None and not isinstance(text, str):
+        raise UserError(
+            f"source {spec.label!r}: column {field!r} holds {type(text).__name__}, not text; "
+            'set "text_field" to a text column'
+        )
+    return text
+
+
+def read_rows(rows: Any, spec: SourceSpec) -> Iterator[dict[str, Any]]:
+    """The rows of an opened source; a failure while reading (a malformed JSON line, a vanished file, a network
+    error after the retries of `datasets`) becomes one UserError naming the source and the file."""
+    it = iter(rows)
+    while True:
+        try:
+            row = next(it)
+        except StopIteration:
+            return
+        except UserError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the reader raises, the user needs the source and file
+            raise unreadable(spec, rows, exc) from None
+        yield row
+
+
+def unreadable(spec: SourceSpec, rows: Any, exc: BaseException) -> UserError:
+    """The error for a source that opened but could not be read, naming the file being read when it is known."""
+    where = _file_being_read(rows) or ", ".join(_data_file_names(spec)) or spec.name
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    return UserError(f"cannot read source {spec.label!r} ({where}): {type(exc).__name__}: {message}")
+
+
+def _file_being_read(rows: Any) -> str | None:
+    """The file of the shard being read, from the stream's position; best effort, as it reads `datasets` internals."""
+    try:
+        state = rows.state_dict()
+        while "shard_idx" not in state:
+            state = state["examples_iterable"]
+        ex_iterable = rows._ex_iterable
+        while not hasattr(ex_iterable, "kwargs"):
+            ex_iterable = ex_iterable.ex_iterable
+        files = ex_iterable.kwargs.get("original_files") or ex_iterable.kwargs.get("files")
+        return str(files[state["shard_idx"]])
+    except Exception:  # noqa: BLE001 - no position known: the caller names the source's files instead
+        return None
+
+
+def _data_file_names(spec: SourceSpec) -> list[str]:
+    files = spec.resolved_data_files() or []
+    return [f for group in (files.values() if isinstance(files, dict) else [files]) for f in group]
+
+
 def iter_texts(spec: SourceSpec, shuffle_buffer: int = 0, seed: int = 0) -> Iterator[str]:
     """Yields the non-empty document texts of a source: in the source's order, or shuffled through a buffer of
     `shuffle_buffer` documents (and shard order) with `seed`, deterministically."""
@@ -64,16 +118,9 @@ def iter_texts(spec: SourceSpec, shuffle_buffer: int = 0, seed: int = 0) -> Iter
     if shuffle_buffer > 0:
         rows = rows.shuffle(seed=seed, buffer_size=shuffle_buffer)
     field = None
-    for row in rows:
+    for row in read_rows(rows, spec):
         if field is None:
             field = pick_text_field(row, spec)
-        text = row.get(field)
-        if text is None:
-            continue
-        if not isinstance(text, str):
-            raise UserError(
-                f"source {spec.label!r}: column {field!r} holds {type(text).__name__}, not text; "
-                'set "text_field" to a text column'
-            )
+        text = document_text(row, field, spec)
         if text:
             yield text

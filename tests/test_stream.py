@@ -1,0 +1,355 @@
+"""The token stream: the mix from the first blocks, laziness, parallel encoding, exact resume, ranks, dry sources,
+bad input, the validation hold-out, and (slow) memory and start-up on a ~1 GB file.
+
+Every document carries its source and number at its start ("L00012 ...", "s00345 ..."), so decoded blocks split at
+eos say independently of the stream which source each token came from.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import random
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sparknet.config import MixConfig, load_config
+from sparknet.data.stream import TokenStream, hold_out_validation
+from sparknet.errors import UserError
+from sparknet.runtime import PROJECT_ROOT
+from tests.conftest import OFFLINE_ENV, write_config, write_jsonl
+
+BLOCK = 128
+WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud green quick "
+         "brown lazy dog fox jumps over under light night").split()
+
+
+def _texts(tag: str, n: int, words: tuple[int, int], seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [f"{tag}{i:05d} " + " ".join(rng.choices(WORDS, k=rng.randint(*words))) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Short documents (~6 tokens) and long ones (~30x longer)."""
+    folder = tmp_path_factory.mktemp("stream-data")
+    write_jsonl(folder / "short.jsonl", _texts("s", 12000, (1, 3), seed=1))
+    write_jsonl(folder / "long.jsonl", _texts("L", 500, (180, 320), seed=2))
+    write_jsonl(folder / "few.jsonl", _texts("L", 60, (180, 320), seed=3))  # runs dry early
+    write_jsonl(folder / "tiny.jsonl", _texts("L", 10, (180, 320), seed=4))  # dry after ~20 blocks
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tokenizer(data: Path) -> tuple[str, int]:
+    from sparknet.tokenizer import EOT, train_bpe
+
+    tok = train_bpe(_texts("s", 300, (1, 3), 4) + _texts("L", 30, (180, 320), 5), vocab_size=400)
+    return tok.to_str(), tok.token_to_id(EOT)
+
+
+def _config(folder: Path, tmp: Path, long: str = "long", long_prob: float = 0.3) -> MixConfig:
+    mix = [{"name": "json", "prob": long_prob, "data_files": str(folder / f"{long}.jsonl")},
+           {"name": "json", "prob": 1 - long_prob, "data_files": str(folder / "short.jsonl")}]
+    return load_config(write_config(tmp / "mix.json", mix, context_length=BLOCK))
+
+
+def _stream(config: MixConfig, tokenizer: tuple[str, int], **kw: object) -> TokenStream:
+    kw = {"block_size": BLOCK, "seed": 0, **kw}
+    return TokenStream(config=config, tokenizer_json=tokenizer[0], eos_id=tokenizer[1], **kw)
+
+
+def _take(stream: TokenStream, n: int | None = None) -> np.ndarray:
+    out = []
+    for item in stream:
+        assert item["input_ids"].dtype == torch.long and item["labels"] is item["input_ids"]
+        out.append(item["input_ids"].numpy())
+        if len(out) == n:
+            break
+    return np.stack(out) if out else np.empty((0, BLOCK), dtype=np.int64)
+
+
+def _documents(blocks: np.ndarray, tokenizer: tuple[str, int]) -> list[tuple[str, int]]:
+    """(decoded text, tokens with its eos) of each document or piece of one, in order, split at eos."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(tokenizer[0])
+    flat = blocks.reshape(-1)
+    ends = np.flatnonzero(flat == tokenizer[1])
+    starts = np.concatenate([[0], ends + 1])
+    stops = np.concatenate([ends + 1, [len(flat)]])
+    return [(tok.decode(flat[a:b].tolist()), int(b - a)) for a, b in zip(starts, stops, strict=True) if b > a]
+
+
+def _shares(docs: list[tuple[str, int]]) -> dict[str, float]:
+    tokens = {"long": 0, "short": 0}
+    for text, n in docs:
+        tokens["long" if text.startswith("L") else "short"] += n
+    total = sum(tokens.values())
+    return {label: n / total for label, n in tokens.items()}
+
+
+def _ids(blocks: np.ndarray, tokenizer: tuple[str, int]) -> list[str]:
+    return [text.split(" ", 1)[0] for text, _ in _documents(blocks, tokenizer)]
+
+
+def _round_trip(state: dict) -> dict:
+    """Through JSON and through torch.save/torch.load(weights_only=True), as a checkpoint would store it."""
+    buffer = io.BytesIO()
+    torch.save(json.loads(json.dumps(state)), buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def test_token_shares_follow_the_mix_from_the_first_blocks(data: Path, tokenizer, tmp_path: Path) -> None:
+    stream = _stream(_config(data, tmp_path), tokenizer)
+    blocks = _take(stream, 400)
+    docs = _documents(blocks, tokenizer)
+    mean = {kind: np.mean([n for text, n in docs[:-1] if text.startswith(kind)]) for kind in "Ls"}
+    assert 20 < mean["L"] / mean["s"] < 45  # the long documents really are ~30x longer
+    shares = _shares(docs)
+    assert abs(shares["long"] - 0.3) <= 0.01, shares
+    stats = stream.stats()
+    assert stats["shares"] == pytest.approx(shares, abs=1e-12)  # the stream's own count agrees, token for token
+    assert sum(stats["tokens"].values()) == 400 * BLOCK and stats["blocks"] == 400
+    assert stats["tokens_per_second"] > 0
+    early = _shares(_documents(blocks[:100], tokenizer))
+    assert abs(early["long"] - 0.3) <= 0.02, early  # already after 100 blocks
+
+
+def test_reads_only_a_bounded_window_ahead(data: Path, tokenizer, tmp_path: Path) -> None:
+    stream = _stream(_config(data, tmp_path), tokenizer, batch_docs=64, shuffle_buffer=10)
+    _take(stream, 1)
+    for source in stream._pipeline.sources.values():
+        # in-flight batches (2) + the one being handed out, plus the shuffle buffer: nothing proportional to the data
+        assert source.reader.rows <= 3 * 64 + 10, source.reader.rows
+
+
+def test_feeds_a_dataloader_and_refuses_its_workers(data: Path, tokenizer, tmp_path: Path) -> None:
+    stream = _stream(_config(data, tmp_path), tokenizer)
+    batch = next(iter(torch.utils.data.DataLoader(stream, batch_size=8)))
+    assert batch["input_ids"].shape == (8, BLOCK) and torch.equal(batch["input_ids"], batch["labels"])
+    assert stream.state_dict()["blocks_yielded"] == 8  # no read-ahead of blocks in the loader itself
+    with pytest.raises(Exception, match="DataLoader worker processes"):
+        next(iter(torch.utils.data.DataLoader(_stream(_config(data, tmp_path), tokenizer), num_workers=1)))
+
+
+RESUME_CASES = [
+    pytest.param({"shuffle_buffer": 0}, 0, id="plain"),
+    pytest.param({"shuffle_buffer": 50}, 0, id="shuffled"),
+    pytest.param({"shuffle_buffer": 0}, 2, id="plain-2workers"),
+    pytest.param({"shuffle_buffer": 50}, 2, id="shuffled-2workers"),
+    pytest.param({"shuffle_buffer": 5, "long": "tiny"}, 0, id="past-a-dry-source"),
+    pytest.param({"shuffle_buffer": 20, "on_exhausted": "restart", "long": "tiny"}, 0, id="restarting"),
+]
+_references: dict[str, np.ndarray] = {}
+
+
+@pytest.mark.parametrize(("settings", "workers"), RESUME_CASES)
+def test_resume_continues_exactly(data: Path, tokenizer, tmp_path: Path, settings: dict, workers: int) -> None:
+    """Blocks after a restored state equal those of an uninterrupted stream, whatever the number of encoders (the
+    uninterrupted reference encodes in this process), with states taken mid-document."""
+    settings = dict(settings)
+    config = _config(data, tmp_path, long=settings.pop("long", "long"))
+    key = json.dumps(settings, sort_keys=True)
+    if key not in _references:
+        _references[key] = _take(_stream(config, tokenizer, **settings), 300)
+    reference = _references[key]
+    cuts = [137, 300] if workers else [1, 40, 97, 160, 233, 300]
+    stream = _stream(config, tokenizer, num_workers=workers, **settings)
+    done, cut_documents = 0, []
+    for cut in cuts:
+        got = _take(stream, cut - done)
+        np.testing.assert_array_equal(got, reference[done:cut])
+        state = stream.state_dict()
+        assert state["blocks_yielded"] == cut
+        cut_documents.append(state["current"] is not None)  # the block boundary cut a document
+        stream.close()
+        stream = _stream(config, tokenizer, num_workers=workers, **settings)
+        stream.load_state_dict(_round_trip(state))
+        done = cut
+    assert sum(cut_documents) >= len(cuts) // 2
+    if settings.get("on_exhausted") is None and config.mix[0].label == "tiny":
+        assert stream.stats()["exhausted"] == ["tiny"]
+    if settings.get("on_exhausted") == "restart":
+        assert stream.stats()["restarts"]["tiny"] >= 3  # resumed across restarts, the buffer spanning passes
+    stream.close()
+
+
+def test_ranks_get_disjoint_documents_and_each_carries_the_mix(data: Path, tokenizer, tmp_path: Path) -> None:
+    config = _config(data, tmp_path)
+    per_rank = [_take(_stream(config, tokenizer, rank=r, world_size=2), 250) for r in range(2)]
+    ids = [set(_ids(blocks, tokenizer)) for blocks in per_rank]
+    assert not ids[0] & ids[1]
+    assert all(int(i[1:]) % 2 == rank for rank in range(2) for i in ids[rank])  # every 2nd row of each source
+    for blocks in per_rank:
+        assert abs(_shares(_documents(blocks, tokenizer))["long"] - 0.3) <= 0.015
+
+
+def test_dry_source_renormalise_warns_once_then_the_stream_ends(data, tokenizer, tmp_path: Path, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="sparknet"):
+        stream = _stream(_config(data, tmp_path, long="few"), tokenizer)
+        blocks = _take(stream)
+    warnings = [r.getMessage() for r in caplog.records if "'few' ran dry" in r.getMessage()]
+    assert len(warnings) == 1 and "go on in proportion" in warnings[0]
+    docs = _documents(blocks, tokenizer)
+    assert sum(text.startswith("L") for text, _ in docs) == 60  # every document of the dry source, once
+    assert stream.stats()["end"] == "every source ran dry" and stream.stats()["exhausted"] == ["few", "short"]
+    assert len(_take(stream)) == 0  # iterating again: still at the end
+
+
+def test_dry_source_stop_ends_the_stream(data: Path, tokenizer, tmp_path: Path, caplog) -> None:
+    config = _config(data, tmp_path, long="few")
+    with caplog.at_level(logging.WARNING, logger="sparknet"):
+        stream = _stream(config, tokenizer, on_exhausted="stop")
+        blocks = _take(stream)
+    assert any("'few' ran dry" in r.getMessage() and "stops" in r.getMessage() for r in caplog.records)
+    renormalised = _take(_stream(config, tokenizer))
+    assert 0 < len(blocks) < len(renormalised) / 2
+    np.testing.assert_array_equal(blocks, renormalised[: len(blocks)])
+    assert abs(_shares(_documents(blocks, tokenizer))["long"] - 0.3) <= 0.03  # the mix held to the end
+    assert "few" in stream.stats()["end"]
+
+
+def test_dry_source_restart_reads_it_again(data: Path, tokenizer, tmp_path: Path) -> None:
+    stream = _stream(_config(data, tmp_path, long="few"), tokenizer, on_exhausted="restart")
+    blocks = _take(stream, 600)
+    assert stream.stats()["restarts"]["few"] >= 1
+    ids = [i for i in _ids(blocks, tokenizer) if i.startswith("L")]
+    assert len(ids) > len(set(ids)) == 60  # the same 60 documents, again
+    assert abs(_shares(_documents(blocks, tokenizer))["long"] - 0.3) <= 0.01  # the share holds across restarts
+
+
+def test_source_without_text_column_lists_the_columns(tmp_path: Path, tokenizer) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "title": "t", "body_html": "<p>"}) + "\n" for i in range(5)))
+    config = load_config(write_config(tmp_path / "mix.json", [{"name": "json", "prob": 1, "data_files": str(path)}]))
+    with pytest.raises(UserError) as err:
+        _take(_stream(config, tokenizer), 1)
+    message = str(err.value)
+    assert "'rows'" in message and "columns found: id (int), title (str), body_html (str)" in message
+    assert "\n" not in message
+
+
+def test_unreadable_files_name_the_source_and_the_file(data: Path, tokenizer, tmp_path: Path) -> None:
+    bad = tmp_path / "broken.jsonl"
+    bad.write_text(json.dumps({"text": "fine"}) + "\n{not json\n")
+    config = load_config(write_config(tmp_path / "a.json", [{"name": "json", "prob": 1, "data_files": str(bad)}]))
+    with pytest.raises(UserError, match=rf"cannot read source 'broken' \({re.escape(str(bad))}\): .*JSON") as err:
+        _take(_stream(config, tokenizer), 1)
+    assert "\n" not in str(err.value)
+    moved = write_jsonl(tmp_path / "moved.jsonl", ["text"])
+    config = load_config(write_config(tmp_path / "b.json", [{"name": "json", "prob": 1, "data_files": str(moved)}]))
+    moved.unlink()
+    moved.mkdir()  # a folder where the config (checked when loaded) had a file
+    with pytest.raises(UserError, match=rf"source 'moved' .*{re.escape(str(moved))}"):
+        _take(_stream(config, tokenizer), 1)
+
+
+def test_no_block_at_all_is_an_error_saying_every_source_ran_dry(tmp_path: Path, tokenizer) -> None:
+    mix = [{"name": "json", "prob": 1, "data_files": str(write_jsonl(tmp_path / f"{n}.jsonl", ["a b", "c"]))}
+           for n in ("one", "two")]
+    config = load_config(write_config(tmp_path / "mix.json", mix))
+    with pytest.raises(UserError, match="every source ran dry before one block of 128 tokens"):
+        _take(_stream(config, tokenizer), 1)
+    with pytest.raises(UserError, match="'one' ran dry .*ON_EXHAUSTED=stop.* before one block"):
+        _take(_stream(config, tokenizer, on_exhausted="stop"), 1)
+
+
+def test_settings_are_checked(data: Path, tokenizer, tmp_path: Path) -> None:
+    config = _config(data, tmp_path)
+    with pytest.raises(UserError, match="ON_EXHAUSTED='loop': expected one of stop, renormalise, restart"):
+        _stream(config, tokenizer, on_exhausted="loop")
+    with pytest.raises(UserError, match="skip_documents names no source of the mix: nope"):
+        _stream(config, tokenizer, skip_documents={"nope": 3})
+    state = _stream(config, tokenizer).state_dict()
+    with pytest.raises(UserError, match="other data settings .*block_size: 128 -> 64"):
+        _stream(config, tokenizer, block_size=64).load_state_dict(state)
+
+
+@pytest.mark.parametrize("shuffle_buffer", [0, 30])
+def test_validation_hold_out(data: Path, tokenizer, tmp_path: Path, shuffle_buffer: int) -> None:
+    config = _config(data, tmp_path, long="few")
+    kw = {"config": config, "tokenizer_json": tokenizer[0], "eos_id": tokenizer[1], "block_size": BLOCK,
+          "val_tokens": 100 * BLOCK - 5, "seed": 0, "shuffle_buffer": shuffle_buffer}
+    val, skip, report = hold_out_validation(**kw)
+    assert val.shape == (100, BLOCK) and val.dtype == np.uint16
+    again = hold_out_validation(**kw)
+    np.testing.assert_array_equal(val, again[0])  # deterministic
+    assert skip == again[1] and report == again[2]
+    val_docs = _documents(val, tokenizer)
+    shares = _shares(val_docs)
+    assert abs(shares["long"] - 0.3) <= 0.03 and report["sources"]["few"]["share"] == pytest.approx(shares["long"])
+    train = _take(_stream(config, tokenizer, shuffle_buffer=shuffle_buffer, skip_documents=skip))
+    val_ids, train_ids = set(_ids(val, tokenizer)), set(_ids(train, tokenizer))
+    assert not val_ids & train_ids
+    assert not {text for text, _ in val_docs} & {text for text, _ in _documents(train, tokenizer)}
+    if shuffle_buffer == 0:  # nothing lost but the end of the last validation document and the final partial block
+        every = {f"L{i:05d}" for i in range(60)} | {f"s{i:05d}" for i in range(12000)}
+        missing = {i for i in every - val_ids - train_ids if not i.startswith(_ids(val, tokenizer)[-1])}  # the cut one
+        assert missing <= {f"s{i:05d}" for i in range(12000 - BLOCK // 2, 12000)}, sorted(missing)
+
+
+@pytest.mark.slow
+def test_large_file_first_block_and_memory(tmp_path: Path, tokenizer) -> None:
+    """A ~1 GB JSONL: the first block within 30 s of the process start, and peak RSS (the process and its
+    encoders) within 300 MB of the same run on a 10 MB file, read to its end."""
+    psutil = pytest.importorskip("psutil")
+    rng = random.Random(0)
+    lines = [json.dumps({"text": " ".join(rng.choices(WORDS, k=700))}) + "\n" for _ in range(200)]
+    chunk = "".join(lines)
+    big, small = tmp_path / "big.jsonl", tmp_path / "small.jsonl"
+    for path, size in ((big, 2**30), (small, 10 * 2**20)):
+        with path.open("w") as f:
+            for _ in range(size // len(chunk) + 1):
+                f.write(chunk)
+    (tmp_path / "tok.json").write_text(tokenizer[0])
+    child = textwrap.dedent(f"""
+        import json, sys, time, psutil
+        from sparknet.config import load_config
+        from sparknet.data.stream import TokenStream
+        start = psutil.Process().create_time()
+        config = load_config(sys.argv[1])
+        stream = TokenStream(config=config, tokenizer_json=open({str(tmp_path / "tok.json")!r}).read(),
+                             eos_id={tokenizer[1]}, block_size=1024, seed=0, num_workers=2)
+        n, first = 0, None
+        for _ in stream:
+            n += 1
+            if first is None:
+                first = time.time() - start
+            if n == 15000:  # ~15M tokens: the 10 MB file ends first, the large one is read ~100 MB deep
+                break
+        print(json.dumps({{"first_block_s": first, "blocks": n, "seconds": time.time() - start}}))
+        stream.close()
+    """)
+    figures = {}
+    for path in (small, big):
+        cfg = write_config(tmp_path / f"{path.stem}.json", [{"name": "json", "prob": 1, "data_files": str(path)}],
+                           context_length=1024)
+        proc = subprocess.Popen([sys.executable, "-c", child, str(cfg)], cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, **OFFLINE_ENV})
+        parent, peak = psutil.Process(proc.pid), 0
+        while proc.poll() is None:
+            try:
+                peak = max(peak, sum(p.memory_info().rss for p in [parent, *parent.children(recursive=True)]))
+            except psutil.Error:
+                pass
+            time.sleep(0.02)
+        out, err = proc.communicate()
+        assert proc.returncode == 0, err[-3000:]
+        figures[path.stem] = {**json.loads(out.strip().splitlines()[-1]), "peak_rss_mb": peak / 2**20,
+                              "file_mb": path.stat().st_size / 2**20}
+    big.unlink()  # pytest keeps the last temporary folders: not a gigabyte of them
+    print(f"\n[stream on a large file] {json.dumps(figures, indent=1)}")
+    assert figures["big"]["first_block_s"] < 30
+    assert figures["big"]["peak_rss_mb"] - figures["small"]["peak_rss_mb"] < 300
