@@ -62,10 +62,11 @@ def main() -> None:
     import torch
 
     from sparknet.config import load_config
-    from sparknet.data.build import BuildSpec, available_cores, build_dataset
+    from sparknet.data.build import BuildSpec, build_dataset
     from sparknet.data.packed import PackedDataset
     from sparknet.demo_corpus import write_demo_corpus
     from sparknet.model import build_model, get_preset
+    from sparknet.runtime import available_cores
     from sparknet.tokenizer import train_tokenizer
 
     cores = available_cores()

@@ -28,8 +28,9 @@ def main() -> None:
     config = load_config(CONFIG)
     seed = config.seed if SEED is None else SEED
     runtime.setup(seed)
-    from sparknet.data.build import BuildSpec, available_cores, build_dataset
+    from sparknet.data.build import BuildSpec, build_dataset
     from sparknet.errors import UserError
+    from sparknet.runtime import available_cores
 
     for name, value in [
         ("TARGET_TOKENS", TARGET_TOKENS),

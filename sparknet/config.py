@@ -249,3 +249,23 @@ def describe_changes(old: dict[str, Any], new: dict[str, Any], upper: bool = Fal
     keys = sorted(set(old) | set(new))
     return [f"{k.upper() if upper else k}: {short(old.get(k))} -> {short(new.get(k))}"
             for k in keys if old.get(k) != new.get(k)]
+
+
+def local_files_fingerprint(config: MixConfig) -> dict[str, str]:
+    """sha256 of every local data file of the mix, so that an edited file counts as another input (Hub sources
+    are named by id and split only)."""
+    import glob
+    import hashlib
+
+    out: dict[str, str] = {}
+    for spec in config.mix:
+        files = spec.resolved_data_files()
+        groups = files.values() if isinstance(files, dict) else [files or []]
+        for pattern in (f for group in groups for f in group):
+            for path in sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]:
+                digest = hashlib.sha256()
+                with open(path, "rb") as f:
+                    while chunk := f.read(1 << 22):
+                        digest.update(chunk)
+                out[path] = digest.hexdigest()
+    return out

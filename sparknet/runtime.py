@@ -108,3 +108,11 @@ def world_size() -> int:
 def process_rank() -> int:
     """This process's global rank (0 for a plain run): rank 0 alone writes the run's shared files."""
     return int(os.environ.get("RANK", "0"))
+
+
+def available_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1

@@ -4,11 +4,15 @@ the live stream (scripts/train_sparknet.py)."""
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from transformers import TrainerCallback
 
 from sparknet.config import MixConfig
 from sparknet.errors import UserError
@@ -30,8 +34,12 @@ class DataPlan:
     identity: dict[str, Any]  # what about the data makes a run this run (compared on resume)
     metadata: dict[str, Any]  # what training_metadata.json records about the data
     train_blocks: int | None = None  # for the passes-over-the-data line; None for a stream
-    callbacks: list[Any] = field(default_factory=list)  # TrainerCallbacks the data needs (e.g. saving its state)
+    # TrainerCallbacks the data needs (e.g. saving its position), given the TensorBoard writer
+    callbacks: Callable[[Any], list[Any]] = lambda _writer: []
     trainer_overrides: dict[str, Any] = field(default_factory=dict)  # TrainingArguments the data needs
+    # called once the run folder is open: (run folder, checkpoint resumed from or None)
+    prepare_run: Callable[[Path, Path | None], None] = lambda _run_dir, _resume: None
+    close: Callable[[], None] = lambda: None  # releases what the data holds (e.g. encoding processes)
 
 
 def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig | None) -> DataPlan:
@@ -71,3 +79,155 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
         },
         train_blocks=len(train),
     )
+
+
+class BlockDataset:
+    """Blocks held in memory (the stream's validation split) as a torch Dataset of {"input_ids", "labels"}."""
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self.tokens = tokens
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        import torch
+
+        ids = torch.from_numpy(self.tokens[index].astype(np.int64))
+        return {"input_ids": ids, "labels": ids}
+
+
+VAL_BLOCKS = "val_blocks.npy"
+VAL_REPORT = "val_report.json"
+STREAM_STATE = "stream_state.rank{rank}.json"
+
+
+@dataclass
+class StreamSpec:
+    """The streaming trainer's data constants (scripts/train_sparknet.py), resolved."""
+
+    config: MixConfig
+    tokenizer_dir: str
+    block_size: int
+    val_tokens: int
+    seed: int
+    shuffle_buffer: int
+    on_exhausted: str
+    num_workers: int
+
+
+def stream_plan(spec: StreamSpec, run_dir: Path) -> DataPlan:
+    """The mix streamed live: validation blocks held out from the start of the mix (computed once, then read from
+    the run folder so a resumed run evaluates on the same blocks), and each rank's training stream after them."""
+    from sparknet.config import local_files_fingerprint
+    from sparknet.data.stream import TokenStream, hold_out_validation
+    from sparknet.runtime import process_rank, world_size
+    from sparknet.tokenizer import load_tokenizer, tokenizer_fingerprint
+
+    tokenizer = load_tokenizer(spec.tokenizer_dir)
+    tokenizer_json = tokenizer.backend_tokenizer.to_str()
+    eos = int(tokenizer.eos_token_id)
+    common = dict(config=spec.config, tokenizer_json=tokenizer_json, eos_id=eos, block_size=spec.block_size,
+                  seed=spec.seed, shuffle_buffer=spec.shuffle_buffer)
+    if (run_dir / VAL_BLOCKS).is_file() and (run_dir / VAL_REPORT).is_file():
+        val_tokens = np.load(run_dir / VAL_BLOCKS)
+        report = json.loads((run_dir / VAL_REPORT).read_text())
+    else:
+        log.info("holding out %s validation tokens from the start of the mix", f"{spec.val_tokens:,}")
+        val_tokens, rows, report = hold_out_validation(**common, val_tokens=spec.val_tokens,
+                                                       num_workers=spec.num_workers)
+        report = {**report, "rows_held_out": rows}
+    if len(val_tokens) == 0:
+        raise UserError("the mix gave no validation block: add data, or lower VAL_TOKENS")
+    stream = TokenStream(**common, on_exhausted=spec.on_exhausted, num_workers=spec.num_workers,
+                         rank=process_rank(), world_size=world_size(), skip_documents=report["rows_held_out"])
+
+    def prepare_run(run: Path, resume: Path | None) -> None:
+        from sparknet.runtime import write_json_atomic
+
+        if process_rank() == 0 and not (run / VAL_REPORT).is_file():
+            np.save(run / VAL_BLOCKS, val_tokens)
+            write_json_atomic(run / VAL_REPORT, report)
+        if resume is not None:
+            path = resume / STREAM_STATE.format(rank=process_rank())
+            if not path.is_file():
+                raise UserError(f"{resume} holds no stream position for rank {process_rank()} ({path.name}): it "
+                                "was not written by the streaming trainer with this number of processes")
+            stream.load_state_dict(json.loads(path.read_text()))
+
+    identity = {
+        "data": "stream",
+        "mix": spec.config.to_dict()["mix"],
+        "local_files_sha256": local_files_fingerprint(spec.config),
+        "tokenizer_sha256": tokenizer_fingerprint(spec.tokenizer_dir, tokenizer),
+        "block_size": spec.block_size,
+        "data_seed": spec.seed,
+        "shuffle_buffer": spec.shuffle_buffer,
+        "on_exhausted": spec.on_exhausted,
+        "val_tokens": spec.val_tokens,
+    }
+    return DataPlan(
+        train=stream,
+        val=BlockDataset(val_tokens),
+        val_tokens=np.asarray(val_tokens),
+        block_size=spec.block_size,
+        tokenizer=tokenizer,
+        tokenizer_source=spec.tokenizer_dir,
+        target_tokens=spec.config.target_tokens,
+        identity=identity,
+        metadata={"config": {"path": spec.config.path, **spec.config.to_dict()},
+                  "stream": {"validation": report, "training": _Later(stream)}},
+        callbacks=lambda writer: [StreamCallback(stream=stream, writer=writer)],
+        # the stream restores its own position: the Trainer must not replay (read and drop) the blocks seen
+        trainer_overrides={"ignore_data_skip": True},
+        prepare_run=prepare_run,
+        close=stream.close,
+    )
+
+
+class _Later:
+    """A metadata value read when the metadata is written (the stream's realised mix at the end of training)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def resolve(self) -> dict[str, Any]:
+        stats = self.stream.stats()
+        return {k: stats[k] for k in ("shares", "tokens", "documents", "blocks", "restarts", "exhausted", "end")}
+
+
+def resolve_later(data: Any) -> Any:
+    """`data` with every deferred value read now."""
+    if isinstance(data, _Later):
+        return data.resolve()
+    if isinstance(data, dict):
+        return {k: resolve_later(v) for k, v in data.items()}
+    return data
+
+
+class StreamCallback(TrainerCallback):
+    """Saves each rank's stream position into every checkpoint (before it is marked complete), checking that it is
+    the position after exactly the blocks the steps consumed; logs the realised mix (`data/share/<source>`) and the
+    stream's own production rate (`data/tokens_per_second`) at each logging step."""
+
+    def __init__(self, *, stream: Any, writer: Any) -> None:
+        self.stream, self.writer = stream, writer
+
+    def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        from sparknet.runtime import process_rank, write_json_atomic
+
+        position = self.stream.state_dict()
+        consumed = state.global_step * args.gradient_accumulation_steps * args.per_device_train_batch_size
+        if position["blocks_yielded"] != consumed:
+            raise RuntimeError(f"stream position after {position['blocks_yielded']} blocks, but {consumed} were "
+                               "trained on: the checkpoint would not resume exactly")
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        write_json_atomic(folder / STREAM_STATE.format(rank=process_rank()), position)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any) -> None:
+        if not logs or "loss" not in logs or not state.is_world_process_zero:
+            return
+        stats = self.stream.stats()
+        for label, share in stats["shares"].items():
+            self.writer.add_scalar(f"data/share/{label}", share, state.global_step)
+        self.writer.add_scalar("data/tokens_per_second", stats["tokens_per_second"], state.global_step)

@@ -112,6 +112,16 @@ class SparkTrainer(Trainer):
         step = int(self._first_bad.item())
         return step if step >= 0 else None
 
+    def get_train_dataloader(self) -> Any:
+        """A stream (IterableDataset) is read as it is, in this process: it shards itself by rank and keeps its own
+        exact position, so accelerate's re-sharding (every rank reading all blocks and keeping its slice) and
+        read-ahead (which would put the stream's position ahead of what was trained) must not wrap it."""
+        if not isinstance(self.train_dataset, torch.utils.data.IterableDataset):
+            return super().get_train_dataloader()
+        return torch.utils.data.DataLoader(self.train_dataset, batch_size=self._train_batch_size,
+                                           collate_fn=self.data_collator, num_workers=0,
+                                           pin_memory=self.args.dataloader_pin_memory)
+
     def restore_finished(self, checkpoint: Path) -> None:
         """Loads a checkpoint taken at the run's last step as train() would have left it: its state, and the best
         model (for the final eval and export) without training a step."""

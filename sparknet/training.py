@@ -14,6 +14,7 @@ import logging
 import math
 import subprocess
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +29,7 @@ from sparknet.evaluation import perplexity, utf8_bytes
 from sparknet.model import Preset, build_model, flops_per_token, get_preset, parameter_count, peak_flops, preset_dict
 from sparknet.run_folder import EVAL_START, METADATA, RunFolder, latest_complete_checkpoint, open_run
 from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic
-from sparknet.train_data import DataPlan
+from sparknet.train_data import DataPlan, resolve_later
 from sparknet.trainer import SparkTrainer, compiles, training_arguments
 
 log = logging.getLogger("sparknet.train")
@@ -120,8 +121,9 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
                    run_identity(settings, data, target, world), settings.allow_config_change, process_rank() == 0)
     if run.finished_metadata is not None:
         return TrainResult("already_finished", run.run_dir, metadata=run.finished_metadata)
+    data.prepare_run(run.run_dir, run.resume)
     parts = build_trainer(settings, data, run, preset, max_steps, tokens_per_step)
-    with parts.writer:
+    with parts.writer, closing(data):
         if run.resume_step >= max_steps:  # died after the last save, before the export: nothing left to train
             log.info("%s is the run's last step: going straight to the final eval and export", run.resume)
             parts.trainer.restore_finished(run.resume)
@@ -270,7 +272,7 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     sampler = SamplingCallback(tokenizer, list(s.sample_prompts), s.sample_steps, run.run_dir, writer, metrics,
                                s.sample_max_new_tokens, s.sample_temperature, s.sample_top_k, s.sample_seed)
     safety = SafetyCallback(trainer)
-    for callback in (metrics, sampler, *data.callbacks, safety):  # safety last: it marks checkpoints complete
+    for callback in (metrics, sampler, *data.callbacks(writer), safety):  # safety last: it marks checkpoints complete
         trainer.add_callback(callback)
     n_params = parameter_count(preset, len(tokenizer))
     log.info("model %s: %s parameters, vocab %d, context %d; device %s (%s)%s", s.model_preset, f"{n_params:,}",
@@ -323,7 +325,7 @@ def run_metadata(s: TrainSettings, data: DataPlan, run: RunFolder, parts: Traine
     return {
         "run_name": s.run_name,
         "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(s).items()},
-        **data.metadata,
+        **resolve_later(data.metadata),
         "tokenizer": {"path": data.tokenizer_source, "vocab_size": len(tokenizer),
                       "eos_token_id": tokenizer.eos_token_id},
         "model": {**preset_dict(s.model_preset), "vocab_size": len(tokenizer), "parameters": parts.n_params},

@@ -1,0 +1,76 @@
+"""Trains a SparkNet model with the HF Trainer on the mix streamed live: no prebuilt dataset.
+
+The mix's sources are read as streams, encoded on NUM_WORKERS processes, mixed by tokens (every stretch of the stream
+carries the mix) and packed into blocks on the fly; nothing proportional to the data is held. Validation blocks are
+held out from the start of the mix, never trained on, and kept in the run folder. Everything else is as in
+train_sparknet_v5.py: TensorBoard (plus data/share/<source> and data/tokens_per_second), samples, checkpoints with
+the stream's exact position (run the same command to resume; Ctrl-C saves first), the best model exported.
+Multi-GPU: `torchrun --nproc_per_node N scripts/train_sparknet.py` (each process streams its own documents).
+"""
+
+RUN_NAME = "sparknet-70m-stream"  # run folder name under checkpoints/ and logs/
+CONFIG = "configs/datasets_v1.json"  # mix config: its sources are streamed
+TOKENIZER_DIR = "tokenizer-v5"  # tokenizer folder or Hub id
+BLOCK_SIZE: int | None = None  # tokens per training block (None: the config's context_length)
+VAL_TOKENS = 1_000_000  # validation tokens held out from the start of the mix (rounded up to whole blocks)
+SHUFFLE_BUFFER = 10_000  # documents shuffled per source through a buffer (0: keep each source's order)
+ON_EXHAUSTED = "renormalise"  # a source runs dry: renormalise (the others fill in, a warning), stop, or restart it
+NUM_WORKERS: int | None = None  # tokenizer processes per training process (None: the cores shared among processes)
+DATA_SEED: int | None = None  # seed of the per-source shuffle (None: the config's seed)
+MODEL_PRESET = "sparknet-70m"  # sparknet-70m, sparknet-demo or sparknet-tiny
+TARGET_TOKENS: int | None = None  # training tokens (None: the config's target_tokens)
+BATCH_SIZE = 32  # blocks per device per micro-step
+GRAD_ACCUM = 4  # micro-steps per optimizer step
+LEARNING_RATE = 1e-3  # peak learning rate
+MIN_LR_RATIO = 0.1  # the cosine decays to this fraction of LEARNING_RATE
+WARMUP_RATIO = 0.02  # fraction of the steps spent warming up linearly
+WEIGHT_DECAY = 0.1  # AdamW weight decay
+ADAM_BETAS = (0.9, 0.95)  # AdamW betas
+MAX_GRAD_NORM = 1.0  # clip the global grad norm to this (0: no clipping)
+DROPOUT = 0.0  # dropout everywhere (the public reference run used 0.1; it costs ~40% of step time on CPU)
+EVAL_STEPS = 250  # evaluate on the validation split every this many steps
+SAVE_STEPS = 500  # save a checkpoint every this many steps (a multiple of EVAL_STEPS)
+SAVE_TOTAL_LIMIT = 3  # checkpoints kept (the best one is always kept)
+SAMPLE_STEPS = 500  # write a sample every this many steps (0: only at the end)
+SAMPLE_PROMPTS = ["The history of", "In this paper we", "def fibonacci(n):"]  # prompts sampled from
+SAMPLE_MAX_NEW_TOKENS = 64  # tokens generated per prompt
+SAMPLE_TEMPERATURE = 0.8  # sampling temperature
+SAMPLE_TOP_K = 50  # sample among the k most likely tokens
+SAMPLE_SEED = 1234  # seed of the sampling (the same prompts give the same text at the same weights)
+LOGGING_STEPS = 10  # console line and TensorBoard scalars every this many steps
+COMPILE = "auto"  # torch.compile: auto (on for CUDA), on, off
+SEED = 42  # seed of initialisation, data order and dropout
+PEAK_TFLOPS = 0.0  # the device's peak for MFU (0: from the table of common GPUs)
+NONFINITE = "stop"  # on a non-finite loss or grad norm: stop, or skip the update (costs a sync per step)
+ALLOW_CONFIG_CHANGE = False  # continue an existing RUN_NAME even though settings changed
+RECORD_BATCHES = False  # write each step's LR and blocks to checkpoints/RUN_NAME/batches.jsonl
+CHECKPOINTS_DIR = "checkpoints"  # runs are saved in CHECKPOINTS_DIR/RUN_NAME
+LOGS_DIR = "logs"  # TensorBoard logs go to LOGS_DIR/RUN_NAME
+
+
+
+def main() -> None:
+    from sparknet import runtime
+    from sparknet.cli import constant_names
+    from sparknet.config import load_config
+
+    config = load_config(CONFIG)
+    runtime.setup(SEED)
+    from sparknet.train_data import StreamSpec, stream_plan
+    from sparknet.training import TrainSettings, report_outcome, train
+
+    settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
+    if settings.target_tokens is None:
+        settings.target_tokens = config.target_tokens
+    workers = max(1, runtime.available_cores() // runtime.world_size()) if NUM_WORKERS is None else NUM_WORKERS
+    spec = StreamSpec(config=config, tokenizer_dir=TOKENIZER_DIR, block_size=BLOCK_SIZE or config.context_length,
+                      val_tokens=VAL_TOKENS, seed=config.seed if DATA_SEED is None else DATA_SEED,
+                      shuffle_buffer=SHUFFLE_BUFFER, on_exhausted=ON_EXHAUSTED, num_workers=workers)
+    run_dir = runtime.project_path(CHECKPOINTS_DIR) / RUN_NAME
+    report_outcome(train(settings, stream_plan(spec, run_dir)), LOGS_DIR)
+
+
+if __name__ == "__main__":
+    from sparknet.cli import run_script
+
+    run_script(globals(), main)

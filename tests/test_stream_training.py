@@ -1,0 +1,136 @@
+"""The streaming trainer (scripts/train_sparknet.py) as users run it: resume after SIGINT and kill -9 equal to an
+uninterrupted run, two processes under torchrun, its TensorBoard tags, and mistakes in its input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sparknet.run_folder import latest_complete_checkpoint
+from tests.conftest import OFFLINE_ENV, run_script, write_config, write_jsonl
+from tests.test_training import FAST, _events, _steps, _wait_for
+
+STREAM = dict(val_tokens=2048, shuffle_buffer=50, num_workers=2, sample_steps=0)
+
+
+def _args(tmp: Path, config: Path, tokenizer: Path, **kw: object) -> list[str]:
+    values = {**FAST, **STREAM, "run_name": "run", "config": str(config), "tokenizer_dir": str(tokenizer),
+              "checkpoints_dir": str(tmp / "ckpt"), "logs_dir": str(tmp / "logs"), **kw}
+    args: list[str] = []
+    for key, value in values.items():
+        args += [f"--{key}", json.dumps(value) if isinstance(value, list) else str(value)]
+    return args
+
+
+def _start(args: list[str], processes: int = 1) -> subprocess.Popen:
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+                if processes > 1 else [sys.executable])
+    return subprocess.Popen([*launcher, "scripts/train_sparknet.py", *args], env={**os.environ, **OFFLINE_ENV},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def test_interrupted_twice_then_resumed_equals_an_uninterrupted_run(corpus_config: Path, tokenizer_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    settings = dict(target_tokens=100 * 4 * 128, eval_steps=10, save_steps=10, logging_steps=5,
+                    record_batches=True)
+    reference = _finish(_start(_args(tmp_path / "a", corpus_config, tokenizer_dir, **settings)))
+    assert "holding out" in reference
+
+    args = _args(tmp_path / "b", corpus_config, tokenizer_dir, **settings)
+    run_dir = tmp_path / "b" / "ckpt" / "run"
+    proc = _start(args)
+    _wait_for(run_dir / "checkpoint-20" / ".complete", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = latest_complete_checkpoint(run_dir)
+    proc = _start(args)
+    _wait_for(run_dir / f"checkpoint-{int(killed_at.name.split('-')[1]) + 20}" / ".complete", proc)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "checkpoint saved in" in out, out[-3000:]
+    assert f"resuming from {killed_at}" in out
+    stopped_at = latest_complete_checkpoint(run_dir)
+    assert int(stopped_at.name.split("-")[1]) < 100
+    out = _finish(_start(args))
+    assert f"resuming from {stopped_at}" in out
+
+    expected = _steps(tmp_path / "a" / "ckpt" / "run" / "batches.jsonl")
+    got = _steps(run_dir / "batches.jsonl")
+    assert sorted(got) == sorted(expected) == list(range(1, 101))
+    for step in expected:
+        assert got[step]["blocks"] == expected[step]["blocks"], step
+        assert got[step]["lr"] == expected[step]["lr"], step
+    a = load_file(str(tmp_path / "a" / "ckpt" / "run" / "model.safetensors"))
+    b = load_file(str(run_dir / "model.safetensors"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    # the stream's own figures reach TensorBoard; the run's metadata holds the realised mix
+    events = _events(tmp_path / "a" / "logs" / "run")
+    assert {"data/share/prose", "data/share/code", "data/tokens_per_second", "train/loss", "eval/loss"} <= set(events)
+    assert all(v > 0 for _, v in events["data/tokens_per_second"])
+    meta = json.loads((run_dir / "training_metadata.json").read_text())
+    shares = meta["stream"]["training"]["shares"]
+    assert abs(shares["prose"] - 0.6) < 0.05 and abs(shares["code"] - 0.4) < 0.05
+    assert meta["stream"]["validation"]["blocks"] == 16
+
+
+def test_two_processes_train_one_model_on_disjoint_documents(corpus_config: Path, tokenizer_dir: Path,
+                                                             tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    args = _args(tmp_path, corpus_config, tokenizer_dir, target_tokens=30 * 2 * 4 * 128, eval_steps=10,
+                 save_steps=10, record_batches=True, num_workers=1)
+    _finish(_start(args, processes=2))
+    run_dir = tmp_path / "ckpt" / "run"
+    rank0, rank1 = _steps(run_dir / "batches.jsonl"), _steps(run_dir / "batches.rank1.jsonl")
+    assert sorted(rank0) == sorted(rank1) == list(range(1, 31))
+    assert all(rank0[s]["weights"] == rank1[s]["weights"] and rank0[s]["data_parallel"] for s in rank0)
+    blocks0 = {tuple(b) for s in rank0 for b in rank0[s]["blocks"]}
+    blocks1 = {tuple(b) for s in rank1 for b in rank1[s]["blocks"]}
+    assert len(blocks0) == len(blocks1) == 120 and not blocks0 & blocks1
+    saved = {p.name for p in (run_dir / "checkpoint-30").iterdir()}
+    assert {"stream_state.rank0.json", "stream_state.rank1.json"} <= saved
+    assert len(list((tmp_path / "logs" / "run").glob("events.out.tfevents.*"))) == 1
+    AutoModelForCausalLM.from_pretrained(str(run_dir))
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        ([{"id": 1, "score": 0.5}] * 5, "no usable text column (looked for text, content"),
+        ("not json at all\n", "cannot read source 'bad' ("),
+    ],
+)
+def test_bad_sources_are_one_line_errors(rows: object, expected: str, tokenizer_dir: Path, tmp_path: Path) -> None:
+    data = tmp_path / "bad.jsonl"
+    if isinstance(rows, str):
+        data.write_text(rows)
+    else:
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = write_config(tmp_path / "mix.json", [{"name": "json", "data_files": str(data), "prob": 1.0}])
+    proc = run_script("train_sparknet.py", *_args(tmp_path, config, tokenizer_dir))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    line = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    assert line and expected in line[0], proc.stderr[-2000:]
+
+
+def test_a_mix_too_small_for_validation_and_training_is_an_error(tokenizer_dir: Path, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "tiny.jsonl", ["just a few words"] * 3)
+    config = write_config(tmp_path / "mix.json", [{"name": "json", "data_files": str(data), "prob": 1.0}])
+    proc = run_script("train_sparknet.py", *_args(tmp_path, config, tokenizer_dir, on_exhausted="stop"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "error: " in proc.stderr
