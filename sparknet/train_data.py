@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,11 +208,14 @@ def resolve_later(data: Any) -> Any:
 
 class StreamCallback(TrainerCallback):
     """Saves each rank's stream position into every checkpoint (before it is marked complete), checking that it is
-    the position after exactly the blocks the steps consumed; logs the realised mix (`data/share/<source>`) and the
-    stream's own production rate (`data/tokens_per_second`) at each logging step."""
+    the position after exactly the blocks the steps consumed; at each logging step writes the realised mix
+    (`data/share/<source>`), the stream's rate over the window (`data/tokens_per_second`: tokens handed out per second
+    spent waiting for them; far above perf/tokens_per_second when data is not the bottleneck) and the share of the
+    window's time the trainer waited for data (`data/wait_fraction`)."""
 
     def __init__(self, *, stream: Any, writer: Any) -> None:
         self.stream, self.writer = stream, writer
+        self._last = (0.0, 0, time.perf_counter())  # busy seconds, tokens, wall clock at the last log
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         from sparknet.runtime import process_rank, write_json_atomic
@@ -228,6 +232,12 @@ class StreamCallback(TrainerCallback):
         if not logs or "loss" not in logs or not state.is_world_process_zero:
             return
         stats = self.stream.stats()
+        now = time.perf_counter()
+        busy, tokens, wall = stats["busy_seconds"] - self._last[0], stats["timed_tokens"] - self._last[1], \
+            now - self._last[2]
+        self._last = (stats["busy_seconds"], stats["timed_tokens"], now)
         for label, share in stats["shares"].items():
             self.writer.add_scalar(f"data/share/{label}", share, state.global_step)
-        self.writer.add_scalar("data/tokens_per_second", stats["tokens_per_second"], state.global_step)
+        if busy > 0:
+            self.writer.add_scalar("data/tokens_per_second", tokens / busy, state.global_step)
+        self.writer.add_scalar("data/wait_fraction", min(1.0, busy / max(wall, 1e-9)), state.global_step)

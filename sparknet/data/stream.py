@@ -211,6 +211,8 @@ class TokenStream(torch.utils.data.IterableDataset):
             "shares": {label: (n / total if total else 0.0) for label, n in tokens.items()},
             "tokens": tokens,
             "tokens_per_second": self._timed_tokens / self._busy_seconds if self._busy_seconds else 0.0,
+            "busy_seconds": self._busy_seconds,  # time this process spent waiting inside the stream
+            "timed_tokens": self._timed_tokens,
             "blocks": blocks,
             "documents": documents,
             "restarts": restarts,
