@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,42 @@ def test_a_mix_too_small_for_validation_and_training_is_an_error(tokenizer_dir: 
     proc = run_script("train_sparknet.py", *_args(tmp_path, config, tokenizer_dir, on_exhausted="stop"))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "error: " in proc.stderr
+
+
+@pytest.mark.slow
+def test_training_on_a_1gb_file_starts_fast_in_bounded_memory(tokenizer_dir: Path, tmp_path: Path) -> None:
+    """The streaming trainer on a ~1 GB JSONL: the first optimizer step within 30 s of the start, and peak RSS (the
+    trainer and its encoders) within 300 MB of the same run on a 10 MB file."""
+    import random
+
+    import psutil
+
+    rng = random.Random(0)
+    words = "the quick brown fox jumps over a lazy dog while rivers of stone carry light".split()
+    chunk = "".join(json.dumps({"text": " ".join(rng.choices(words, k=700))}) + "\n" for _ in range(200))
+    figures = {}
+    for name, size in (("small", 10 * 2**20), ("big", 2**30)):
+        data = tmp_path / f"{name}.jsonl"
+        with data.open("w") as f:
+            for _ in range(size // len(chunk) + 1):
+                f.write(chunk)
+        config = write_config(tmp_path / f"{name}.json", [{"name": "json", "prob": 1, "data_files": str(data)}])
+        args = _args(tmp_path / name, config, tokenizer_dir, target_tokens=30 * 4 * 128, eval_steps=100,
+                     save_steps=100, logging_steps=1, shuffle_buffer=1000)
+        started = time.time()
+        proc = _start(args)
+        parent, peak, first_step = psutil.Process(proc.pid), 0, None
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the trainer logs every step: the first "train" line is the first step
+            if first_step is None and "train  step      1/" in line:
+                first_step = time.time() - started
+            try:
+                peak = max(peak, sum(p.memory_info().rss for p in [parent, *parent.children(recursive=True)]))
+            except psutil.Error:
+                pass
+        assert proc.wait() == 0
+        figures[name] = {"first_step_s": first_step, "peak_rss_mb": peak / 2**20}
+        data.unlink()  # pytest keeps recent temporary folders: not a gigabyte of them
+    print(f"\n[streaming trainer on a large file] {json.dumps(figures)}")
+    assert figures["big"]["first_step_s"] is not None and figures["big"]["first_step_s"] < 30
+    assert figures["big"]["peak_rss_mb"] - figures["small"]["peak_rss_mb"] < 300
