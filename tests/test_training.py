@@ -323,3 +323,52 @@ def test_resume_from_a_checkpoint_at_the_last_step_exports_without_training(tiny
     assert all(torch.equal(exported[k], reexported[k]) for k in exported)
     assert again.metadata["steps"] == 40 and again.metadata["metrics"]["eval_loss"] == pytest.approx(
         first.metadata["metrics"]["eval_loss"], abs=1e-6)
+
+
+def test_our_code_reads_no_device_value_outside_logging_steps(tiny_dataset: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device read (.item(), .cpu(), .tolist(), bool(), ...) stalls the GPU's queue: SparkNet's own code does one
+    only at logging, eval and save steps. Counted by patching the tensor methods and looking for a sparknet frame in
+    the direct caller (the libraries' own reads, e.g. transformers' mask checks in eager mode, are theirs)."""
+    import traceback
+
+    from transformers import TrainerCallback
+
+    import sparknet
+    from sparknet import training
+
+    ours = str(Path(sparknet.__file__).parent)
+    step = {"now": 0}
+    reads: dict[int, list[str]] = {}
+
+    def counting(name: str):  # noqa: ANN202
+        original = getattr(torch.Tensor, name)
+
+        def method(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            caller = traceback.extract_stack(limit=2)[0]  # the code that asked for the value
+            if step["now"] and caller.filename.startswith(ours):
+                reads.setdefault(step["now"], []).append(f"{name} at {caller.name}:{caller.lineno}")
+            return original(self, *args, **kwargs)
+
+        return method
+
+    for name in ("item", "cpu", "tolist", "numpy", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+
+    class StepNumber(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN003, ANN201
+            step["now"] = state.global_step + 1
+
+    build = training.build_trainer
+
+    def with_step_numbers(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        parts = build(*args, **kwargs)
+        parts.trainer.add_callback(StepNumber())
+        return parts
+
+    monkeypatch.setattr(training, "build_trainer", with_step_numbers)
+    train_packed(_settings(tmp_path, target_tokens=24 * 4 * 128, grad_accum=2, logging_steps=5, eval_steps=8,
+                           save_steps=8, sample_steps=0), tiny_dataset)
+    sync_points = {5, 8, 10, 12}  # logging every 5 and at the last step (12), eval and save at 8
+    assert set(reads) <= sync_points, {s: r for s, r in reads.items() if s not in sync_points}
+    assert reads  # the counting works: logging does read the device
