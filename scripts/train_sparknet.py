@@ -17,11 +17,13 @@ SHUFFLE_BUFFER = 10_000  # documents shuffled per source through a buffer (0: ke
 ON_EXHAUSTED = "renormalise"  # a source runs dry: renormalise (the others fill in, a warning), stop, or restart it
 NUM_WORKERS: int | None = None  # tokenizer processes per training process (None: the cores shared among processes)
 DATA_SEED: int | None = None  # seed of the per-source shuffle (None: the config's seed)
-MODEL_PRESET = "sparknet-70m"  # sparknet-70m, sparknet-demo or sparknet-tiny
+MODEL_PRESET = "sparknet-70m"  # sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each
 TARGET_TOKENS: int | None = None  # training tokens (None: the config's target_tokens)
 BATCH_SIZE = 32  # blocks per device per micro-step
 GRAD_ACCUM = 4  # micro-steps per optimizer step
-LEARNING_RATE = 1e-3  # peak learning rate
+LEARNING_RATE = 1e-3  # peak learning rate (AdamW's; with OPTIMIZER=muon, that of embeddings, norms and biases)
+OPTIMIZER = "adamw"  # adamw, or muon: Muon for the hidden weight matrices, AdamW for the rest
+MUON_LEARNING_RATE = 1e-3  # Muon's peak learning rate (its update scaled to AdamW's size), when OPTIMIZER=muon
 MIN_LR_RATIO = 0.1  # the cosine decays to this fraction of LEARNING_RATE
 WARMUP_RATIO = 0.02  # fraction of the steps spent warming up linearly
 WEIGHT_DECAY = 0.1  # AdamW weight decay

@@ -10,11 +10,13 @@ RUN_NAME = "sparknet-70m-v5"  # run folder name under checkpoints/ and logs/
 CONFIG = "configs/datasets_v5.json"  # mix config (recorded in the metadata; the dataset must come from it)
 DATASET_DIR = "datasets/sparknet-v5-1b"  # packed dataset from build_dataset_v5.py
 TOKENIZER_DIR: str | None = None  # tokenizer folder or Hub id (None: the one the dataset was built with)
-MODEL_PRESET = "sparknet-70m"  # sparknet-70m, sparknet-demo or sparknet-tiny
+MODEL_PRESET = "sparknet-70m"  # sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each
 TARGET_TOKENS: int | None = None  # training tokens (None: the config's target_tokens)
 BATCH_SIZE = 32  # blocks per device per micro-step
 GRAD_ACCUM = 4  # micro-steps per optimizer step
-LEARNING_RATE = 1e-3  # peak learning rate
+LEARNING_RATE = 1e-3  # peak learning rate (AdamW's; with OPTIMIZER=muon, that of embeddings, norms and biases)
+OPTIMIZER = "adamw"  # adamw, or muon: Muon for the hidden weight matrices, AdamW for the rest
+MUON_LEARNING_RATE = 1e-3  # Muon's peak learning rate (its update scaled to AdamW's size), when OPTIMIZER=muon
 MIN_LR_RATIO = 0.1  # the cosine decays to this fraction of LEARNING_RATE
 WARMUP_RATIO = 0.02  # fraction of the steps spent warming up linearly
 WEIGHT_DECAY = 0.1  # AdamW weight decay

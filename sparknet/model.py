@@ -1,7 +1,9 @@
-"""Model presets (GPT-2 architecture), parameter counts and training FLOPs per token.
+"""Model presets, parameter counts and training FLOPs per token.
 
-`sparknet-70m` is the public reference: 12 layers, width 512, 8 heads, context 1024, tied embeddings: 64,085,504
-parameters at GPT-2's vocabulary of 50257.
+`sparknet-70m` is the public reference (GPT-2): 12 layers, width 512, 8 heads, context 1024, tied embeddings:
+64,085,504 parameters at GPT-2's vocabulary of 50257. The `sparknet-llama-*` presets are the Llama architecture
+(RoPE, SwiGLU, RMSNorm, no biases; `LlamaForCausalLM`, so `AutoModelForCausalLM` loads them) at about the same size:
+the SwiGLU width 1408 (a multiple of 64 near 8/3 x 512) gives 64,279,552 parameters at vocab 50257 (+0.3%).
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from sparknet.errors import UserError
 
 @dataclass(frozen=True)
 class Preset:
-    """The shape of a GPT-2 model; the vocabulary comes from the tokenizer."""
+    """The shape of a model; the vocabulary comes from the tokenizer."""
 
     n_layer: int
     n_embd: int
     n_head: int
     n_positions: int
+    arch: str = "gpt2"  # gpt2 or llama
+    intermediate: int = 0  # llama: the SwiGLU width (gpt2's MLP is 4 x n_embd)
 
 
 PRESETS: dict[str, Preset] = {
@@ -28,6 +32,9 @@ PRESETS: dict[str, Preset] = {
     "sparknet-demo": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256),
     # For tests: a training step in milliseconds.
     "sparknet-tiny": Preset(n_layer=2, n_embd=64, n_head=2, n_positions=128),
+    "sparknet-llama-70m": Preset(n_layer=12, n_embd=512, n_head=8, n_positions=1024, arch="llama", intermediate=1408),
+    "sparknet-llama-demo": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="llama", intermediate=704),
+    "sparknet-llama-tiny": Preset(n_layer=2, n_embd=64, n_head=2, n_positions=128, arch="llama", intermediate=176),
 }
 
 
@@ -40,8 +47,11 @@ def get_preset(name: str) -> Preset:
 
 
 def parameter_count(preset: Preset, vocab_size: int) -> int:
-    """Parameters of a GPT-2 model with tied input/output embeddings, counted from its shape."""
+    """Parameters of the model with tied input/output embeddings, counted from its shape."""
     d, layers = preset.n_embd, preset.n_layer
+    if preset.arch == "llama":
+        per_layer = 4 * d * d + 3 * d * preset.intermediate + 2 * d  # q, k, v, o; gate, up, down; two RMSNorms
+        return vocab_size * d + layers * per_layer + d  # + final RMSNorm; RoPE has no parameters
     per_layer = (
         2 * 2 * d  # two LayerNorms (weight + bias)
         + d * 3 * d
@@ -66,7 +76,8 @@ def flops_per_token(preset: Preset, vocab_size: int, seq_len: int | None = None)
     the PaLM paper's MFU accounting.
     """
     seq = preset.n_positions if seq_len is None else seq_len
-    n = parameter_count(preset, vocab_size) - preset.n_positions * preset.n_embd
+    positions = preset.n_positions * preset.n_embd if preset.arch == "gpt2" else 0
+    n = parameter_count(preset, vocab_size) - positions
     return 6.0 * n + 12.0 * preset.n_layer * preset.n_embd * seq
 
 
@@ -78,12 +89,16 @@ def build_model(
     dropout: float = 0.0,
     n_positions: int | None = None,
 ) -> Any:
-    """A freshly initialised `GPT2LMHeadModel` with the tokenizer's special ids and SDPA attention."""
+    """A freshly initialised `GPT2LMHeadModel` (or `LlamaForCausalLM`) with the tokenizer's special ids and SDPA
+    attention."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     if preset.n_embd % preset.n_head:
         raise UserError(f"width {preset.n_embd} is not divisible by {preset.n_head} heads")
     bos = eos_token_id if bos_token_id is None else bos_token_id
+    if preset.arch == "llama":
+        return _with_special_ids(_llama(preset, vocab_size, eos_token_id, bos, dropout, n_positions),
+                                 bos, eos_token_id)
     config = GPT2Config(
         vocab_size=vocab_size,
         n_positions=n_positions or preset.n_positions,
@@ -99,9 +114,34 @@ def build_model(
     )
     model = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
     model.loss_type = "ForCausalLM"  # transformers cannot infer it from the class name and warns on every run
+    return _with_special_ids(model, bos, eos_token_id)
+
+
+def _llama(preset: Preset, vocab_size: int, eos: int, bos: int, dropout: float, n_positions: int | None) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=preset.n_embd,
+        intermediate_size=preset.intermediate,
+        num_hidden_layers=preset.n_layer,
+        num_attention_heads=preset.n_head,
+        num_key_value_heads=preset.n_head,
+        max_position_embeddings=n_positions or preset.n_positions,
+        attention_dropout=dropout,
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=True,
+        bos_token_id=bos,
+        eos_token_id=eos,
+    )
+    return LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+
+
+def _with_special_ids(model: Any, bos: int, eos: int) -> Any:
     gen = model.generation_config
     # pad only for batched generation; training never pads (packed blocks), so eos is never masked as padding
-    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = bos, eos_token_id, eos_token_id
+    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = bos, eos, eos
     return model
 
 

@@ -92,8 +92,10 @@ class SparkTrainer(Trainer):
     and (when `batch_log` is set) one line per optimizer step with its LR, the first tokens of its blocks and a hash
     of the weights it starts from."""
 
-    def __init__(self, *args: Any, nonfinite: str = "stop", batch_log: Path | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, nonfinite: str = "stop", batch_log: Path | None = None,
+                 muon_lr: float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.muon_lr = muon_lr  # set: Muon for the hidden matrices, AdamW for the rest (sparknet.optim)
         self.nonfinite = nonfinite
         self.grad_norms: list[tuple[int, Any]] = []
         self._first_bad: torch.Tensor | None = None
@@ -114,6 +116,18 @@ class SparkTrainer(Trainer):
             return None
         step = int(self._first_bad.item())
         return step if step >= 0 else None
+
+    def create_optimizer(self, model: Any = None) -> Any:
+        if self.muon_lr is None:
+            return super().create_optimizer(model)
+        if self.optimizer is None:
+            from sparknet.optim import MuonAdamW
+
+            model = self.model if model is None else model
+            self.optimizer = MuonAdamW(list(model.named_parameters()), lr=self.args.learning_rate,
+                                       muon_lr=self.muon_lr, betas=(self.args.adam_beta1, self.args.adam_beta2),
+                                       weight_decay=self.args.weight_decay, fused=self.args.device.type == "cuda")
+        return self.optimizer
 
     def get_train_dataloader(self) -> Any:
         """A stream (IterableDataset) is read as it is, in this process: it shards itself by rank and keeps its own

@@ -55,6 +55,8 @@ class TrainSettings:
     batch_size: int  # blocks per device per micro-step
     grad_accum: int
     learning_rate: float
+    optimizer: str  # adamw, or muon (Muon for the hidden matrices, AdamW at LEARNING_RATE for the rest)
+    muon_learning_rate: float
     min_lr_ratio: float
     warmup_ratio: float
     weight_decay: float
@@ -178,6 +180,10 @@ def check_settings(s: TrainSettings) -> None:
         problems.append(f"MIN_LR_RATIO={s.min_lr_ratio}: expected a fraction in [0, 1]")
     if s.compile not in ("auto", "on", "off"):
         problems.append(f"COMPILE={s.compile!r}: expected auto, on or off")
+    if s.optimizer not in ("adamw", "muon"):
+        problems.append(f"OPTIMIZER={s.optimizer!r}: expected adamw or muon")
+    if not (math.isfinite(s.muon_learning_rate) and s.muon_learning_rate > 0):
+        problems.append(f"MUON_LEARNING_RATE={s.muon_learning_rate}: expected a positive number")
     if s.nonfinite not in ("stop", "skip"):
         problems.append(f"NONFINITE={s.nonfinite!r}: expected stop or skip")
     if len(s.adam_betas) != 2 or not all(0 <= b < 1 for b in s.adam_betas):
@@ -253,7 +259,8 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     # default_data_collator only stacks the fixed-size blocks: nothing is padded, so nothing is masked as padding
     trainer = SparkTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.val,
                            processing_class=tokenizer, data_collator=default_data_collator, nonfinite=s.nonfinite,
-                           batch_log=batch_log if s.record_batches else None)
+                           batch_log=batch_log if s.record_batches else None,
+                           muon_lr=s.muon_learning_rate if s.optimizer == "muon" else None)
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
     bf16 = bool(device["bf16"])

@@ -1,0 +1,70 @@
+"""The Llama-style presets and the Muon optimizer: sizes, which weights Muon takes, exact resume, plain loading."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from sparknet.model import build_model, flops_per_token, get_preset, parameter_count
+from sparknet.optim import is_hidden_matrix
+from tests.test_training import _popen, _script_args, _settings, _steps, _wait_for, train_packed
+
+
+def test_llama_70m_matches_the_gpt2_reference_size_and_counts_its_flops() -> None:
+    preset = get_preset("sparknet-llama-70m")
+    model = build_model(preset, vocab_size=50257, eos_token_id=50256)
+    assert type(model).__name__ == "LlamaForCausalLM" and model.config.tie_word_embeddings
+    assert model.num_parameters() == parameter_count(preset, 50257) == 64_279_552
+    assert abs(model.num_parameters() / 64_085_504 - 1) < 0.005  # the GPT-2 reference's size, within 0.5%
+    d, layers, vocab, context, width = 512, 12, 50257, 1024, 1408
+    matmuls = layers * (4 * d * d + 3 * d * width) + d * vocab  # the output layer once; RoPE has no weights
+    hand = 6 * (matmuls + layers * 2 * d + d) + 12 * layers * d * context
+    assert flops_per_token(preset, vocab) == hand
+
+
+@pytest.mark.parametrize("preset", ["sparknet-tiny", "sparknet-llama-tiny"])
+def test_muon_takes_the_hidden_matrices_only(preset: str) -> None:
+    model = build_model(get_preset(preset), vocab_size=300, eos_token_id=0)
+    hidden = {n for n, p in model.named_parameters() if is_hidden_matrix(n, p)}
+    assert hidden and all(p.ndim == 2 for n, p in model.named_parameters() if n in hidden)
+    rest = {n for n, _ in model.named_parameters()} - hidden
+    assert all(".h." in n or ".layers." in n for n in hidden)  # inside the blocks
+    assert any("wte" in n or "embed_tokens" in n for n in rest)  # embeddings (tied output layer) stay with AdamW
+    per_layer = 7 if "llama" in preset else 4  # q, k, v, o, gate, up, down; or c_attn, c_proj, c_fc, c_proj
+    assert len(hidden) == per_layer * get_preset(preset).n_layer
+
+
+def test_llama_with_muon_resumes_exactly_and_loads_with_automodel(tiny_dataset: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    recipe = dict(model_preset="sparknet-llama-tiny", optimizer="muon", muon_learning_rate=3e-3,
+                  target_tokens=60 * 4 * 128, eval_steps=10, save_steps=10, sample_steps=0, record_batches=True)
+    reference = train_packed(_settings(tmp_path / "a", **recipe), tiny_dataset)
+    optimizer = reference.trainer.optimizer.optimizer  # accelerate's wrapper around ours
+    assert type(optimizer).__name__ == "MuonAdamW" and optimizer.muon.state  # Muon did step
+    args = _script_args(tmp_path / "b", tiny_dataset, **recipe)
+    run_dir = tmp_path / "b" / "ckpt" / "run"
+    proc = _popen(args)
+    _wait_for(run_dir / "checkpoint-30" / ".complete", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resumed = _popen(args)
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out[-3000:]
+    assert "resuming from" in out
+    expected, got = _steps(reference.run_dir / "batches.jsonl"), _steps(run_dir / "batches.jsonl")
+    assert sorted(got) == sorted(expected) == list(range(1, 61))
+    for step in expected:
+        assert (got[step]["lr"], got[step]["blocks"], got[step]["weights"]) == (
+            expected[step]["lr"], expected[step]["blocks"], expected[step]["weights"]), step
+    model = AutoModelForCausalLM.from_pretrained(str(run_dir)).eval()
+    assert type(model).__name__ == "LlamaForCausalLM"
+    tok = AutoTokenizer.from_pretrained(str(run_dir))
+    ids = tok("def main():\n    return", return_tensors="pt")["input_ids"]
+    trained = AutoModelForCausalLM.from_pretrained(str(reference.run_dir)).eval()
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, trained(ids).logits, atol=1e-5)
+    assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] == ids.shape[1] + 4
