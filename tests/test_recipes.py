@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
@@ -10,7 +9,7 @@ import torch
 
 from sparknet.model import build_model, flops_per_token, get_preset, parameter_count
 from sparknet.optim import is_hidden_matrix
-from tests.test_training import _popen, _script_args, _settings, _steps, _wait_for, train_packed
+from tests.test_training import _kill_when, _popen, _script_args, _settings, _steps, train_packed
 
 
 def test_llama_70m_matches_the_gpt2_reference_size_and_counts_its_flops() -> None:
@@ -47,10 +46,7 @@ def test_llama_with_muon_resumes_exactly_and_loads_with_automodel(tiny_dataset: 
     assert type(optimizer).__name__ == "MuonAdamW" and optimizer.muon.state  # Muon did step
     args = _script_args(tmp_path / "b", tiny_dataset, **recipe)
     run_dir = tmp_path / "b" / "ckpt" / "run"
-    proc = _popen(args)
-    _wait_for(run_dir / "checkpoint-30" / ".complete", proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    _kill_when(run_dir / "checkpoint-30" / ".complete", _popen(args))
     resumed = _popen(args)
     out, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out[-3000:]

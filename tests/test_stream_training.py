@@ -16,7 +16,7 @@ import torch
 
 from sparknet.run_folder import latest_complete_checkpoint
 from tests.conftest import OFFLINE_ENV, run_script, write_config, write_jsonl
-from tests.test_training import FAST, _events, _steps, _wait_for
+from tests.test_training import FAST, _events, _kill_when, _steps, _wait_for
 
 STREAM = dict(val_tokens=2048, shuffle_buffer=50, num_workers=2, sample_steps=0)
 
@@ -54,10 +54,7 @@ def test_interrupted_twice_then_resumed_equals_an_uninterrupted_run(corpus_confi
 
     args = _args(tmp_path / "b", corpus_config, tokenizer_dir, **settings)
     run_dir = tmp_path / "b" / "ckpt" / "run"
-    proc = _start(args)
-    _wait_for(run_dir / "checkpoint-20" / ".complete", proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    _kill_when(run_dir / "checkpoint-20" / ".complete", _start(args))
     killed_at = latest_complete_checkpoint(run_dir)
     proc = _start(args)
     _wait_for(run_dir / f"checkpoint-{int(killed_at.name.split('-')[1]) + 20}" / ".complete", proc)

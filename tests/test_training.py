@@ -151,6 +151,13 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
         time.sleep(0.005)
 
 
+def _kill_when(path: Path, proc: subprocess.Popen) -> None:
+    """kill -9 the run as soon as `path` exists (e.g. a checkpoint's completion marker)."""
+    _wait_for(path, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
 def _steps(batch_log: Path) -> dict[int, dict]:
     steps: dict[int, dict] = {}
     for line in batch_log.read_text().splitlines():
@@ -167,10 +174,7 @@ def test_kill_then_resume_reproduces_lr_and_batch_order(tiny_dataset: Path, tmp_
 
     args = _script_args(tmp_path / "b", tiny_dataset, **long)
     run_dir = tmp_path / "b" / "ckpt" / "run"
-    proc = _popen(args)
-    _wait_for(run_dir / "checkpoint-20" / ".complete", proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    _kill_when(run_dir / "checkpoint-20" / ".complete", _popen(args))
     assert not (run_dir / "training_metadata.json").exists()
     latest = latest_complete_checkpoint(run_dir)
     step = int(latest.name.split("-")[1])
