@@ -10,7 +10,7 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # pip's warnings about this machine's optional local package indexes are noise.
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: install demo test lint bench clean-demo
+.PHONY: install demo test lint bench bench-recipe clean-demo
 
 install: $(STAMP)
 
@@ -30,8 +30,12 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(OFFLINE) $(PY) -m pytest
 
+# every benchmark, the recipe bench in its short mode (the full table: make bench-recipe, about 20 minutes)
 bench: $(STAMP)
-	@for b in bench/*.py; do echo "== $$b"; $(OFFLINE) $(PY) $$b || exit 1; done
+	@for b in bench/[!_]*.py; do echo "== $$b"; $(OFFLINE) $(PY) $$b $$( [ $$b = bench/recipe.py ] && echo --short true ) || exit 1; done
+
+bench-recipe: $(STAMP)
+	$(OFFLINE) $(PY) bench/recipe.py
 
 clean-demo:
 	rm -rf data/demo tokenizer-demo datasets/demo datasets/.demo.building checkpoints/demo logs/demo

@@ -24,7 +24,8 @@ GRAD_ACCUM = 4  # micro-steps per optimizer step
 LEARNING_RATE = 1e-3  # peak learning rate (AdamW's; with OPTIMIZER=muon, that of embeddings, norms and biases)
 OPTIMIZER = "adamw"  # adamw, or muon: Muon for the hidden weight matrices, AdamW for the rest
 MUON_LEARNING_RATE = 1e-3  # Muon's peak learning rate (its update scaled to AdamW's size), when OPTIMIZER=muon
-MIN_LR_RATIO = 0.1  # the cosine decays to this fraction of LEARNING_RATE
+LR_SCHEDULE = "cosine"  # cosine, or wsd: warmup, stable at the peak, linear decay over the last fifth of the steps
+MIN_LR_RATIO = 0.1  # the schedule decays to this fraction of the peak
 WARMUP_RATIO = 0.02  # fraction of the steps spent warming up linearly
 WEIGHT_DECAY = 0.1  # AdamW weight decay
 ADAM_BETAS = (0.9, 0.95)  # AdamW betas

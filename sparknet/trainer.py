@@ -31,8 +31,7 @@ def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: 
         per_device_eval_batch_size=settings.batch_size,
         gradient_accumulation_steps=settings.grad_accum,
         learning_rate=settings.learning_rate,
-        lr_scheduler_type="cosine_with_min_lr",
-        lr_scheduler_kwargs={"min_lr_rate": settings.min_lr_ratio},
+        **lr_schedule(settings, max_steps),
         warmup_steps=settings.warmup_ratio,
         weight_decay=settings.weight_decay,
         adam_beta1=settings.adam_betas[0],
@@ -71,6 +70,16 @@ def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: 
         use_cpu=device["kind"] == "cpu",
         ddp_find_unused_parameters=False,  # every parameter gets a gradient: skip DDP's extra graph traversal
     )
+
+
+def lr_schedule(settings: TrainSettings, max_steps: int) -> dict[str, Any]:
+    """LR_SCHEDULE as Trainer arguments: cosine from the peak to MIN_LR_RATIO x peak after the warmup, or wsd
+    (warmup, stable at the peak, then a linear decay to the floor over the last fifth of the steps)."""
+    if settings.lr_schedule == "wsd":
+        return {"lr_scheduler_type": "warmup_stable_decay",
+                "lr_scheduler_kwargs": {"num_decay_steps": max(1, round(0.2 * max_steps)), "decay_type": "linear",
+                                        "min_lr_ratio": settings.min_lr_ratio}}
+    return {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": settings.min_lr_ratio}}
 
 
 def compiles(settings: TrainSettings, device: dict[str, Any]) -> bool:

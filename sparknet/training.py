@@ -57,6 +57,7 @@ class TrainSettings:
     learning_rate: float
     optimizer: str  # adamw, or muon (Muon for the hidden matrices, AdamW at LEARNING_RATE for the rest)
     muon_learning_rate: float
+    lr_schedule: str  # cosine, or wsd (warmup, stable, decay over the last fifth)
     min_lr_ratio: float
     warmup_ratio: float
     weight_decay: float
@@ -180,6 +181,8 @@ def check_settings(s: TrainSettings) -> None:
         problems.append(f"MIN_LR_RATIO={s.min_lr_ratio}: expected a fraction in [0, 1]")
     if s.compile not in ("auto", "on", "off"):
         problems.append(f"COMPILE={s.compile!r}: expected auto, on or off")
+    if s.lr_schedule not in ("cosine", "wsd"):
+        problems.append(f"LR_SCHEDULE={s.lr_schedule!r}: expected cosine or wsd")
     if s.optimizer not in ("adamw", "muon"):
         problems.append(f"OPTIMIZER={s.optimizer!r}: expected adamw or muon")
     if not (math.isfinite(s.muon_learning_rate) and s.muon_learning_rate > 0):
