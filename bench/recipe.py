@@ -6,7 +6,7 @@ bits per byte at the end and at a few evaluations in between (from its TensorBoa
 baseline runs with two seeds: a difference to it smaller than their spread is a tie.
 
 Run: `.venv/bin/python bench/recipe.py` (the full table: about 3 minutes a recipe on 2 cores) or `--short true`
-(a few steps of the tiny presets: checks the bench itself, for CI).
+(a few steps of each recipe: checks the bench itself, for CI).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ DATASET_DIR = "datasets/demo"  # a packed dataset (make demo builds this one)
 TARGET_TOKENS = 500_000  # training tokens per recipe (the demo's budget)
 BATCH_SIZE = 8  # blocks per step
 EVAL_STEPS = 50  # evaluations in between, for the curve
-SHORT = False  # a few steps of the tiny presets (CI)
+SHORT = False  # a few steps of each recipe (CI)
 # name -> flags on top of the baseline's; "baseline" runs twice (seeds 0 and 1) for the noise
 RECIPES: dict = {
     "baseline": {},
@@ -39,14 +39,13 @@ BASELINE = {"model_preset": "sparknet-demo", "learning_rate": 2e-3, "warmup_rati
 
 
 def run(name: str, flags: dict, seed: int, work: Path, short: bool) -> dict:
-    base = {**BASELINE, "model_preset": "sparknet-tiny"} if short else BASELINE
-    values = {**base, **flags, "seed": seed, "run_name": f"{name.replace(' ', '_').replace('+', 'and')}-{seed}",
+    manifest = json.loads((ROOT / DATASET_DIR / "manifest.json").read_text())
+    run_name = f"{name.replace(' ', '_').replace('+', 'and')}-{seed}"
+    values = {**BASELINE, **flags, "config": manifest["config"]["path"], "seed": seed, "run_name": run_name,
               "dataset_dir": DATASET_DIR, "target_tokens": TARGET_TOKENS // 50 if short else TARGET_TOKENS,
               "batch_size": BATCH_SIZE, "eval_steps": EVAL_STEPS // 10 if short else EVAL_STEPS,
               "save_steps": 10**6, "sample_steps": 0, "sample_prompts": [], "logging_steps": 10,
               "checkpoints_dir": str(work / "ckpt"), "logs_dir": str(work / "logs")}
-    if short and values["model_preset"] == "sparknet-llama-demo":
-        values["model_preset"] = "sparknet-llama-tiny"
     args = [a for k, v in values.items() for a in (f"--{k}", json.dumps(v) if isinstance(v, list) else str(v))]
     proc = subprocess.run([sys.executable, "scripts/train_sparknet_v5.py", *args], cwd=ROOT, capture_output=True,
                           text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
@@ -78,7 +77,8 @@ def main() -> None:
     noise = max(r["bpb"] for r in base) - min(r["bpb"] for r in base)
     checkpoints = [step for step, _ in base[0]["curve"]]
     marks = checkpoints[len(checkpoints) // 3 :: max(1, len(checkpoints) // 3)][:2]
-    print(f"\n[recipes] {DATASET_DIR}, {TARGET_TOKENS:,} tokens each; baseline noise (2 seeds): {noise:.4f} bits/byte")
+    tokens = TARGET_TOKENS // 50 if SHORT else TARGET_TOKENS
+    print(f"\n[recipes] {DATASET_DIR}, {tokens:,} tokens each; baseline noise (2 seeds): {noise:.4f} bits/byte")
     print("| recipe | seed | eval loss | bits/byte | vs baseline | " + " | ".join(f"bpb @{m}" for m in marks)
           + " | tokens/s |")
     print("|---|---:|---:|---:|---:|" + "---:|" * len(marks) + "---:|")
