@@ -23,12 +23,13 @@ import torch
 from transformers import default_data_collator
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from sparknet.callbacks import MetricsCallback, SafetyCallback, SamplingCallback, stop_on_signals
+from sparknet.callbacks import MetricsCallback, SamplingCallback
 from sparknet.errors import UserError
 from sparknet.evaluation import perplexity, utf8_bytes
 from sparknet.model import Preset, build_model, flops_per_token, get_preset, parameter_count, peak_flops, preset_dict
 from sparknet.run_folder import EVAL_START, METADATA, RunFolder, latest_complete_checkpoint, open_run
 from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic
+from sparknet.safety import SafetyCallback, stop_on_signals
 from sparknet.train_data import DataPlan, resolve_later
 from sparknet.trainer import SparkTrainer, compiles, training_arguments
 
