@@ -19,6 +19,8 @@ BATCH_SIZE = 8  # blocks of 256 tokens per step
 LEARNING_RATE = 2e-3  # peak learning rate (AdamW's: embeddings, norms and biases)
 OPTIMIZER = "muon"  # muon for the hidden matrices: 1.88 bits/byte where AdamW alone gets 2.10-2.15 (bench/recipe.py)
 MUON_LEARNING_RATE = 2e-3  # Muon's peak learning rate
+BENCHMARK_ITEMS = 100  # items of the offline benchmark suite scored
+EXPORT_DIR = "exports/demo"  # the Hub-ready folder with the model card
 
 
 def main() -> None:
@@ -39,14 +41,23 @@ def main() -> None:
                "--optimizer", OPTIMIZER, "--muon_learning_rate", MUON_LEARNING_RATE,
                "--warmup_ratio", 0.05, "--eval_steps", 50, "--save_steps", 100, "--sample_steps", 100,
                "--logging_steps", 10, "--sample_prompts", '["def ", "The "]')
+    model = f"checkpoints/{RUN_NAME}"
+    chain.step("perplexity", "eval_perplexity.py", "--models", f'["{model}"]')
+    chain.step("benchmarks (offline suite)", "eval_benchmarks.py", "--models", f'["{model}"]', "--limit",
+               BENCHMARK_ITEMS, "--suite_data", f"{CORPUS_DIR}/prose.val.jsonl")
+    chain.step("plots", "plot_runs.py", "--runs", f'["{RUN_NAME}"]')
+    chain.step("export with model card", "export_model.py", "--model", model, "--output_dir", EXPORT_DIR,
+               "--overwrite", "true")
     chain.summary({
         "demo corpus": CORPUS_DIR,
         "tokenizer": f"{TOKENIZER_DIR}  (report: {TOKENIZER_DIR}/training_report.json)",
         "packed dataset": f"{DATASET_DIR}  (manifest: {DATASET_DIR}/manifest.json)",
         "model": f"checkpoints/{RUN_NAME}  (AutoModelForCausalLM.from_pretrained loads it)",
         "tensorboard": f"tensorboard --logdir logs/{RUN_NAME}",
+        "evaluation": f"eval/{RUN_NAME}  (perplexity, benchmarks, plots)",
+        "export": f"{EXPORT_DIR}  (Hub-ready, model card in README.md)",
     })
-    report(RUN_NAME, DATASET_DIR)
+    report(RUN_NAME, DATASET_DIR, EXPORT_DIR)
 
 
 if __name__ == "__main__":

@@ -44,14 +44,16 @@ def remove_previous_run(run_name: str) -> None:
 
     from sparknet.runtime import project_path
 
-    for folder in (project_path("checkpoints") / run_name, project_path("logs") / run_name):
+    for folder in (project_path("checkpoints") / run_name, project_path("logs") / run_name,
+                   project_path("eval") / run_name):
         if folder.exists():
             shutil.rmtree(folder)
 
 
-def report(run_name: str, dataset_dir: str) -> None:
-    """Prints eval loss at start and end against the corpus's unigram entropy, and the final sample; fails the
-    demo when the model did not learn more than token frequencies."""
+def report(run_name: str, dataset_dir: str, export_dir: str) -> None:
+    """Prints eval loss at start and end against the corpus's unigram entropy, the final sample, the perplexity and
+    benchmark tables and where the model card is; fails the demo when the model did not learn more than token
+    frequencies."""
     import json
 
     import numpy as np
@@ -70,6 +72,13 @@ def report(run_name: str, dataset_dir: str) -> None:
     samples = sorted(run_dir.glob("sample_step*.txt"))
     if samples:
         print(f"\nsample ({samples[-1].name}):\n{samples[-1].read_text(encoding='utf-8').strip()}")
+    for name in ("perplexity.md", "benchmarks.md"):
+        table = project_path("eval") / run_name / name
+        if table.is_file():
+            print(f"\n{table.relative_to(project_path('.'))}:\n{table.read_text(encoding='utf-8').strip()}")
+    card = project_path(export_dir) / "README.md"
+    if card.is_file():
+        print(f"\nmodel card: {card.relative_to(project_path('.'))} (Hub-ready folder: {export_dir})")
     if not m["eval_loss"] < entropy - 0.5:
         raise UserError(f"the demo model did not learn: eval loss {m['eval_loss']:.3f} is not clearly below the "
                         f"unigram entropy {entropy:.3f}")

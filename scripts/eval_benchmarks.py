@@ -1,0 +1,51 @@
+"""Benchmarks through lm-eval-harness: the usual small-model tasks from the Hub, and the project's offline suite
+(sparknet_continuation: multiple-choice continuations of held-out documents, generated from SUITE_DATA into
+SUITE_DIR). Results: eval/<RUN_NAME>/benchmarks.json (read by scripts/export_model.py for the card's model-index)
+and a markdown table with one column per model (several models: eval/<A>_vs_<B>/benchmarks.md).
+"""
+
+MODELS = ["checkpoints/demo"]  # checkpoint folders (checkpoints/RUN_NAME, or a checkpoint-N inside) or Hub ids
+TASKS = ["sparknet_continuation"]  # lm-eval task names; the Hub ones: hellaswag, piqa, arc_easy, arc_challenge, ...
+LIMIT = 0  # items per task (0: all)
+BATCH_SIZE = 8  # lm-eval batch size
+NUM_FEWSHOT: int | None = None  # few-shot examples (None: the task's default)
+SUITE_DATA = "data/demo/prose.val.jsonl"  # held-out documents the offline suite is made from (JSONL/text/packed)
+SUITE_ITEMS = 200  # items of the offline suite
+SUITE_DIR = "eval/suite"  # where the offline suite's JSONL and task YAML are written
+SEED = 0  # seed of the offline suite's items
+EVAL_DIR = "eval"  # results go to EVAL_DIR/<RUN_NAME>/
+
+
+def main() -> None:
+    from sparknet import runtime
+
+    runtime.setup(SEED)
+    from sparknet.benchmarks import SUITE_TASK, benchmark_table, run_benchmarks, save_results, write_offline_suite
+    from sparknet.errors import UserError
+    from sparknet.evaluation import load_documents, resolve_model, tokenizer_source
+    from sparknet.reports import comparison_name, console_table, eval_dir, markdown_table
+
+    if not MODELS or not TASKS:
+        raise UserError("set MODELS and TASKS (JSON lists)")
+    refs = [resolve_model(spec) for spec in MODELS]
+    include = None
+    if SUITE_TASK in TASKS:
+        include = write_offline_suite(load_documents(SUITE_DATA), runtime.project_path(SUITE_DIR), SUITE_ITEMS, SEED)
+    results = []
+    for ref in refs:
+        scores = run_benchmarks(ref.source, tokenizer_source(ref), TASKS, include, limit=LIMIT or None,
+                                batch_size=BATCH_SIZE, num_fewshot=NUM_FEWSHOT)
+        save_results(eval_dir(ref.name, EVAL_DIR) / "benchmarks.json", scores)
+        results.append(scores)
+    header, rows = benchmark_table([ref.spec for ref in refs], results)
+    print(console_table(header, rows))
+    out = eval_dir(comparison_name([r.name for r in refs]) if len(refs) > 1 else refs[0].name, EVAL_DIR)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "benchmarks.md").write_text(markdown_table(header, rows))
+    print(f"table: {out / 'benchmarks.md'}")
+
+
+if __name__ == "__main__":
+    from sparknet.cli import run_script
+
+    run_script(globals(), main)

@@ -1,0 +1,44 @@
+"""Perplexity and bits per byte of one or several models on the same held-out text.
+
+Every token is scored exactly once with a sliding window (each token after the first window sees at least
+CONTEXT - STRIDE tokens before it); the mean is token-weighted. Bits per byte divide by the text's UTF-8 bytes, so
+models with different tokenizers (a SparkNet run and gpt2) compare. Results: eval/<RUN_NAME>/perplexity.json and
+perplexity.md per model, and with several models eval/<A>_vs_<B>/perplexity.md with one row per model.
+"""
+
+MODELS = ["checkpoints/demo"]  # checkpoint folders (checkpoints/RUN_NAME, or a checkpoint-N inside) or Hub ids
+DATA: str | None = None  # packed dataset folder, or JSONL/text files (glob or comma list); None: the run's dataset
+SPLIT = "val"  # split of a packed dataset
+TEXT_FIELD = "text"  # field of the text in JSONL files
+CONTEXT: int | None = None  # window length in tokens (None: the model's context)
+STRIDE: int | None = None  # tokens the window moves by (None: CONTEXT // 2); STRIDE = CONTEXT: disjoint windows
+BATCH_SIZE = 8  # windows per forward pass
+MAX_DOCUMENTS = 0  # score only the first N documents (0: all)
+EVAL_DIR = "eval"  # results go to EVAL_DIR/<RUN_NAME>/
+
+
+def main() -> None:
+    from sparknet import runtime
+
+    runtime.setup(0)
+    from sparknet.evaluation import PERPLEXITY_HEADER, evaluate_perplexity, perplexity_row, resolve_model
+    from sparknet.reports import comparison_name, console_table, eval_dir, markdown_table
+
+    rows = evaluate_perplexity(MODELS, DATA, text_field=TEXT_FIELD, split=SPLIT, context=CONTEXT, stride=STRIDE,
+                               batch_size=BATCH_SIZE, max_documents=MAX_DOCUMENTS, eval_root=EVAL_DIR)
+    table = [perplexity_row(row) for row in rows]
+    print(console_table(PERPLEXITY_HEADER, table))
+    names = [resolve_model(spec).name for spec in MODELS]
+    if len(names) > 1:
+        out = eval_dir(comparison_name(names), EVAL_DIR) / "perplexity.md"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(markdown_table(PERPLEXITY_HEADER, table))
+        print(f"table: {out}")
+    else:
+        print(f"results: {eval_dir(names[0], EVAL_DIR)}/perplexity.json")
+
+
+if __name__ == "__main__":
+    from sparknet.cli import run_script
+
+    run_script(globals(), main)

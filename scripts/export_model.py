@@ -1,0 +1,35 @@
+"""Exports a run as a clean, Hub-ready model folder: model.safetensors, config.json, generation_config.json, the
+tokenizer, and a README.md model card (architecture, tokenizer, training data and settings from
+training_metadata.json, final metrics, eval/<RUN_NAME>/ results and loss curve when present, usage, limitations).
+With --push_to_hub USER/REPO the folder is uploaded (token from HF_TOKEN or `hf auth login`).
+"""
+
+MODEL = "checkpoints/demo"  # run folder (checkpoints/RUN_NAME) or a checkpoint-N inside it
+OUTPUT_DIR = ""  # where the folder goes ("": exports/<RUN_NAME>)
+LICENSE = "apache-2.0"  # the card's license (a Hub license id)
+LANGUAGE = ["en"]  # the card's languages (ISO 639-1 codes)
+EVAL_DIR = "eval"  # eval results and plots are read from EVAL_DIR/<RUN_NAME>/
+OVERWRITE = False  # replace a non-empty OUTPUT_DIR
+PUSH_TO_HUB = ""  # Hub repository (user/name) to upload to ("": don't)
+PRIVATE = False  # create the Hub repository as private
+
+
+def main() -> None:
+    from sparknet import runtime
+
+    runtime.setup(0)
+    from sparknet.evaluation import resolve_model
+    from sparknet.export import export_model, push_to_hub
+
+    output = runtime.project_path(OUTPUT_DIR or f"exports/{resolve_model(MODEL).name.replace('/', '-')}")
+    card = export_model(MODEL, output, license=LICENSE, language=LANGUAGE, eval_root=EVAL_DIR, overwrite=OVERWRITE,
+                        repo_id=PUSH_TO_HUB)
+    print(f"exported: {output} (card: {card})")
+    if PUSH_TO_HUB:
+        print(f"pushed: {push_to_hub(output, PUSH_TO_HUB, PRIVATE)}")
+
+
+if __name__ == "__main__":
+    from sparknet.cli import run_script
+
+    run_script(globals(), main)

@@ -1,0 +1,121 @@
+"""Benchmarks through lm-eval-harness (`simple_evaluate` with its `hf` model), and the project's offline suite: a
+multiple-choice continuation task over local held-out documents, defined as an lm-eval task YAML, so CI and the demo
+run the same code path as hellaswag or arc_easy without the network.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+from sparknet.errors import UserError
+
+SUITE_TASK = "sparknet_continuation"
+DEFAULT_TASKS = ["hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande"]
+METRICS = ("acc", "acc_norm")
+
+
+def write_offline_suite(texts: list[str], out_dir: Path, items: int = 100, seed: int = 0, context_words: int = 24,
+                        choice_words: int = 8, choices: int = 4) -> Path:
+    """Writes <out_dir>/sparknet_continuation.{jsonl,yaml}: each item is a passage of `context_words` words from a
+    held-out document, its true next `choice_words` words, and spans of the same length from other documents as
+    distractors (a model that has learned the text picks the true continuation). Returns the folder (lm-eval's
+    include_path). The same texts and seed give the same items."""
+    rng = random.Random(seed)
+    words = [text.split() for text in texts]
+    usable = [i for i, w in enumerate(words) if len(w) >= context_words + choice_words]
+    if len(usable) < choices:
+        raise UserError(f"the offline suite needs at least {choices} documents of {context_words + choice_words}+ "
+                        f"words, found {len(usable)}")
+    records = []
+    for _ in range(items):
+        doc = rng.choice(usable)
+        start = rng.randrange(len(words[doc]) - context_words - choice_words + 1)
+        context = " ".join(words[doc][start:start + context_words])
+        true = " ".join(words[doc][start + context_words:start + context_words + choice_words])
+        options = [true]
+        for other in rng.sample([i for i in usable if i != doc], choices - 1):
+            at = rng.randrange(len(words[other]) - choice_words + 1)
+            options.append(" ".join(words[other][at:at + choice_words]))
+        rng.shuffle(options)
+        records.append({"context": context, "choices": options, "label": options.index(true)})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = out_dir / f"{SUITE_TASK}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    (out_dir / f"{SUITE_TASK}.yaml").write_text(
+        f"task: {SUITE_TASK}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {json.dumps(str(data))}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: \"{{context}}\"\n"
+        "doc_to_choice: \"{{choices}}\"\ndoc_to_target: \"{{label}}\"\nmetric_list:\n"
+        + "".join(f"  - metric: {m}\n    aggregation: mean\n    higher_is_better: true\n" for m in METRICS)
+        + "metadata:\n  version: 1.0\n")
+    return out_dir
+
+
+def run_benchmarks(model_source: str, tokenizer_source: str, tasks: list[str], include_path: Path | None = None, *,
+                   limit: int | None = None, batch_size: int = 8, num_fewshot: int | None = None,
+                   device: str | None = None) -> dict[str, dict[str, float]]:
+    """{task: {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"}} of one model. Unknown task names and Hub tasks
+    offline are UserErrors."""
+    import torch
+    from lm_eval import simple_evaluate
+
+    # Indexing lm-eval's own task catalogue takes ~10 s: the offline suite alone skips it.
+    only_suite = include_path is not None and set(tasks) == {SUITE_TASK}
+    manager = _task_manager(str(include_path) if include_path else None, not only_suite)
+    unknown = [task for task in tasks if task not in manager.all_tasks]
+    if unknown:
+        raise UserError(f"unknown task(s) {', '.join(unknown)}: see `lm-eval ls tasks`, or {SUITE_TASK} (offline)")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    try:
+        output = simple_evaluate(model="hf", model_args={"pretrained": model_source, "tokenizer": tokenizer_source,
+                                                         "dtype": dtype}, tasks=tasks, task_manager=manager,
+                                 limit=limit, batch_size=batch_size, num_fewshot=num_fewshot, device=device,
+                                 log_samples=False, bootstrap_iters=1000)
+    except Exception:  # noqa: BLE001 - a Hub task without the network fails deep inside datasets
+        offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
+        if offline and [t for t in tasks if t != SUITE_TASK]:
+            raise UserError(f"tasks {', '.join(t for t in tasks if t != SUITE_TASK)} need their data from the Hub and "
+                            f"the network is off (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE): run online once, or use "
+                            f"{SUITE_TASK}") from None
+        raise
+    results = {}
+    for task in tasks:
+        raw = output["results"][task]
+        results[task] = {key: float(raw[f"{key},none"]) for m in METRICS for key in (m, f"{m}_stderr")
+                         if isinstance(raw.get(f"{key},none"), (int, float))}
+    return results
+
+
+@functools.lru_cache(maxsize=4)
+def _task_manager(include_path: str | None, include_defaults: bool) -> Any:
+    """lm-eval's task index, built once per process (one per model would repeat the ~10 s indexing)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=include_path, include_defaults=include_defaults)
+
+
+def save_results(path: Path, scores: dict[str, dict[str, float]]) -> None:
+    """Adds the tasks' scores to <path> ({"results": {task: metrics}}), keeping the other tasks' results."""
+    from sparknet.reports import merge_json
+
+    existing = json.loads(path.read_text()).get("results", {}) if path.is_file() else {}
+    merge_json(path, "results", {**existing, **scores})
+
+
+def benchmark_table(names: list[str], results: list[dict[str, dict[str, float]]]) -> tuple[list[str], list[list]]:
+    """One row per task and metric, one column per model: "0.4100 ± 0.0100"."""
+    rows = []
+    for task in results[0]:
+        for metric in METRICS:
+            cells = []
+            for per_model in results:
+                values = per_model.get(task, {})
+                cells.append(f"{values[metric]:.4f} ± {values.get(f'{metric}_stderr', float('nan')):.4f}"
+                             if metric in values else "-")
+            rows.append([task, metric, *cells])
+    return ["task", "metric", *names], rows

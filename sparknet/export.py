@@ -1,0 +1,193 @@
+"""A Hub-ready model folder from a run: weights (safetensors), config, generation config, tokenizer, and a README.md
+model card built from training_metadata.json and whatever eval/<RUN_NAME>/ holds; optionally pushed to the Hub.
+
+The card's YAML header is what the Hub indexes (license, datasets, language, library_name, pipeline_tag, and a
+model-index when benchmark results exist), so it is built with huggingface_hub's own ModelCardData.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from sparknet.errors import UserError
+from sparknet.evaluation import load_model, resolve_model
+from sparknet.reports import eval_dir, markdown_table
+
+CARD_IMAGE = "loss.png"  # the loss curve, copied beside the card when scripts/plot_runs.py has drawn it
+BENCHMARKS = "benchmarks.json"  # {"results": {task: {metric: value}}}, from scripts/eval_benchmarks.py
+
+
+def export_model(spec: str, output_dir: Path, *, license: str = "apache-2.0", language: list[str] | None = None,
+                 eval_root: str = "eval", overwrite: bool = False, repo_id: str = "") -> Path:
+    """Writes the folder and returns the card's path. `spec`: checkpoints/RUN_NAME or a checkpoint-N inside it;
+    `repo_id`: the Hub repository the card's usage example loads (default: the folder's name)."""
+    from sparknet.tokenizer import save as save_tokenizer
+
+    ref = resolve_model(spec)
+    if ref.folder is None:
+        raise UserError(f"{spec}: export takes a run folder (checkpoints/RUN_NAME), not a Hub id")
+    if output_dir.exists() and any(output_dir.iterdir()) and not overwrite:
+        raise UserError(f"{output_dir} is not empty: choose another OUTPUT_DIR or pass --overwrite true")
+    metadata = _training_metadata(ref.folder)
+    model, tokenizer, _ = load_model(ref, device="cpu")
+    tokenizer.pad_token = tokenizer.eos_token  # batched generation pads with <|endoftext|>, as the trainer exports
+    if output_dir.exists():
+        shutil.rmtree(output_dir)
+    output_dir.mkdir(parents=True)
+    model.save_pretrained(output_dir)  # safetensors, config.json, generation_config.json
+    save_tokenizer(tokenizer, output_dir)
+    results = eval_dir(ref.name, eval_root)
+    image = results / "plots" / CARD_IMAGE
+    if image.is_file():
+        shutil.copy(image, output_dir / CARD_IMAGE)
+    card = model_card(ref.name, model, metadata, _read_json(results / "perplexity.json"),
+                      _read_json(results / BENCHMARKS), has_image=image.is_file(), license=license,
+                      language=language or ["en"], repo_id=repo_id or output_dir.name)
+    path = output_dir / "README.md"
+    path.write_text(card, encoding="utf-8")
+    return path
+
+
+def _training_metadata(folder: Path) -> dict[str, Any]:
+    """The run's training_metadata.json (a checkpoint-N reads its run's); {} for a folder trained elsewhere."""
+    for candidate in (folder, folder.parent):
+        data = _read_json(candidate / "training_metadata.json")
+        if data:
+            return data
+    return {}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not valid JSON ({exc.msg}): rerun the script that wrote it") from None
+
+
+def card_data(name: str, metadata: dict[str, Any], benchmarks: dict[str, Any], *, license: str,
+              language: list[str]) -> Any:
+    """The YAML header. Hub datasets of the mix are listed (local files have no Hub id); benchmark results become
+    a model-index."""
+    from huggingface_hub import EvalResult, ModelCardData
+
+    mix = metadata.get("config", {}).get("mix", [])
+    datasets = sorted({entry["name"] for entry in mix if entry.get("name") not in (None, "json", "text")})
+    eval_results = [EvalResult(task_type="text-generation", dataset_type=task, dataset_name=task, metric_type=metric,
+                               metric_value=float(value))
+                    for task, metrics in benchmarks.get("results", {}).items()
+                    for metric, value in metrics.items() if isinstance(value, (int, float)) and "stderr" not in metric]
+    return ModelCardData(license=license, language=language, library_name="transformers",
+                         pipeline_tag="text-generation", datasets=datasets or None, tags=["sparknet", "causal-lm"],
+                         model_name=name.replace("/", "-"), eval_results=eval_results or None)
+
+
+def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict[str, Any],
+               benchmarks: dict[str, Any], *, has_image: bool, license: str, language: list[str],
+               repo_id: str) -> str:
+    """README.md: YAML header, then what the model is, how it was trained, how well it does, how to use it."""
+    data = card_data(name, metadata, benchmarks, license=license, language=language)
+    config = model.config
+    parameters = sum(p.numel() for p in model.parameters())
+    settings, metrics = metadata.get("settings", {}), metadata.get("metrics", {})
+    repo = repo_id
+    body = [f"# {name.replace('/', '-')}", "",
+            f"A {parameters / 1e6:.1f}M-parameter {config.model_type} causal language model trained from scratch with "
+            "SparkNet (the Hugging Face Trainer, `transformers`).", "", "## Model", "",
+            markdown_table(["", ""], [["architecture", type(model).__name__],
+                                      ["parameters", parameters],
+                                      ["layers", getattr(config, "n_layer", getattr(config, "num_hidden_layers", "?"))],
+                                      ["width", getattr(config, "n_embd", getattr(config, "hidden_size", "?"))],
+                                      ["heads", getattr(config, "n_head", getattr(config, "num_attention_heads", "?"))],
+                                      ["context", getattr(config, "n_positions",
+                                                          getattr(config, "max_position_embeddings", "?"))],
+                                      ["vocabulary", config.vocab_size],
+                                      ["preset", metadata.get("model", {}).get("name", "-")]]),
+            "## Tokenizer", "",
+            f"Byte-level BPE, vocabulary {config.vocab_size}, `<|endoftext|>` as bos/eos/pad "
+            f"(trained: `{metadata.get('tokenizer', {}).get('path', '-')}`).", ""]
+    body += _training_section(metadata, settings, metrics)
+    body += _results_section(perplexity, benchmarks, has_image)
+    body += ["## How to use", "", "```python",
+             "from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline", "",
+             f'tokenizer = AutoTokenizer.from_pretrained("{repo}")',
+             f'model = AutoModelForCausalLM.from_pretrained("{repo}")',
+             'inputs = tokenizer("The history of", return_tensors="pt")',
+             "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=40, do_sample=True)[0]))", "",
+             f'generator = pipeline("text-generation", model="{repo}")',
+             'print(generator("def fibonacci(n):", max_new_tokens=40)[0]["generated_text"])', "```", "",
+             "(Or the path of this folder.)", "",
+             "## Limitations", "",
+             "A small model trained on a small token budget: it produces fluent-looking but often wrong or "
+             "meaningless text, has no instruction tuning or safety training, and reflects the biases of its "
+             "training data. For research and education, not for decisions or facts.", ""]
+    return f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body)
+
+
+def _training_section(metadata: dict[str, Any], settings: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
+    if not metadata:
+        return ["## Training", "", "No training_metadata.json was found for this model.", ""]
+    out = ["## Training data", ""]
+    mix = metadata.get("dataset", {}).get("realised_mixture", {}).get("train", {})
+    if mix:
+        rows = [[source, info.get("tokens", 0), info.get("documents", 0), f"{info.get('share', 0):.2%}",
+                 f"{info.get('requested_share', 0):.2%}"] for source, info in mix.items()]
+        out += [markdown_table(["source", "tokens", "documents", "share", "requested"], rows)]
+    out += [f"Mix config: `{metadata.get('config', {}).get('path', '-')}`.", "", "## Training", ""]
+    keys = ["target_tokens", "batch_size", "grad_accum", "optimizer", "learning_rate", "muon_learning_rate",
+            "min_lr_ratio", "warmup_ratio", "weight_decay", "adam_betas", "max_grad_norm", "dropout", "seed"]
+    # as written in the settings (0.002, not 0.0020): str() keeps the table from reformatting them
+    rows = [[key, json.dumps(settings[key]) if isinstance(settings[key], list) else str(settings[key])]
+            for key in keys if key in settings]
+    rows += [["steps", metadata.get("steps", "-")], ["tokens seen", metadata.get("tokens_seen", "-")],
+             ["world size", metadata.get("world_size", "-")], ["device", metadata.get("device", {}).get("name", "-")],
+             ["wall time (s)", str(metadata.get("wall_seconds", "-"))]]
+    out += [markdown_table(["setting", "value"], rows)]
+    final_keys = ("train_loss", "eval_loss", "eval_perplexity", "eval_bits_per_byte", "tokens_per_second_mean")
+    final = [[key, str(round(metrics[key], 4))] for key in final_keys if metrics.get(key) is not None]
+    if final:
+        out += ["Final metrics (on the dataset's validation split):", "", markdown_table(["metric", "value"], final)]
+    return out
+
+
+def _results_section(perplexity: dict[str, Any], benchmarks: dict[str, Any], has_image: bool) -> list[str]:
+    out = []
+    if has_image:
+        out += ["## Loss curve", "", f"![loss curve]({CARD_IMAGE})", ""]
+    if perplexity:
+        rows = [[row.get("data", data), row.get("tokens"), row.get("context"), row.get("stride"), row.get("nll"),
+                 row.get("perplexity"), row.get("bits_per_byte")] for data, row in perplexity.items()]
+        out += ["## Evaluation", "", "Sliding-window perplexity (scripts/eval_perplexity.py):", "",
+                markdown_table(["data", "tokens", "context", "stride", "nll", "perplexity", "bits/byte"], rows)]
+    if benchmarks.get("results"):
+        rows = [[task, *(metrics.get(k, "-") for k in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr"))]
+                for task, metrics in benchmarks["results"].items()]
+        out += ["## Benchmarks", "", markdown_table(["task", "acc", "± stderr", "acc_norm", "± stderr"], rows)]
+    return out
+
+
+def push_to_hub(folder: Path, repo: str, private: bool = False) -> str:
+    """Uploads the folder to the Hub model repository `repo` (created if needed). The token comes from HF_TOKEN or
+    the saved login (`hf auth login`); it is never printed. Returns the repository URL."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    api = HfApi()
+    try:
+        url = api.create_repo(repo, repo_type="model", private=private, exist_ok=True)
+        api.upload_folder(repo_id=repo, folder_path=str(folder), repo_type="model",
+                          commit_message="Upload SparkNet model")
+    except OfflineModeIsEnabled:
+        raise UserError(f"cannot push to {repo}: offline mode is on (HF_HUB_OFFLINE=1); the folder {folder} is "
+                        "ready, push it later with --push_to_hub from a machine with network access") from None
+    except HfHubHTTPError as exc:
+        status = getattr(exc.response, "status_code", None)
+        hint = ": log in with `hf auth login` or set HF_TOKEN" if status in (401, 403) else ""
+        raise UserError(f"cannot push to {repo} (HTTP {status}){hint}") from None
+    except OSError as exc:  # no network at all (DNS, connection refused)
+        raise UserError(f"cannot push to {repo}: {type(exc).__name__}: the Hub is unreachable") from None
+    return str(url)

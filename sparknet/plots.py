@@ -1,0 +1,96 @@
+"""Run curves from TensorBoard logs (logs/RUN_NAME) as PNGs: loss (train and eval), learning rate, grad norm,
+tokens/s and MFU against tokens seen, several runs overlaid.
+
+A resumed run writes a new event file into the same folder and logs again the steps after its checkpoint: files are
+read in the order they were written and, for a step logged twice, the later value wins, so each run is one curve
+with every step once (the steps the final weights actually went through).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sparknet.errors import UserError
+
+# figure file -> (title, [(tag, line style)])
+FIGURES = {
+    "loss": ("loss (nats/token)", [("train/loss", "-"), ("eval/loss", "--")]),
+    "learning_rate": ("learning rate", [("train/learning_rate", "-")]),
+    "grad_norm": ("grad norm (pre-clip)", [("train/grad_norm", "-")]),
+    "tokens_per_second": ("tokens/s (training time)", [("perf/tokens_per_second", "-")]),
+    "mfu": ("MFU (per device)", [("perf/mfu", "-")]),
+}
+TOKENS_TAG = "perf/tokens_seen"
+
+
+def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar tag of a run folder as (step, value) sorted by step, each step once (the last written)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = sorted(log_dir.glob("events.out.tfevents.*"), key=_written_at)
+    if not files:
+        raise UserError(f"{log_dir} holds no TensorBoard event files: pass logs/RUN_NAME of a run")
+    by_tag: dict[str, dict[int, float]] = {}
+    for path in files:
+        accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            events = by_tag.setdefault(tag, {})
+            for event in sorted(accumulator.Scalars(tag), key=lambda e: e.wall_time):
+                events[event.step] = event.value  # a replayed step: the resumed run's value replaces the first
+    return {tag: sorted(points.items()) for tag, points in by_tag.items()}
+
+
+def _written_at(path: Path) -> tuple[float, str]:
+    """Event file names carry their creation time: events.out.tfevents.<seconds>.<host>..."""
+    try:
+        return float(path.name.split(".")[3]), path.name
+    except (IndexError, ValueError):
+        return path.stat().st_mtime, path.name
+
+
+def tokens_per_step(scalars: dict[str, list[tuple[int, float]]]) -> float | None:
+    """Tokens per optimizer step (constant in a run), from perf/tokens_seen; None when the run did not log it."""
+    points = [(step, tokens) for step, tokens in scalars.get(TOKENS_TAG, []) if step > 0]
+    if not points:
+        return None
+    ratios = sorted(tokens / step for step, tokens in points)
+    return ratios[len(ratios) // 2]
+
+
+def plot_runs(log_dirs: list[Path], out_dir: Path) -> list[Path]:
+    """One PNG per figure that any run has data for; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers
+    import matplotlib.pyplot as plt
+
+    runs = {log_dir.name: read_scalars(log_dir) for log_dir in log_dirs}
+    scales = {name: tokens_per_step(scalars) for name, scalars in runs.items()}
+    by_tokens = all(scale is not None for scale in scales.values())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for figure, (title, tags) in FIGURES.items():
+        if not any(tag in scalars for scalars in runs.values() for tag, _ in tags):
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+        for index, (name, scalars) in enumerate(runs.items()):
+            color = f"C{index % 10}"
+            for tag, style in tags:
+                if tag not in scalars:
+                    continue
+                steps, values = zip(*scalars[tag], strict=True)
+                x = [step * scales[name] for step in steps] if by_tokens else list(steps)
+                label = f"{name} ({tag.split('/')[0]})" if len(tags) > 1 else name
+                ax.plot(x, values, style, color=color, label=label, marker="o" if len(x) < 20 else None,
+                        markersize=3)
+        ax.set_xlabel("tokens seen" if by_tokens else "step")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        path = out_dir / f"{figure}.png"
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written

@@ -1,0 +1,53 @@
+"""Where evaluation results go: eval/<name>/ (JSON the export reads back, markdown a user can paste) and tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sparknet.runtime import project_path, write_json_atomic
+
+
+def eval_dir(name: str, root: str = "eval") -> Path:
+    """eval/<name>/ for one model (RUN_NAME, RUN_NAME/checkpoint-N, or a Hub id with "/" as "__")."""
+    return project_path(root) / name
+
+
+def comparison_name(names: list[str]) -> str:
+    """The folder of a report over several models: their names joined (a checkpoint's "/" becomes "-")."""
+    return "_vs_".join(n.replace("/", "-") for n in names)
+
+
+def merge_json(path: Path, key: str, value: Any) -> dict[str, Any]:
+    """Adds `value` under `key` to the JSON object at `path` (kept: results on other data), written atomically."""
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data[key] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, data)
+    return data
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    """A GitHub markdown table; floats to 4 decimals, ints with thousands separators."""
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.4f}"
+        if isinstance(value, int) and not isinstance(value, bool):
+            return f"{value:,}"
+        return str(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def console_table(header: list[str], rows: list[list[Any]]) -> str:
+    """The same table aligned for a terminal."""
+    cells = [[f"{v:.4f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v) for v in row]
+             for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    for row in cells:  # names left-aligned, numbers right-aligned
+        out.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+    return "\n".join(out)

@@ -1,0 +1,48 @@
+"""eval_benchmarks: the offline suite runs through lm-eval end to end; unknown tasks and Hub tasks offline are one
+line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparknet.benchmarks import SUITE_TASK, run_benchmarks, write_offline_suite
+from sparknet.errors import UserError
+from tests.conftest import run_script, write_jsonl
+from tests.test_eval_perplexity import random_model  # noqa: F401 - the module-scoped fixture, shared
+
+TEXTS = [f"Document {i} says that the number {i} is followed by {i + 1} and then by many other numbers in a row "
+         f"until the end of the line, which comes after {i * 7} words or so in this text." for i in range(12)]
+
+
+def test_suite_items_are_valid_and_reproducible(tmp_path: Path) -> None:
+    first = (write_offline_suite(TEXTS, tmp_path / "a", items=30, seed=3) / f"{SUITE_TASK}.jsonl").read_text()
+    again = (write_offline_suite(TEXTS, tmp_path / "b", items=30, seed=3) / f"{SUITE_TASK}.jsonl").read_text()
+    assert first == again
+    for line in first.splitlines():
+        item = json.loads(line)
+        assert len(item["choices"]) == 4 and 0 <= item["label"] < 4
+        true = item["context"] + " " + item["choices"][item["label"]]
+        assert any(true in " ".join(text.split()) for text in TEXTS)  # the right answer continues a document
+    with pytest.raises(UserError, match="needs at least 4 documents"):
+        write_offline_suite(TEXTS[:2], tmp_path / "c")
+
+
+def test_offline_suite_through_lm_eval(random_model: Path, tmp_path: Path) -> None:  # noqa: F811
+    data = write_jsonl(tmp_path / "val.jsonl", TEXTS)
+    proc = run_script("eval_benchmarks.py", "--models", json.dumps([str(random_model)]), "--suite_data", data,
+                      "--suite_items", 12, "--suite_dir", tmp_path / "suite", "--eval_dir", tmp_path / "eval",
+                      "--batch_size", 4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scores = json.loads((tmp_path / "eval" / "randrun" / "benchmarks.json").read_text())["results"][SUITE_TASK]
+    assert 0 <= scores["acc"] <= 1 and 0 <= scores["acc_norm"] <= 1 and scores["acc_stderr"] >= 0
+    assert "| sparknet_continuation | acc |" in (tmp_path / "eval" / "randrun" / "benchmarks.md").read_text()
+
+
+def test_unknown_and_hub_tasks(random_model: Path) -> None:  # noqa: F811
+    with pytest.raises(UserError, match="unknown task.*no_such_task"):
+        run_benchmarks(str(random_model), str(random_model), ["no_such_task"])
+    with pytest.raises(UserError, match="need their data from the Hub"):
+        run_benchmarks(str(random_model), str(random_model), ["arc_easy"], limit=2)

@@ -1,0 +1,119 @@
+"""eval_perplexity: the sliding-window NLL equals a plain computation through AutoModelForCausalLM, every token is
+scored once, bits per byte count the text's bytes, and bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sparknet.evaluation import load_model, resolve_model, score_documents, sliding_windows
+from tests.conftest import run_script, write_jsonl
+
+TEXTS = ["The quick brown fox jumps over the lazy dog. " * 9 + "Ünïcödé ✓ 日本語",
+         "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n" * 3,
+         "short"]
+
+
+@pytest.fixture(scope="module")
+def random_model(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A randomly initialised 2-layer GPT-2 (context 32) saved with the test tokenizer, as a run folder."""
+    import torch
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    config = GPT2Config(vocab_size=len(tok), n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    out = tmp_path_factory.mktemp("models") / "randrun"
+    GPT2LMHeadModel(config).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, out / name)
+    return out
+
+
+def reference_nll(model_dir: Path, texts: list[str], context: int, stride: int) -> tuple[float, int]:
+    """The strided loop of the transformers perplexity guide (each window reads at most `context` tokens and
+    predicts the token after each of them), one forward per window, log-softmax in numpy."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    total, count = 0.0, 0
+    for text in texts:
+        ids = [tok.eos_token_id] + tok.encode(text, add_special_tokens=False)
+        prev_end = 1  # the <|endoftext|> prefix is context, never a target
+        for begin in range(0, len(ids), stride):
+            end = min(begin + context + 1, len(ids))  # targets up to end - 1, read up to end - 2
+            with torch.no_grad():
+                logits = model(torch.tensor([ids[begin:end - 1]])).logits[0].double().numpy()
+            logp = logits - logits.max(-1, keepdims=True)
+            logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+            for target in range(prev_end, end):  # the new targets of this window
+                total -= logp[target - 1 - begin, ids[target]]
+                count += 1
+            prev_end = end
+            if end == len(ids):
+                break
+    return total / count, count
+
+
+@pytest.mark.parametrize("context,stride", [(16, 16), (16, 5), (32, 31)])
+def test_nll_matches_plain_computation(random_model: Path, context: int, stride: int) -> None:
+    model, tok, _ = load_model(resolve_model(str(random_model)), device="cpu")
+    result = score_documents(model, tok, TEXTS, context, stride, batch_size=3, progress=False)
+    expected, count = reference_nll(random_model, TEXTS, context, stride)
+    assert result.tokens == count == sum(len(tok.encode(t, add_special_tokens=False)) for t in TEXTS)
+    assert abs(result.nll - expected) < 1e-4
+    assert result.bytes == sum(len(t.encode("utf-8")) for t in TEXTS)
+    one_by_one = score_documents(model, tok, TEXTS, context, stride, batch_size=1, progress=False)
+    assert abs(one_by_one.nll - result.nll) < 1e-5  # padding in a batch changes nothing
+
+
+@pytest.mark.parametrize("length,context,stride", [(2, 4, 4), (100, 16, 16), (100, 16, 3), (17, 16, 1), (50, 8, 7)])
+def test_windows_score_every_token_once_with_enough_context(length: int, context: int, stride: int) -> None:
+    windows = sliding_windows(length, context, stride)
+    targets = [t for _, stop, first in windows for t in range(first, stop)]
+    assert targets == list(range(1, length))
+    for k, (begin, stop, first) in enumerate(windows):
+        assert stop - 1 - begin <= context and first > begin  # a window fits the model; each target has context
+        if k:
+            assert first - begin >= context - stride + 1
+
+
+def test_bad_stride() -> None:
+    from sparknet.errors import UserError
+
+    for stride in (0, 5):
+        with pytest.raises(UserError, match="STRIDE must be in 1..CONTEXT"):
+            sliding_windows(10, 4, stride)
+
+
+def test_script_writes_json_and_table(random_model: Path, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "val.jsonl", TEXTS, field="body")
+    second = tmp_path / "checkpoints" / "other"
+    shutil.copytree(random_model, second)
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model), str(second)]), "--data", data,
+                      "--text_field", "body", "--context", 16, "--stride", 8, "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 0, proc.stderr
+    assert "bits/byte" in proc.stdout and "randrun" in proc.stdout
+    saved = json.loads((tmp_path / "eval" / "randrun" / "perplexity.json").read_text())[str(data)]
+    assert saved["tokens"] > 0 and saved["context"] == 16 and saved["stride"] == 8
+    assert saved["bytes"] == sum(len(t.encode("utf-8")) for t in TEXTS)
+    table = (tmp_path / "eval" / "randrun_vs_other" / "perplexity.md").read_text()
+    assert table.count("\n") == 4  # header, rule, one row per model
+
+
+def test_bad_input_is_one_line(random_model: Path, tmp_path: Path) -> None:
+    not_model = tmp_path / "empty"
+    not_model.mkdir()
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(not_model)]), "--data", "x.jsonl")
+    assert proc.returncode == 1 and "is not a model folder" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data",
+                      str(tmp_path / "missing.jsonl"))
+    assert proc.returncode == 1 and "not found" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

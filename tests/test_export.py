@@ -1,0 +1,92 @@
+"""export_model: a clean folder that loads, a card whose YAML header the Hub's parser accepts and whose body holds
+the run's facts, and a push that is attempted (offline here: one clear line, the token never printed)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sparknet.errors import UserError
+from tests.conftest import run_script
+from tests.test_eval_perplexity import random_model  # noqa: F401 - the module-scoped fixture, shared
+
+METADATA = {
+    "config": {"path": "configs/mix.json", "mix": [{"name": "HuggingFaceFW/fineweb-edu", "prob": 0.7},
+                                                   {"name": "json", "data_files": "a.jsonl", "prob": 0.3}]},
+    "dataset": {"realised_mixture": {"train": {
+        "fineweb-edu": {"tokens": 70123, "documents": 50, "share": 0.70123, "requested_share": 0.7},
+        "local": {"tokens": 29877, "documents": 20, "share": 0.29877, "requested_share": 0.3}}}},
+    "settings": {"learning_rate": 0.002, "batch_size": 8, "adam_betas": [0.9, 0.95]},
+    "tokenizer": {"path": "tokenizer-test"}, "model": {"name": "sparknet-tiny"},
+    "steps": 245, "tokens_seen": 501760, "metrics": {"eval_loss": 5.2055, "eval_bits_per_byte": 1.8892},
+}
+
+
+@pytest.fixture()
+def run(random_model: Path, tmp_path: Path) -> tuple[Path, Path]:  # noqa: F811
+    """A run folder with metadata, an optimizer file that must not be exported, and eval results."""
+    folder = tmp_path / "checkpoints" / "myrun"
+    shutil.copytree(random_model, folder)
+    (folder / "training_metadata.json").write_text(json.dumps(METADATA))
+    (folder / "checkpoint-10").mkdir()
+    (folder / "checkpoint-10" / "optimizer.pt").write_bytes(b"x")
+    evals = tmp_path / "eval" / "myrun"
+    (evals / "plots").mkdir(parents=True)
+    (evals / "plots" / "loss.png").write_bytes(b"\x89PNG fake")
+    (evals / "perplexity.json").write_text(json.dumps({"val.jsonl": {
+        "data": "val.jsonl", "tokens": 1234, "context": 32, "stride": 16, "nll": 3.5, "perplexity": 33.1,
+        "bits_per_byte": 1.7}}))
+    (evals / "benchmarks.json").write_text(json.dumps({"results": {"arc_easy": {"acc": 0.41, "acc_stderr": 0.01}}}))
+    return folder, tmp_path
+
+
+def test_export_folder_and_card(run: tuple[Path, Path]) -> None:
+    from huggingface_hub import ModelCard
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, tmp = run
+    out = tmp / "exported"
+    proc = run_script("export_model.py", "--model", folder, "--output_dir", out, "--eval_dir", tmp / "eval")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "generation_config.json", "loss.png",
+                                                      "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    AutoModelForCausalLM.from_pretrained(str(out))
+    assert AutoTokenizer.from_pretrained(str(out)).pad_token == "<|endoftext|>"
+    card = ModelCard.load(out / "README.md")
+    data = card.data.to_dict()
+    assert data["license"] == "apache-2.0" and data["language"] == ["en"]
+    assert data["library_name"] == "transformers" and data["pipeline_tag"] == "text-generation"
+    assert data["datasets"] == ["HuggingFaceFW/fineweb-edu"]  # local JSONL has no Hub id
+    result = card.data.eval_results[0]
+    assert (result.dataset_name, result.metric_type, result.metric_value) == ("arc_easy", "acc", 0.41)
+    for fact in ("70,123", "70.12%", "501,760", "| learning_rate | 0.002 |", "1.8892", "33.1000",
+                 "![loss curve](loss.png)", "AutoModelForCausalLM.from_pretrained", 'pipeline("text-generation"',
+                 "## Limitations", "arc_easy"):
+        assert fact in card.text, fact
+    proc = run_script("export_model.py", "--model", folder, "--output_dir", out)
+    assert proc.returncode == 1 and "not empty" in proc.stderr  # never replaced silently
+
+
+def test_push_is_attempted_and_fails_clearly_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from sparknet.export import push_to_hub
+
+    secret = "hf_thisIsNotARealTokenButMustNotBePrinted"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    (tmp_path / "README.md").write_text("card")
+    with pytest.raises(UserError, match="cannot push to someone/sparknet-test: offline mode is on") as error:
+        push_to_hub(tmp_path, "someone/sparknet-test")  # huggingface_hub refuses the create_repo call offline
+    captured = capsys.readouterr()
+    assert secret not in str(error.value) + captured.out + captured.err
+
+
+def test_not_a_run(tmp_path: Path) -> None:
+    from sparknet.export import export_model
+
+    with pytest.raises(UserError, match="is not a model folder"):
+        export_model(str(tmp_path), tmp_path / "out")
+    with pytest.raises(UserError, match="not a Hub id"):
+        export_model("gpt2", tmp_path / "out")
