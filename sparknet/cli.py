@@ -3,6 +3,15 @@ overridden from the command line as `--name value` or `--name=value`.
 
 Written by hand rather than with argparse because the flags are derived from a script's globals and their trailing
 `# comments` (the one-line help), the value types from the defaults, and the errors must suggest the nearest flag.
+
+Paths: a path typed on the command line means what it means to every shell tool, the current folder; a default
+written in a script stays relative to the repository root (`runtime.project_path`), so scripts behave the same from
+any folder. The rule: a flag value for a path constant (`CONFIG`, or a name ending in `_DIR`, `_FILE` or `_PATH`)
+that is a relative path is made absolute against the current folder, and then, when it lies inside the repository,
+written relative to the repository like the defaults (so the same folder is the same value whichever way it was
+typed). Constants that may also name a Hub repository
+(`TOKENIZER_DIR`, `MODEL`, `MODELS`) are made absolute only when that path exists in the current folder, so `gpt2`
+still means the Hub id.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ import difflib
 import io
 import json
 import math
+import os
 import sys
 import tokenize
 from collections.abc import Callable
@@ -66,6 +76,39 @@ def annotated_types(source: str) -> dict[str, Any]:
             if len(names) == 1:
                 out[node.target.id] = _PROTOTYPES[names.pop()]
     return out
+
+
+# Path constants whose value may instead be a Hub repository id: resolved against the current folder only when the
+# path exists there.
+_MAYBE_HUB_IDS = {"TOKENIZER_DIR", "MODEL", "MODELS"}
+
+
+def is_path_constant(name: str) -> bool:
+    """Whether a constant holds a path (or paths) that a command-line value resolves against the current folder."""
+    return name == "CONFIG" or name in _MAYBE_HUB_IDS or name.endswith(("_DIR", "_FILE", "_PATH"))
+
+
+def resolve_typed_path(name: str, value: Any, cwd: str | None = None) -> Any:
+    """A path constant's command-line value made absolute against the current folder (see the module docstring);
+    lists are resolved item by item; empty strings and other values are kept."""
+    if isinstance(value, list):
+        return [resolve_typed_path(name, v, cwd) for v in value]
+    if not isinstance(value, str) or not value or not is_path_constant(name):
+        return value
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return str(path)
+    full = Path(cwd or os.getcwd()) / path
+    if name in _MAYBE_HUB_IDS and not full.exists():
+        return value  # a Hub id (or a path under the repository, as before)
+    from sparknet.runtime import PROJECT_ROOT
+
+    resolved = os.path.normpath(full)
+    inside = os.path.relpath(resolved, PROJECT_ROOT)
+    # Inside the repository it is written as the defaults are (relative to it, which project_path reads back to the
+    # same place), so `--dataset_dir datasets/x` from the repository root equals the default `datasets/x` in run
+    # identities and dataset inputs.
+    return inside if not inside.startswith("..") else resolved
 
 
 def parse_value(name: str, raw: str, default: Any) -> Any:
@@ -186,6 +229,7 @@ def apply_overrides(namespace: dict[str, Any], argv: list[str] | None = None) ->
             namespace[name] = None if raw.strip().lower() in ("none", "null") else parse_value(name, raw, types[name])
         else:
             namespace[name] = parse_value(name, raw, namespace[name])
+        namespace[name] = resolve_typed_path(name, namespace[name])
         i += 1
     return {n: namespace[n] for n in names}
 

@@ -11,6 +11,7 @@ import glob
 import json
 import logging
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 TOP_KEYS = ("seed", "context_length", "target_tokens", "mix")
 SOURCE_KEYS = ("name", "split", "prob", "data_files", "subset", "text_field")
 REQUIRED_SOURCE_KEYS = ("name", "prob")
+MAX_SEED = 2**32 - 1
 
 
 class ConfigError(UserError):
@@ -70,6 +72,13 @@ class MixConfig:
         d = asdict(self)
         d["mix"] = [dict(s) for s in d["mix"]]
         return d
+
+
+def _whole(value: Any) -> Any:
+    """A float holding a whole number (`1e9` in JSON) as an int, as the command line reads it; anything else as is."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _type_name(value: Any) -> str:
@@ -120,8 +129,18 @@ class _Checker:
                 raise self.fail(w, f"expected a file path or a non-empty list of paths, got {json.dumps(v)}")
             for f in items:
                 full = project_path(f)
-                found = glob.glob(str(full)) if glob.has_magic(f) else ([str(full)] if full.is_file() else [])
-                if not found:
+                if glob.has_magic(f):
+                    matches = glob.glob(str(full))
+                    if matches and not any(Path(m).is_file() for m in matches):
+                        raise self.fail(w, f"data file pattern {f!r} matches only folders ({full}): name the files, "
+                                        "e.g. folder/*.jsonl")
+                    if not matches:
+                        raise self.fail(w, f"data file pattern {f!r} matches no file (looked for {full}); relative "
+                                        "paths are relative to the project root")
+                elif full.is_dir():
+                    raise self.fail(w, f"data file {f!r} is a folder ({full}): name the files in it, e.g. "
+                                    f"{f.rstrip('/')}/*.jsonl")
+                elif not full.is_file():
                     raise self.fail(
                         w,
                         f"data file {f!r} does not exist (looked for {full}); relative paths are "
@@ -145,11 +164,13 @@ def parse_config(data: Any, path: str = "<config>") -> MixConfig:
     if not isinstance(data, dict):
         raise check.fail("", f"expected a JSON object with keys {', '.join(TOP_KEYS)}, got {_type_name(data)}")
     check.keys(data, "", TOP_KEYS, TOP_KEYS)
-    seed = data["seed"]
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise check.fail("seed", f"expected a non-negative integer, got {json.dumps(seed)}")
-    context_length = check.positive_int(data["context_length"], "context_length")
-    target_tokens = check.positive_int(data["target_tokens"], "target_tokens")
+    seed = _whole(data["seed"])
+    # numpy's and the shuffle's seeds are 32-bit: a larger seed would fail deep inside a build
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise check.fail("seed", f"expected an integer from 0 to {MAX_SEED}, got {json.dumps(data['seed'])}")
+    context_length = check.positive_int(_whole(data["context_length"]), "context_length")
+    # 1e9 is a whole number in JSON too, as it is on the command line
+    target_tokens = check.positive_int(_whole(data["target_tokens"]), "target_tokens")
     mix = data["mix"]
     if not isinstance(mix, list):
         raise check.fail("mix", f"expected a list of sources, got {_type_name(mix)}")
@@ -169,15 +190,18 @@ def parse_config(data: Any, path: str = "<config>") -> MixConfig:
         split = check.string(entry.get("split", "train"), f"{where}.split")
         subset = check.string(entry.get("subset"), f"{where}.subset", optional=True)
         text_field = check.string(entry.get("text_field"), f"{where}.text_field", optional=True)
+        if name == "json" and subset is not None:
+            raise check.fail(f"{where}.subset", 'a "json" source has no subsets: remove "subset" (use data_files)')
         data_files = entry.get("data_files")
         if data_files is not None:
-            data_files = check.data_files(data_files, f"{where}.data_files")
+            data_files = _normalised(check.data_files(data_files, f"{where}.data_files"))
         elif name == "json":
             raise check.fail(f"{where}.data_files", 'a "json" source needs "data_files": the local JSONL file(s)')
         raw_sources.append(
             dict(name=name, prob=float(prob), split=split, data_files=data_files, subset=subset, text_field=text_field)
         )
 
+    _refuse_duplicates(check, raw_sources)
     total = sum(s["prob"] for s in raw_sources)
     if not math.isfinite(total):
         raise check.fail("mix", "the probabilities are too large to add up; use shares such as 0.5, 0.3, 0.2")
@@ -190,6 +214,43 @@ def parse_config(data: Any, path: str = "<config>") -> MixConfig:
         shares = ", ".join(f"{s.label}={s.prob:.4f}" for s in sources)
         log.warning("%s: probabilities sum to %g, normalised to %s", path, total, shares)
     return MixConfig(seed=seed, context_length=context_length, target_tokens=target_tokens, mix=sources, path=path)
+
+
+def _normalised(data_files: Any) -> Any:
+    """Data files with each path normalised (`DIR//a/../b.jsonl` is `DIR/b.jsonl`), so the same files typed two
+    ways are the same dataset inputs."""
+    if isinstance(data_files, dict):
+        return {k: _normalised(v) for k, v in data_files.items()}
+    if isinstance(data_files, list):
+        return [_normalised(f) for f in data_files]
+    return data_files if "://" in data_files else os.path.normpath(data_files)  # normpath would break a URL
+
+
+def _source_identity(source: dict[str, Any]) -> str:
+    """What makes two entries the same data: name, subset, split and data files (resolved, so `a//b` is `a/b`)."""
+    files = source["data_files"]
+    if files is not None:
+        spec = SourceSpec(name=source["name"], prob=1.0, data_files=files)
+        resolved = spec.resolved_data_files()
+        if isinstance(resolved, dict):
+            files = {k: sorted(v) for k, v in sorted(resolved.items())}
+        else:
+            files = sorted(resolved or [])
+    return json.dumps([source["name"], source["subset"], source["split"], files], sort_keys=True)
+
+
+def _refuse_duplicates(check: _Checker, sources: list[dict[str, Any]]) -> None:
+    """A source listed twice would be read twice: every document twice in the dataset."""
+    first: dict[str, int] = {}
+    for i, source in enumerate(sources):
+        key = _source_identity(source)
+        if key in first:
+            raise check.fail(
+                f"mix[{i}]",
+                f"the same source as mix[{first[key]}] ({source['name']}, split {source['split']!r}): list each "
+                "source once and give it the sum of the probs",
+            )
+        first[key] = i
 
 
 def _labels(sources: list[dict[str, Any]]) -> list[str]:
@@ -207,12 +268,19 @@ def _labels(sources: list[dict[str, Any]]) -> list[str]:
             label += f"/{s['subset']}"
         labels.append(label)
     counts = {lab: labels.count(lab) for lab in labels}
+    taken = {lab for lab in labels if counts[lab] == 1}  # unique labels stay as they are
     seen: dict[str, int] = {}
     out = []
     for lab in labels:
         if counts[lab] > 1:
-            seen[lab] = seen.get(lab, 0) + 1
-            lab = f"{lab}#{seen[lab]}"
+            # number the repeats, skipping any number another label already holds (`a#1` from a#1.jsonl)
+            while True:
+                seen[lab] = seen.get(lab, 0) + 1
+                candidate = f"{lab}#{seen[lab]}"
+                if candidate not in taken:
+                    break
+            taken.add(candidate)
+            lab = candidate
         out.append(lab)
     return out
 
@@ -232,10 +300,25 @@ def load_config(path: str | Path) -> MixConfig:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{shown}: cannot read the file: {exc}") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{shown}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{shown}: key {exc.args[0]!r} appears twice in one object: keep one") from None
     return parse_config(data, shown)
+
+
+class _DuplicateKey(Exception):
+    """A key given twice in one JSON object (json.loads would silently keep the last)."""
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 def describe_changes(old: dict[str, Any], new: dict[str, Any], upper: bool = False, limit: int = 80) -> list[str]:

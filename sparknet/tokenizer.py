@@ -10,6 +10,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 import shutil
 import time
 from collections import Counter
@@ -135,7 +136,7 @@ def train_tokenizer(
             ", ".join(empty),
         )
 
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    tmp = out_dir.with_name(f".{out_dir.name}.building")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     fast = wrap(tok, config.context_length)
@@ -166,9 +167,7 @@ def train_tokenizer(
         "seconds": round(time.time() - started, 2),
     }
     (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    _replace_folder(tmp, out_dir)
     if report["vocab_size"] < vocab_size:
         log.warning(
             "the sample only supports %d tokens (asked for %d): sample more documents (MAX_DOCS) or lower "
@@ -177,6 +176,20 @@ def train_tokenizer(
             vocab_size,
         )
     return report
+
+
+def _replace_folder(new: Path, out_dir: Path) -> None:
+    """Puts the finished folder `new` at `out_dir` by renames only, as the dataset builder does: the old tokenizer is
+    moved aside whole and deleted only once the new one is in place, so a crash at any point leaves either the old
+    or the new tokenizer at `out_dir`, never a half-deleted one."""
+    if not out_dir.exists():
+        os.replace(new, out_dir)
+        return
+    old = out_dir.with_name(f".{out_dir.name}.replaced")
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(out_dir, old)
+    os.replace(new, out_dir)
+    shutil.rmtree(old)
 
 
 def load_tokenizer(name_or_path: str) -> Any:

@@ -129,3 +129,42 @@ def test_script_runs_from_another_folder(tmp_path: Path) -> None:
     proc = run_script("prepare_demo_corpus.py", "--output_dir", tmp_path / "c", "--max_code_mb", "0.2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "c" / "prose.train.jsonl").stat().st_size > 100_000
+
+
+def test_paths_typed_on_the_command_line_are_relative_to_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sparknet.cli import resolve_typed_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tok").mkdir()
+    ns = {"CONFIG": "configs/a.json", "OUTPUT_DIR": "out", "TOKENIZER_DIR": "tokenizer-v5", "RUN_NAME": "r",
+          "MODELS": ["m"], "PROMPTS_FILE": ""}
+    apply_overrides(ns, ["--config", "cfg.json", "--output_dir", "a//b/../ds", "--run_name", "x/y",
+                         "--tokenizer_dir", "tok"])
+    assert ns["CONFIG"] == str(tmp_path / "cfg.json") and ns["OUTPUT_DIR"] == str(tmp_path / "a" / "ds")
+    assert ns["TOKENIZER_DIR"] == str(tmp_path / "tok") and ns["RUN_NAME"] == "x/y"  # not a path constant
+    apply_overrides(ns, ["--tokenizer_dir", "gpt2", "--models", '["gpt2"]', "--prompts_file", ""])
+    assert ns["TOKENIZER_DIR"] == "gpt2" and ns["MODELS"] == ["gpt2"] and ns["PROMPTS_FILE"] == ""  # Hub ids
+    assert resolve_typed_path("DATASET_DIR", "/abs//x") == "/abs/x"
+
+
+def test_a_config_next_to_the_user_is_found_from_another_folder(tmp_path: Path) -> None:
+    """`--config cfg.json` means ./cfg.json, as for every shell tool (it used to be looked for in the repository)."""
+    (tmp_path / "cfg.json").write_text('{"seed": 1}')
+    proc = run_script("build_dataset_v5.py", "--config", "cfg.json", cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"error: {tmp_path / 'cfg.json'}: context_length: missing required key"), proc.stderr
+
+
+def test_a_typed_path_inside_the_repository_equals_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the repository root `--dataset_dir datasets//x` is the default-style `datasets/x` (same run identity);
+    from a subfolder `../datasets/x` is too."""
+    from sparknet.cli import resolve_typed_path
+    from sparknet.runtime import PROJECT_ROOT
+
+    monkeypatch.chdir(PROJECT_ROOT)
+    assert resolve_typed_path("DATASET_DIR", "datasets//x") == "datasets/x"
+    monkeypatch.chdir(PROJECT_ROOT / "scripts")
+    assert resolve_typed_path("DATASET_DIR", "../datasets/x") == "datasets/x"
+    assert resolve_typed_path("CONFIG", "c.json") == "scripts/c.json"

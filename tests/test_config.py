@@ -102,15 +102,16 @@ def test_bad_config_exits_nonzero_with_path_and_no_traceback(case: int, data_fil
 def test_missing_config_file_names_the_shipped_ones(tmp_path: Path) -> None:
     proc = run_script("train_tokenizer_v5.py", "--config", "configs/nope.json")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert "config file configs/nope.json not found" in proc.stderr and "configs/datasets_v5.json" in proc.stderr
+    assert "configs/nope.json not found" in proc.stderr and "configs/datasets_v5.json" in proc.stderr
 
 
 def test_probabilities_are_normalised_and_logged(
     data_file: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    other = str(write_jsonl(tmp_path / "d2" / "docs.jsonl", ["more words"]))
     path = write_config(
         tmp_path / "c.json",
-        [{**GOOD, "data_files": data_file, "prob": 3}, {**GOOD, "data_files": data_file, "prob": 1}],
+        [{**GOOD, "data_files": data_file, "prob": 3}, {**GOOD, "data_files": other, "prob": 1}],
     )
     with caplog.at_level("WARNING"):
         cfg = load_config(path)
@@ -156,3 +157,78 @@ def test_defaults_and_optional_keys(data_file: str) -> None:
         parse_config(
             {"seed": 0, "context_length": 8, "target_tokens": 8, "mix": [{"name": "org/ds", "prob": 1, "split": 3}]}
         )
+
+
+def _top(mix: list[dict], **top: object) -> dict:
+    return {"seed": 1, "context_length": 8, "target_tokens": 8, "mix": mix, **top}
+
+
+def test_the_same_source_twice_is_refused(data_file: str) -> None:
+    """Listed twice, a source would be read twice: every document twice in the dataset."""
+    doubled = data_file.replace("/docs.jsonl", "//docs.jsonl")  # the same file, typed differently
+    with pytest.raises(ConfigError, match=r"mix\[1\]: the same source as mix\[0\]"):
+        parse_config(_top([{**GOOD, "data_files": data_file}, {**GOOD, "data_files": doubled, "prob": 2}]))
+    with pytest.raises(ConfigError, match=r"mix\[2\]: the same source as mix\[0\]"):
+        parse_config(_top([{"name": "o/d", "prob": 1}, {"name": "o/d", "prob": 1, "split": "x"},
+                           {"name": "o/d", "prob": 1, "split": "train"}]))
+    # another split or subset of the same Hub dataset is another source
+    cfg = parse_config(_top([{"name": "o/d", "prob": 1}, {"name": "o/d", "prob": 1, "subset": "en"}]))
+    assert [s.label for s in cfg.mix] == ["d", "d/en"]
+
+
+def test_labels_are_unique_even_when_a_file_name_looks_numbered(tmp_path: Path) -> None:
+    files = [write_jsonl(tmp_path / "a#1.jsonl", ["x"]), write_jsonl(tmp_path / "a.jsonl", ["y"]),
+             write_jsonl(tmp_path / "d2" / "a.jsonl", ["z"])]
+    cfg = parse_config(_top([{**GOOD, "data_files": str(f)} for f in files]))
+    labels = [s.label for s in cfg.mix]
+    assert len(set(labels)) == 3, labels
+    assert labels == ["a#1", "a#2", "a#3"]
+
+
+def test_a_duplicate_json_key_is_refused(data_file: str, tmp_path: Path) -> None:
+    path = tmp_path / "dup.json"
+    path.write_text('{"seed": 1, "context_length": 8, "target_tokens": 8, "mix": [{"name": "json", '
+                    f'"data_files": {json.dumps(data_file)}, "prob": 0.5, "prob": 1}}]}}')
+    with pytest.raises(ConfigError, match=r"dup.json: key 'prob' appears twice in one object"):
+        load_config(path)
+
+
+def test_whole_numbers_written_as_floats_are_accepted(data_file: str, tmp_path: Path) -> None:
+    path = tmp_path / "f.json"
+    path.write_text('{"seed": 1, "context_length": 1024.0, "target_tokens": 1e9, "mix": [{"name": "json", '
+                    f'"data_files": {json.dumps(data_file)}, "prob": 1}}]}}')
+    cfg = load_config(path)
+    assert (cfg.context_length, cfg.target_tokens) == (1024, 10**9)
+    assert isinstance(cfg.target_tokens, int)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"seed": 2**32}, "seed: expected an integer from 0 to 4294967295, got 4294967296"),
+        ({"target_tokens": 1.5e3 + 0.5}, "target_tokens: expected a positive integer, got 1500.5"),
+        ({"mix": [{"name": "json", "prob": 1, "data_files": "DIR"}]}, "is a folder"),
+        ({"mix": [{"name": "json", "prob": 1, "data_files": "DIR/*"}]}, "matches only folders"),
+        ({"mix": [{"name": "json", "prob": 1, "data_files": "DIR/*.parquet"}]}, "matches no file"),
+        ({"mix": [{"name": "json", "prob": 1, "data_files": "DATA", "subset": "en"}]},
+         'mix[0].subset: a "json" source has no subsets'),
+    ],
+)
+def test_odd_values_get_one_clear_line(change: dict, message: str, data_file: str, tmp_path: Path) -> None:
+    (tmp_path / "sub" / "inner").mkdir(parents=True)
+    text = json.dumps({**_top([{**GOOD, "data_files": data_file}]), **change})
+    text = text.replace("DIR", str(tmp_path / "sub")).replace('"DATA"', json.dumps(data_file))
+    with pytest.raises(ConfigError) as info:
+        parse_config(json.loads(text), "c.json")
+    assert str(info.value).startswith("c.json: ") and "\n" not in str(info.value)
+    assert message in str(info.value), str(info.value)
+
+
+def test_paths_typed_two_ways_are_the_same_inputs(data_file: str) -> None:
+    """`DIR//docs.jsonl` and `DIR/x/../docs.jsonl` are `DIR/docs.jsonl`: a dataset built from one is not rebuilt
+    (nor refused) for the other."""
+    folder = str(Path(data_file).parent)
+    (Path(folder) / "x").mkdir()
+    typed = [data_file, f"{folder}//docs.jsonl", f"{folder}/x/../docs.jsonl"]
+    dicts = [parse_config(_top([{**GOOD, "data_files": t}])).to_dict()["mix"] for t in typed]
+    assert dicts[0] == dicts[1] == dicts[2]

@@ -99,3 +99,50 @@ def test_held_out_documents_follow_the_sample_and_are_not_counted() -> None:
     assert held == {"a": [5, 6, 7], "b": [105, 106, 107]}
     assert not set(sample) & set(held["a"] + held["b"])
     assert mixer.total_units == 10
+
+
+def _long_and_short(seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
+    """Token-count stand-ins: ~1,300-token documents against ~140-token ones (the issue's case)."""
+    rng = random.Random(seed)
+    return ([[0] * rng.randint(900, 1700) for _ in range(300)], [[0] * rng.randint(60, 220) for _ in range(12000)])
+
+
+def test_every_prefix_errs_symmetrically_around_the_share() -> None:
+    """The midpoint rule: the long-document source is ahead of its share about as often as behind (the old rule
+    `(units + next) / prob` kept it behind at every prefix, so a short validation split could miss it)."""
+    long, short = _long_and_short()
+    mixer = Mixer({"long": long, "short": short}, {"long": 0.2, "short": 0.8}, cost=len)
+    total = long_tokens = long_docs = 0
+    errors = []
+    for label, doc in mixer:
+        total += len(doc)
+        if label == "long":
+            long_tokens += len(doc)
+            long_docs += 1
+        errors.append(long_tokens / total - 0.2)
+        if long_docs == 100:
+            break
+    settled = errors[len(errors) // 10:]
+    above = sum(e > 0 for e in settled) / len(settled)
+    assert 0.3 < above < 0.7, above
+    assert abs(sum(settled) / len(settled)) < 0.001
+
+
+def test_a_validation_sized_prefix_carries_the_mix_within_two_points() -> None:
+    """The first VAL_TOKENS of the stream (whole blocks, cut anywhere) hold each source within ±2 points once they
+    hold ~20 documents of each."""
+    long, short = _long_and_short(1)
+    for val_tokens in (4_096, 130_000, 200_000, 262_144):
+        mixer = Mixer({"long": long, "short": short}, {"long": 0.2, "short": 0.8}, cost=len)
+        taken = {"long": 0, "short": 0}
+        docs = {"long": 0, "short": 0}
+        for label, doc in mixer:
+            take = min(len(doc), val_tokens - sum(taken.values()))
+            taken[label] += take
+            docs[label] += 1
+            if sum(taken.values()) >= val_tokens:
+                break
+        if min(docs.values()) >= 20:
+            assert abs(taken["long"] / val_tokens - 0.2) <= 0.02, (val_tokens, taken)
+        else:  # too short for 20 long documents: the long source is still in it, not left out
+            assert taken["long"] > 0, (val_tokens, taken)

@@ -312,3 +312,57 @@ def test_packer_never_credits_tokens_beyond_its_budget() -> None:
     assert sum(packer.tokens_by_source.values()) == 8
     empty = BlockPacker(4, np.dtype(np.uint16))
     assert empty.finish().shape == (0, 4)
+
+
+def test_blocks_longer_than_the_tokenizers_training_context_are_built(
+    sources: dict, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """The tokenizer was trained from a config with context 128: 256-token blocks are still built, not refused."""
+    out = tmp_path / "ds256"
+    manifest = build_dataset(_spec(_config(sources, tmp_path, context=256), out, tokenizer_dir, block_size=256,
+                                   target_tokens=20_000, val_tokens=2_000))
+    assert manifest["block_size"] == 256 and manifest["tokenizer"]["model_max_length"] == 128
+    assert PackedDataset(out, "train")[0]["input_ids"].shape == (256,)
+
+
+def test_a_damaged_dataset_is_detected_and_rebuilt_with_overwrite(
+    sources: dict, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """A truncated train.bin or a garbled manifest is never taken as 'nothing to do'; --overwrite true rebuilds."""
+    out = tmp_path / "ds"
+
+    def spec(**kw: object) -> BuildSpec:
+        return _spec(_config(sources, tmp_path), out, tokenizer_dir, target_tokens=20_000, val_tokens=2_000, **kw)
+
+    build_dataset(spec())
+    good = {name: (out / name).read_bytes() for name in ("train.bin", "val.bin")}
+    with (out / "train.bin").open("r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(UserError, match="this dataset but it is damaged .*train.bin holds 1000 bytes.*--overwrite"):
+        build_dataset(spec())
+    build_dataset(spec(overwrite=True))
+    assert (out / "train.bin").read_bytes() == good["train.bin"]
+    for garbled in ("{not json", '{"format_version": 1, "inputs": 3}', "[]"):
+        (out / "manifest.json").write_text(garbled)
+        with pytest.raises(UserError, match="--overwrite true"):
+            build_dataset(spec())
+        build_dataset(spec(overwrite=True))
+        assert {name: (out / name).read_bytes() for name in good} == good
+    (out / "notes.txt").write_text("mine")  # a folder holding something else is never replaced
+    (out / "manifest.json").write_text("{not json")
+    with pytest.raises(UserError):
+        build_dataset(spec(overwrite=True))
+    assert (out / "notes.txt").exists()
+
+
+def test_the_validation_split_carries_the_mix_and_the_manifest_says_so(
+    sources: dict, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """With ~20+ documents of each source in it, validation holds each source within ±2 points of its share."""
+    manifest = build_dataset(_spec(_config(sources, tmp_path), tmp_path / "ds", tokenizer_dir, target_tokens=2_000,
+                                   val_tokens=110_000))
+    val = manifest["splits"]["val"]["sources"]
+    assert min(s["documents"] for s in val.values()) >= 20, val
+    for label, want in (("short", 0.7), ("long", 0.3)):
+        assert val[label]["requested_share"] == pytest.approx(want)
+        assert abs(val[label]["share"] - want) <= 0.02, (label, val[label])

@@ -47,3 +47,20 @@ def test_explicit_text_field_missing(tmp_path: Path) -> None:
 def test_unreachable_hub_source_is_a_user_error() -> None:
     with pytest.raises(UserError, match="cannot open source 'x' .*HF_HUB_OFFLINE"):
         open_source(SourceSpec(name="sparknet-tests/no-such-dataset", prob=1, label="x"))
+
+
+def test_text_column_comes_from_the_declared_columns_not_the_first_row(tmp_path: Path) -> None:
+    """A first row with "text": null must not make the whole source read from `url`."""
+    path = _rows(tmp_path / "n.jsonl", [{"url": "http://a", "text": None}, {"url": "http://b", "text": "body b"},
+                                        {"url": "http://c", "text": "body c"}])
+    assert list(iter_texts(SourceSpec(name="json", prob=1, data_files=path, label="n"))) == ["body b", "body c"]
+
+
+def test_a_malformed_line_is_one_line_naming_source_file_row_and_fix(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "a"}\n{"text": "b"}\n{"text": broken\n{"text": "c"}\n')
+    with pytest.raises(UserError) as err:
+        list(iter_texts(SourceSpec(name="json", prob=1, data_files=str(path), label="bad")))
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"cannot read source 'bad' ({path}): "), message
+    assert "row 2" in message and message.endswith("fix or remove the file")

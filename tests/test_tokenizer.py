@@ -130,3 +130,30 @@ def test_overwrite_never_replaces_a_folder_that_holds_no_tokenizer(corpus_config
                       "--vocab_size", 300, "--max_docs", 20, "--overwrite", "true")
     assert proc.returncode == 1 and "holds no tokenizer: it is never replaced" in proc.stderr
     assert (tmp_path / "notes.txt").read_text() == "the user's own file"
+
+
+def test_replacing_a_tokenizer_never_leaves_a_half_deleted_one(
+    corpus_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash while the old tokenizer is being deleted leaves a whole tokenizer at OUTPUT_DIR (the new one)."""
+    import shutil
+
+    import sparknet.tokenizer as tokenizer_module
+    from sparknet.config import load_config
+
+    out = tmp_path / "tok"
+    config = load_config(corpus_config)
+    tokenizer_module.train_tokenizer(config, out, 300, 30, heldout_docs=0)
+    real_rmtree = shutil.rmtree
+
+    def crash_midway(path: object, *args: object, **kwargs: object) -> None:
+        if Path(str(path)).name in ("tok", ".tok.replaced") and Path(str(path)).exists():
+            (Path(str(path)) / "tokenizer.json").unlink()  # half deleted, then the process dies
+            raise KeyboardInterrupt
+        real_rmtree(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tokenizer_module.shutil, "rmtree", crash_midway)
+    with pytest.raises(KeyboardInterrupt):
+        tokenizer_module.train_tokenizer(config, out, 310, 30, heldout_docs=0, overwrite=True)
+    assert load_tokenizer(str(out)).eos_token == EOT
+    assert json.loads((out / "training_report.json").read_text())["vocab_size_requested"] == 310

@@ -101,23 +101,62 @@ class _Eager:
         return self.value
 
 
+def _damage(folder: Path, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with the files a finished dataset would be reused from (None when they are whole): every split
+    the manifest lists must have its token file at exactly `blocks × block_size × itemsize` bytes."""
+    try:
+        itemsize = np.dtype(manifest["dtype"]).itemsize
+        block = int(manifest["block_size"])
+        splits = manifest["splits"]
+        for split in SPLITS:
+            info = splits[split]
+            path = folder / info["file"]
+            expected = int(info["blocks"]) * block * itemsize
+            size = path.stat().st_size if path.is_file() else None
+            if size != expected:
+                return f"{path.name} holds {'no file' if size is None else f'{size} bytes'}, expected {expected}"
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"{MANIFEST} lacks or garbles {exc}"
+    return None
+
+
 def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] | None:
-    """The existing manifest when OUTPUT_DIR already holds this very dataset; errors for anything else."""
+    """The existing manifest when OUTPUT_DIR already holds this very dataset, whole; None when it is to be (re)built;
+    errors for anything the user must decide. With OVERWRITE a damaged or other dataset is replaced, but a folder
+    holding anything other than dataset files never is."""
     out = spec.output_dir
     if not out.exists():
         return None
-    manifest = read_manifest(out)
+    if not out.is_dir():
+        raise UserError(f"OUTPUT_DIR {out} is a file, not a folder: choose another OUTPUT_DIR")
+    try:
+        manifest = read_manifest(out)
+        unreadable = None
+    except UserError as exc:
+        manifest, unreadable = None, str(exc)
     if manifest is None:
-        if any(out.iterdir()):
-            raise UserError(
-                f"{out} exists but holds no dataset (no {MANIFEST}): move it away or choose another OUTPUT_DIR"
-            )
-        return None
-    if manifest.get("inputs") == inputs:
+        if unreadable is None and not any(out.iterdir()):
+            return None
+        only_dataset_files = all(p.name in {MANIFEST, *(f"{s}.bin" for s in SPLITS)} for p in out.iterdir())
+        if spec.overwrite and only_dataset_files:
+            return None  # a damaged dataset: rebuilt in place
+        if unreadable is not None:
+            raise UserError(f"{unreadable.removesuffix(': rebuild the dataset')}: a damaged dataset; pass "
+                            "--overwrite true to rebuild it")
+        raise UserError(
+            f"{out} exists but holds no dataset (no {MANIFEST}): move it away or choose another OUTPUT_DIR"
+        )
+    if not isinstance(manifest, dict):
+        manifest = {}
+    damage = _damage(out, manifest)
+    if manifest.get("inputs") == inputs and damage is None:
         return manifest
     if spec.overwrite:
         return None
-    changes = "; ".join(describe_changes(manifest.get("inputs", {}), inputs))
+    if damage is not None and manifest.get("inputs") == inputs:
+        raise UserError(f"{out} holds this dataset but it is damaged ({damage}): pass --overwrite true to rebuild it")
+    old_inputs = manifest.get("inputs")
+    changes = "; ".join(describe_changes(old_inputs if isinstance(old_inputs, dict) else {}, inputs))
     raise UserError(
         f"{out} already holds a dataset built from other inputs ({changes}). Choose another "
         "OUTPUT_DIR, or pass --overwrite true to replace it"
@@ -145,9 +184,13 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
     if spec.val_tokens <= 0:
         raise UserError(f"VAL_TOKENS={spec.val_tokens}: expected a positive number (the trainer evaluates on them)")
     tok = load_tokenizer(spec.tokenizer)
+    # A tokenizer does not limit the context: model_max_length only records the context it was trained for, so a
+    # longer BLOCK_SIZE is fine (the model's context is the config's); it is noted in the manifest.
     max_len = getattr(tok, "model_max_length", None)
-    if isinstance(max_len, int) and max_len < 10**8 and spec.block_size > max_len:
-        raise UserError(f"BLOCK_SIZE={spec.block_size} exceeds the tokenizer's model_max_length of {max_len}")
+    trained_for = max_len if isinstance(max_len, int) and max_len < 10**8 else None
+    if trained_for is not None and spec.block_size > trained_for:
+        log.info("tokenizer %s was trained for %d-token contexts; packing %d-token blocks (a tokenizer does not "
+                 "limit the context)", spec.tokenizer, trained_for, spec.block_size)
     vocab_size = len(tok)
     dtype = token_dtype(vocab_size, spec.dtype)
     eos_id = int(tok.eos_token_id)
@@ -215,6 +258,7 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
                 "vocab_size": vocab_size,
                 "eos_token_id": eos_id,
                 "eos_token": tok.eos_token,
+                "model_max_length": trained_for,
             },
             "config": {"path": config.path, **config.to_dict()},
             "seed": spec.seed,

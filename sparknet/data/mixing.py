@@ -1,13 +1,15 @@
 """Choosing the next document across sources so that the realised shares follow the mix's `prob`.
 
 The choice is deterministic deficit scheduling with one document of look-ahead: the next document comes from the
-source that would stand lowest against its share after taking its next document (smallest `(units + next) / prob`),
-where a document's units are 1 (mixing by documents, for tokenizer sampling) or its token count (mixing by tokens,
-for datasets); looking at the next document's size keeps one long document from pushing its source over its share.
-Every prefix of the output then carries the mix to within one document per source, sources are interleaved document
-by document (none drained before the next), and nothing depends on random draws, so shares are exact and rebuilds
-identical. Written by hand because `interleave_datasets` mixes by documents with random draws: its token shares
-drift with document length.
+source whose share would stand lowest halfway through its next document (smallest `(units + next/2) / prob`), where a
+document's units are 1 (mixing by documents, for tokenizer sampling) or its token count (mixing by tokens, for
+datasets). The midpoint makes every prefix err symmetrically: a source's next document is taken when the mix is
+closer to its share with it than without it. (Counting the whole next document instead, `(units + next) / prob`,
+always puts the long-document source behind, so a short prefix such as the validation split could miss it
+entirely.) Every prefix of the output then carries the mix to within about one document per source, sources are
+interleaved document by document (none drained before the next), and nothing depends on random draws, so shares
+are exact and rebuilds identical. Written by hand because `interleave_datasets` mixes by documents with random
+draws: its token shares drift with document length.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class Mixer(Generic[T]):
                 head = None if count.exhausted else self._head(label)
                 if head is None:
                     continue
-                key = (count.units + head[1]) / count.requested
+                key = (count.units + head[1] / 2) / count.requested  # the midpoint: see the module docstring
                 if best is None or key < best_key:
                     best, best_key = label, key
             if best is None:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from sparknet.config import SourceSpec
-from sparknet.data.sources import document_text, open_source, pick_text_field, read_rows
+from sparknet.data.sources import declared_columns, document_text, open_source, pick_text_field, read_rows
 from sparknet.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class SourceReader:
             if index < self.skip or (index - self.skip) % self.world_size != self.rank:
                 continue
             if field is None:
-                field = pick_text_field(row, self.spec)
+                field = pick_text_field(row, self.spec, declared_columns(rows))
             text = document_text(row, field, self.spec)
             if text:
                 self.documents += 1

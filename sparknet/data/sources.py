@@ -36,24 +36,44 @@ def open_source(spec: SourceSpec) -> Any:
         ) from None
 
 
-def pick_text_field(row: dict[str, Any], spec: SourceSpec) -> str:
-    """The column holding the document text: the entry's text_field, else the first usable common name."""
-    columns = ", ".join(f"{k} ({type(v).__name__})" for k, v in row.items()) or "none"
+def declared_columns(rows: Any) -> dict[str, str] | None:
+    """The stream's declared columns and their types (`string`, `int64`, ...) from its features, or None when the
+    stream declares none (then the first row's column names stand in)."""
+    features = getattr(rows, "features", None)
+    if not features:
+        return None
+    return {name: str(getattr(feature, "dtype", type(feature).__name__)) for name, feature in features.items()}
+
+
+# Arrow type names shown as the Python types users see in their JSON.
+_SHOWN_TYPES = {"string": "str", "large_string": "str", "int64": "int", "int32": "int", "float64": "float",
+                "double": "float", "bool": "bool", "null": "null"}
+
+
+def pick_text_field(row: dict[str, Any], spec: SourceSpec, columns: dict[str, str] | None = None) -> str:
+    """The column holding the document text: the entry's text_field, else the first common name among the declared
+    `columns` (from the stream's features), else the only string column. Decided from the columns, not from one
+    row's values, so a first row whose text is null does not send the whole source to another column."""
+    if columns is None:  # no declared features: the row's keys are the columns, its values hint at their types
+        columns = {k: "string" if isinstance(v, str) else ("null" if v is None else type(v).__name__)
+                   for k, v in row.items()}
+    shown = ", ".join(f"{k} ({_SHOWN_TYPES.get(t, t)})" for k, t in columns.items()) or "none"
     if spec.text_field is not None:
-        if spec.text_field not in row:
+        if spec.text_field not in columns:
             raise UserError(
-                f"source {spec.label!r}: text_field {spec.text_field!r} is not a column; columns found: {columns}"
+                f"source {spec.label!r}: text_field {spec.text_field!r} is not a column; columns found: {shown}"
             )
         return spec.text_field
+    textual = {"string", "large_string", "null"}
     for name in TEXT_FIELD_CANDIDATES:
-        if isinstance(row.get(name), str):
+        if columns.get(name) in textual:
             return name
-    strings = [k for k, v in row.items() if isinstance(v, str)]
+    strings = [k for k, t in columns.items() if t in ("string", "large_string")]
     if len(strings) == 1:
         return strings[0]
     raise UserError(
         f"source {spec.label!r}: no usable text column (looked for {', '.join(TEXT_FIELD_CANDIDATES)}); "
-        f'columns found: {columns}. Set "text_field" in its mix entry to the column holding the text'
+        f'columns found: {shown}. Set "text_field" in its mix entry to the column holding the text'
     )
 
 
@@ -85,10 +105,15 @@ def read_rows(rows: Any, spec: SourceSpec) -> Iterator[dict[str, Any]]:
 
 
 def unreadable(spec: SourceSpec, rows: Any, exc: BaseException) -> UserError:
-    """The error for a source that opened but could not be read, naming the file being read when it is known."""
+    """The error for a source that opened but could not be read, on one line: the source, the file being read when
+    it is known, the reader's own words (pyarrow's name the row within the block it parsed), and what to do."""
     where = _file_being_read(rows) or ", ".join(_data_file_names(spec)) or spec.name
     message = " ".join(str(exc).split()) or type(exc).__name__
-    return UserError(f"cannot read source {spec.label!r} ({where}): {type(exc).__name__}: {message}")
+    if spec.name == "json":
+        fix = "fix or remove the file"
+    else:  # a network failure after the retries of `datasets`: often passing
+        fix = "check the network and run the same command again (an unfinished build restarts from the beginning)"
+    return UserError(f"cannot read source {spec.label!r} ({where}): {type(exc).__name__}: {message}; {fix}")
 
 
 def _file_being_read(rows: Any) -> str | None:
@@ -120,7 +145,7 @@ def iter_texts(spec: SourceSpec, shuffle_buffer: int = 0, seed: int = 0) -> Iter
     field = None
     for row in read_rows(rows, spec):
         if field is None:
-            field = pick_text_field(row, spec)
+            field = pick_text_field(row, spec, declared_columns(rows))
         text = document_text(row, field, spec)
         if text:
             yield text
