@@ -22,7 +22,8 @@ def main() -> None:
     runtime.setup(SEED)
     from sparknet.benchmarks import SUITE_TASK, benchmark_table, run_benchmarks, save_results, write_offline_suite
     from sparknet.errors import UserError
-    from sparknet.evaluation import load_documents, resolve_model, tokenizer_source
+    from sparknet.eval_data import load_documents
+    from sparknet.evaluation import resolve_model, tokenizer_source
     from sparknet.reports import comparison_name, console_table, eval_dir, markdown_table
 
     if not MODELS or not TASKS:

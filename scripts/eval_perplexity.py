@@ -7,9 +7,11 @@ perplexity.md per model, and with several models eval/<A>_vs_<B>/perplexity.md w
 """
 
 MODELS = ["checkpoints/demo"]  # checkpoint folders (checkpoints/RUN_NAME, or a checkpoint-N inside) or Hub ids
-DATA: str | None = None  # packed dataset folder, or JSONL/text files (glob or comma list); None: the run's dataset
-SPLIT = "val"  # split of a packed dataset
-TEXT_FIELD = "text"  # field of the text in JSONL files
+DATA: str | None = None  # packed dataset folder, mix config, Hub dataset id, or JSONL/text files; None: the run's data
+SPLIT = "val"  # split of a packed dataset or of a Hub dataset (e.g. test)
+SUBSET: str | None = None  # subset (configuration) of a Hub dataset, e.g. wikitext-2-raw-v1
+TEXT_FIELD = "text"  # field of the text in JSONL files and Hub datasets
+HOLDOUT_ROWS = 0  # mix config as DATA: rows from each source's start (0: those a streaming run among MODELS held out)
 CONTEXT: int | None = None  # window length in tokens (None: the model's context)
 STRIDE: int | None = None  # tokens the window moves by (None: CONTEXT // 2); STRIDE = CONTEXT: disjoint windows
 BATCH_SIZE = 8  # windows per forward pass
@@ -21,11 +23,14 @@ def main() -> None:
     from sparknet import runtime
 
     runtime.setup(0)
+    from sparknet.eval_data import DataRequest
     from sparknet.evaluation import PERPLEXITY_HEADER, evaluate_perplexity, perplexity_row, resolve_model
     from sparknet.reports import comparison_name, console_table, eval_dir, markdown_table
 
-    rows = evaluate_perplexity(MODELS, DATA, text_field=TEXT_FIELD, split=SPLIT, context=CONTEXT, stride=STRIDE,
-                               batch_size=BATCH_SIZE, max_documents=MAX_DOCUMENTS, eval_root=EVAL_DIR)
+    request = DataRequest(DATA or "", text_field=TEXT_FIELD, split=SPLIT, subset=SUBSET, max_documents=MAX_DOCUMENTS,
+                          holdout_rows=HOLDOUT_ROWS)
+    rows = evaluate_perplexity(MODELS, request, context=CONTEXT, stride=STRIDE, batch_size=BATCH_SIZE,
+                               eval_root=EVAL_DIR)
     table = [perplexity_row(row) for row in rows]
     print(console_table(PERPLEXITY_HEADER, table))
     names = [resolve_model(spec).name for spec in MODELS]

@@ -9,15 +9,16 @@ written in a script stays relative to the repository root (`runtime.project_path
 any folder. The rule: a flag value for a path constant (`CONFIG`, or a name ending in `_DIR`, `_FILE` or `_PATH`)
 that is a relative path is made absolute against the current folder, and then, when it lies inside the repository,
 written relative to the repository like the defaults (so the same folder is the same value whichever way it was
-typed). Constants that may also name a Hub repository
-(`TOKENIZER_DIR`, `MODEL`, `MODELS`) are made absolute only when that path exists in the current folder, so `gpt2`
-still means the Hub id.
+typed). Constants that may also name a Hub repository (`TOKENIZER_DIR`, `MODEL`, `MODELS`, `DATA`, `SUITE_DATA`) are
+made absolute only when that path (or glob) exists in the current folder, so `gpt2` still means the Hub id; `DATA`
+may be a comma-separated list, resolved item by item.
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
+import glob
 import io
 import json
 import math
@@ -80,7 +81,7 @@ def annotated_types(source: str) -> dict[str, Any]:
 
 # Path constants whose value may instead be a Hub repository id: resolved against the current folder only when the
 # path exists there.
-_MAYBE_HUB_IDS = {"TOKENIZER_DIR", "MODEL", "MODELS"}
+_MAYBE_HUB_IDS = {"TOKENIZER_DIR", "MODEL", "MODELS", "DATA", "SUITE_DATA"}
 
 
 def is_path_constant(name: str) -> bool:
@@ -95,11 +96,13 @@ def resolve_typed_path(name: str, value: Any, cwd: str | None = None) -> Any:
         return [resolve_typed_path(name, v, cwd) for v in value]
     if not isinstance(value, str) or not value or not is_path_constant(name):
         return value
+    if name in _MAYBE_HUB_IDS and "," in value:  # a comma-separated list of files
+        return ",".join(resolve_typed_path(name, v.strip(), cwd) for v in value.split(",") if v.strip())
     path = Path(value).expanduser()
     if path.is_absolute():
         return str(path)
     full = Path(cwd or os.getcwd()) / path
-    if name in _MAYBE_HUB_IDS and not full.exists():
+    if name in _MAYBE_HUB_IDS and not full.exists() and not glob.glob(str(full)):
         return value  # a Hub id (or a path under the repository, as before)
     from sparknet.runtime import PROJECT_ROOT
 

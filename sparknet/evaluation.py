@@ -7,15 +7,17 @@ different tokenizers compare on the same text.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sparknet.errors import UserError
+
+if TYPE_CHECKING:
+    from sparknet.eval_data import DataRequest
 
 
 def perplexity(loss: float) -> float:
@@ -141,71 +143,6 @@ def model_context(model: Any) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Held-out documents: a packed dataset's split, JSONL or text files.
-
-def load_documents(data: str, text_field: str = "text", split: str = "val", max_documents: int = 0) -> list[str]:
-    """Texts to score. A packed dataset folder gives its split decoded back to documents (cut at <|endoftext|>),
-    so that any model, whatever its tokenizer, scores the same text; `.jsonl`/`.json` files give one document per
-    line (`text_field`); any other file is one document. `data` may be a glob or a comma-separated list."""
-    import glob
-
-    from sparknet.runtime import project_path
-
-    if not data:
-        raise UserError("no data: set DATA to a packed dataset folder, or JSONL/text files")
-    folder = project_path(data)
-    if folder.is_dir():
-        return _packed_documents(folder, split, max_documents)
-    files: list[Path] = []
-    for part in (p.strip() for p in data.split(",") if p.strip()):
-        matches = sorted(glob.glob(str(project_path(part)))) if any(c in part for c in "*?[") else []
-        if not matches and not project_path(part).is_file():
-            raise UserError(f"data file {part} not found (looked for {project_path(part)})")
-        files += [Path(m) for m in matches] or [project_path(part)]
-    texts: list[str] = []
-    for path in files:
-        if path.suffix in (".jsonl", ".json"):
-            texts += _jsonl_texts(path, text_field)
-        else:
-            texts.append(path.read_text(encoding="utf-8"))
-    texts = [t for t in texts if t]
-    if not texts:
-        raise UserError(f"{data}: no non-empty documents found")
-    return texts[:max_documents] if max_documents else texts
-
-
-def _jsonl_texts(path: Path, text_field: str) -> list[str]:
-    texts = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{number}: not a JSON line ({exc.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                raise UserError(f"{path}:{number}: no string field {text_field!r}: set TEXT_FIELD")
-            texts.append(record[text_field])
-    return texts
-
-
-def _packed_documents(folder: Path, split: str, max_documents: int) -> list[str]:
-    from sparknet.data.packed import PackedDataset
-    from sparknet.tokenizer import load_tokenizer
-
-    dataset = PackedDataset(folder, split)
-    tokenizer = load_tokenizer(dataset.manifest["tokenizer"]["path"] if isinstance(
-        dataset.manifest.get("tokenizer"), dict) else dataset.manifest["tokenizer"])
-    tokens = np.asarray(dataset.tokens).reshape(-1).astype(np.int64)
-    cuts = np.flatnonzero(tokens == tokenizer.eos_token_id)
-    pieces = np.split(tokens, cuts + 1)
-    texts = [tokenizer.decode(p[p != tokenizer.eos_token_id].tolist()) for p in pieces]
-    texts = [t for t in texts if t]
-    return texts[:max_documents] if max_documents else texts
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # Sliding-window negative log-likelihood.
 
 def sliding_windows(length: int, context: int, stride: int) -> list[tuple[int, int, int]]:
@@ -287,26 +224,28 @@ def score_documents(model: Any, tokenizer: Any, texts: list[str], context: int, 
 PERPLEXITY_HEADER = ["model", "data", "tokens", "bytes", "nll", "perplexity", "bits/byte"]
 
 
-def evaluate_perplexity(models: list[str], data: str | None, *, text_field: str = "text", split: str = "val",
-                        context: int | None = None, stride: int | None = None, batch_size: int = 8,
-                        max_documents: int = 0, eval_root: str = "eval") -> list[dict[str, Any]]:
+def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int | None = None,
+                        stride: int | None = None, batch_size: int = 8,
+                        eval_root: str = "eval") -> list[dict[str, Any]]:
     """Scores each model on the same documents; writes eval/<name>/perplexity.json (results keyed by data, so other
-    data's are kept) and perplexity.md; returns one result row per model. `data` None: the dataset each run was
+    data's are kept) and perplexity.md; returns one result row per model. `request.data` empty: what each run was
     trained on (its training_metadata.json)."""
+    import dataclasses
     import time
 
+    from sparknet.eval_data import data_kind, load_documents, trained_on
     from sparknet.reports import eval_dir, markdown_table, merge_json
-    from sparknet.runtime import project_path
 
     if not models:
         raise UserError("no models: set MODELS to a list of checkpoint folders or Hub ids")
     refs = [resolve_model(spec) for spec in models]  # every name checked before any is loaded
+    runs = [ref.folder for ref in refs if ref.folder is not None]
     documents: dict[str, list[str]] = {}
     rows = []
     for ref in refs:
-        source = data or _trained_on(ref)
+        source = request.data or trained_on(ref.folder, ref.spec)
         if source not in documents:
-            documents[source] = load_documents(source, text_field, split, max_documents)
+            documents[source] = load_documents(dataclasses.replace(request, data=source, runs=runs))
         model, tokenizer, device = load_model(ref)
         window = model_context(model) if context is None else context
         if not 0 < window <= model_context(model):
@@ -314,7 +253,9 @@ def evaluate_perplexity(models: list[str], data: str | None, *, text_field: str 
         step = window // 2 if stride is None else stride
         started = time.time()
         result = score_documents(model, tokenizer, documents[source], window, step, batch_size)
-        row = {"model": ref.spec, "data": source, "split": split if project_path(source).is_dir() else None,
+        kind = data_kind(source)
+        row = {"model": ref.spec, "data": source, "kind": kind,
+               "split": request.split if kind in ("packed", "dataset") else None,
                "context": window, "stride": step, **result.as_dict(), "device": device,
                "seconds": round(time.time() - started, 2)}
         out = eval_dir(ref.name, eval_root)
@@ -328,21 +269,6 @@ def evaluate_perplexity(models: list[str], data: str | None, *, text_field: str 
 def perplexity_row(row: dict[str, Any]) -> list[Any]:
     return [row["model"], row["data"], row["tokens"], row["bytes"], row["nll"], row["perplexity"],
             row["bits_per_byte"]]
-
-
-def _trained_on(ref: ModelRef) -> str:
-    """The packed dataset a SparkNet run was trained on, from its training_metadata.json."""
-    folder = ref.folder
-    for candidate in ([folder, folder.parent] if folder is not None else []):
-        path = candidate / "training_metadata.json"
-        if path.is_file():
-            dataset = json.loads(path.read_text()).get("dataset", {}).get("path")
-            if dataset:  # shown relative to the project, as a user would type it
-                from sparknet.runtime import PROJECT_ROOT
-
-                inside = Path(dataset).is_relative_to(PROJECT_ROOT)
-                return str(Path(dataset).relative_to(PROJECT_ROOT)) if inside else str(dataset)
-    raise UserError(f"{ref.spec}: no DATA given and no training_metadata.json naming its dataset: set DATA")
 
 
 # ---------------------------------------------------------------------------------------------------------------

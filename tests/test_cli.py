@@ -147,6 +147,12 @@ def test_paths_typed_on_the_command_line_are_relative_to_the_current_folder(
     apply_overrides(ns, ["--tokenizer_dir", "gpt2", "--models", '["gpt2"]', "--prompts_file", ""])
     assert ns["TOKENIZER_DIR"] == "gpt2" and ns["MODELS"] == ["gpt2"] and ns["PROMPTS_FILE"] == ""  # Hub ids
     assert resolve_typed_path("DATASET_DIR", "/abs//x") == "/abs/x"
+    # DATA: files, globs and comma lists in the current folder; a Hub dataset id kept as typed
+    (tmp_path / "a.jsonl").write_text("")
+    (tmp_path / "b.jsonl").write_text("")
+    assert resolve_typed_path("DATA", "a.jsonl,b.jsonl") == f"{tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}"
+    assert resolve_typed_path("DATA", "*.jsonl") == str(tmp_path / "*.jsonl")
+    assert resolve_typed_path("DATA", "Salesforce/wikitext") == "Salesforce/wikitext"
 
 
 def test_a_config_next_to_the_user_is_found_from_another_folder(tmp_path: Path) -> None:

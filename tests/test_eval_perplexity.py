@@ -117,3 +117,77 @@ def test_bad_input_is_one_line(random_model: Path, tmp_path: Path) -> None:
                       str(tmp_path / "missing.jsonl"))
     assert proc.returncode == 1 and "not found" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def _first_rows(path: Path, n: int) -> list[str]:
+    """The texts of the first n rows of a JSONL file, read with the json module."""
+    with path.open(encoding="utf-8") as f:
+        rows = [json.loads(line)["text"] for _, line in zip(range(n), f)]
+    return [t for t in rows if t]
+
+
+def _saved(eval_root: Path, name: str) -> dict:
+    return next(iter(json.loads((eval_root / name / "perplexity.json").read_text()).values()))
+
+
+def test_a_dataset_split_scores_that_split_only(random_model: Path, tmp_path: Path) -> None:
+    """A folder of data files that `datasets` loads as a Hub dataset would be (its splits from the file names)."""
+    from sparknet.tokenizer import load_tokenizer
+
+    folder = tmp_path / "hubby"
+    write_jsonl(folder / "train.jsonl", ["training text that is not scored"] * 5)
+    write_jsonl(folder / "test.jsonl", TEXTS)
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", folder,
+                      "--split", "test", "--context", 16, "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 0, proc.stderr
+    saved = _saved(tmp_path / "eval", "randrun")
+    tok = load_tokenizer(str(random_model))
+    assert saved["tokens"] == sum(len(tok.encode(t, add_special_tokens=False)) for t in TEXTS)
+    assert saved["bytes"] == sum(len(t.encode("utf-8")) for t in TEXTS)
+    assert saved["kind"] == "dataset" and saved["split"] == "test"
+
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", folder,
+                      "--split", "validation", "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 1 and "validation" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data",
+                      "sparknet-test/no-such-dataset", "--split", "test", "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 1 and "network" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_mix_config_scores_the_rows_the_streaming_run_held_out(corpus_config: Path, tokenizer_dir: Path,
+                                                                  random_model: Path, tmp_path: Path) -> None:
+    from sparknet.config import load_config
+    from sparknet.tokenizer import load_tokenizer
+    from tests.test_training import FAST
+
+    args = {**FAST, "target_tokens": 8 * 4 * 128, "val_tokens": 2048, "shuffle_buffer": 20, "num_workers": 0,
+            "sample_steps": 0, "run_name": "streamed", "config": corpus_config, "tokenizer_dir": tokenizer_dir,
+            "checkpoints_dir": tmp_path / "ckpt", "logs_dir": tmp_path / "logs"}
+    flags = [str(x) for k, v in args.items() for x in (f"--{k}", json.dumps(v) if isinstance(v, list) else v)]
+    proc = run_script("train_sparknet.py", *flags)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = tmp_path / "ckpt" / "streamed"
+    held = json.loads((run / "val_report.json").read_text())["rows_held_out"]
+    mix = load_config(corpus_config).mix
+    expected = [t for spec in mix for t in _first_rows(Path(spec.data_files), held[spec.label])]
+    tok = load_tokenizer(str(run))
+
+    # DATA not given: a streaming run's own config; given: the same rows
+    for data in ([], ["--data", corpus_config]):
+        proc = run_script("eval_perplexity.py", "--models", json.dumps([str(run)]), *data, "--context", 64,
+                          "--eval_dir", tmp_path / "eval")
+        assert proc.returncode == 0, proc.stderr
+        saved = _saved(tmp_path / "eval", "streamed")
+        assert saved["kind"] == "config"
+        assert saved["tokens"] == sum(len(tok.encode(t, add_special_tokens=False)) for t in expected)
+        assert saved["bytes"] == sum(len(t.encode("utf-8")) for t in expected)
+
+    # a model with no record of this config's hold-out: HOLDOUT_ROWS says how many rows, else a clear error
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", corpus_config,
+                      "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 1 and "HOLDOUT_ROWS" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", corpus_config,
+                      "--holdout_rows", 3, "--context", 16, "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 0, proc.stderr
+    three = [t for spec in mix for t in _first_rows(Path(spec.data_files), 3)]
+    assert _saved(tmp_path / "eval", "randrun")["bytes"] == sum(len(t.encode("utf-8")) for t in three)

@@ -1,0 +1,207 @@
+"""The documents an evaluation scores, as text, so that any model, whatever its tokenizer, scores the same bytes.
+
+`DATA` may name:
+- a packed dataset folder (its `manifest.json`): a split decoded back to documents, cut at <|endoftext|>;
+- a mix config (`configs/*.json`): the rows each source held out for validation in a streaming run among the
+  models (its `val_report.json`), or the first `holdout_rows` rows of each source;
+- a Hub dataset id, or a local folder of data files `datasets` can load: one split (`subset`, `split`), streamed;
+- JSONL or text files (a glob or a comma-separated list): one document per JSON line, or per file.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sparknet.errors import UserError
+
+# `name` or `owner/name`, as the Hub spells dataset ids.
+_HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+_FILE_SUFFIXES = (".jsonl", ".json", ".txt", ".md", ".parquet", ".csv")
+
+
+@dataclass
+class DataRequest:
+    """What to score: `data` as typed, and the settings that apply to some kinds of it."""
+
+    data: str
+    text_field: str = "text"
+    split: str = "val"
+    subset: str | None = None
+    max_documents: int = 0
+    holdout_rows: int = 0
+    runs: list[Path] = field(default_factory=list)  # model folders whose recorded hold-out a mix config can use
+
+
+def data_kind(data: str) -> str:
+    """"packed", "config", "dataset" (a Hub id or a local folder of data files) or "files"."""
+    from sparknet.runtime import project_path
+
+    path = project_path(data)
+    if path.is_dir():
+        return "packed" if (path / "manifest.json").is_file() else "dataset"
+    if path.is_file() and path.suffix == ".json" and _is_mix_config(path):
+        return "config"
+    if not path.exists() and _HUB_ID.match(data) and not data.endswith(_FILE_SUFFIXES) and "," not in data:
+        return "dataset"
+    return "files"
+
+
+def load_documents(request: DataRequest | str) -> list[str]:
+    """The non-empty texts to score (the first `max_documents` when set)."""
+    request = DataRequest(request) if isinstance(request, str) else request
+    if not request.data:
+        raise UserError("no data: set DATA to a packed dataset folder, a mix config, a Hub dataset, or JSONL/text "
+                        "files")
+    kind = data_kind(request.data)
+    limit = request.max_documents
+    if kind == "packed":
+        texts = _packed_documents(request)
+    elif kind == "config":
+        texts = _config_documents(request)
+    elif kind == "dataset":
+        texts = _dataset_documents(request)
+    else:
+        texts = _file_documents(request)
+    texts = [t for t in texts if t]
+    if not texts:
+        raise UserError(f"{request.data}: no non-empty documents found")
+    return texts[:limit] if limit else texts
+
+
+def trained_on(folder: Path | None, spec: str) -> str:
+    """What a SparkNet run was trained on, as DATA would name it: its packed dataset, or (streaming) its mix
+    config, from its training_metadata.json."""
+    from sparknet.runtime import PROJECT_ROOT
+
+    for candidate in ([folder, folder.parent] if folder is not None else []):
+        path = candidate / "training_metadata.json"
+        if path.is_file():
+            metadata = json.loads(path.read_text())
+            named = metadata.get("dataset", {}).get("path") or metadata.get("config", {}).get("path")
+            if named:  # shown relative to the project, as a user would type it
+                inside = Path(named).is_relative_to(PROJECT_ROOT)
+                return str(Path(named).relative_to(PROJECT_ROOT)) if inside else str(named)
+    raise UserError(f"{spec}: no DATA given and no training_metadata.json naming its data: set DATA")
+
+
+def _is_mix_config(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and "mix" in data
+
+
+def _file_documents(request: DataRequest) -> list[str]:
+    from sparknet.runtime import project_path
+
+    files: list[Path] = []
+    for part in (p.strip() for p in request.data.split(",") if p.strip()):
+        matches = sorted(glob.glob(str(project_path(part)))) if any(c in part for c in "*?[") else []
+        if not matches and not project_path(part).is_file():
+            raise UserError(f"data file {part} not found (looked for {project_path(part)}); DATA may also be a "
+                            "packed dataset folder, a mix config or a Hub dataset id")
+        files += [Path(m) for m in matches] or [project_path(part)]
+    texts: list[str] = []
+    for path in files:
+        if path.suffix in (".jsonl", ".json"):
+            texts += _jsonl_texts(path, request.text_field)
+        else:
+            texts.append(path.read_text(encoding="utf-8"))
+    return texts
+
+
+def _jsonl_texts(path: Path, text_field: str) -> list[str]:
+    texts = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{path}:{number}: not a JSON line ({exc.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+                raise UserError(f"{path}:{number}: no string field {text_field!r}: set TEXT_FIELD")
+            texts.append(record[text_field])
+    return texts
+
+
+def _packed_documents(request: DataRequest) -> list[str]:
+    from sparknet.data.packed import PackedDataset
+    from sparknet.runtime import project_path
+    from sparknet.tokenizer import load_tokenizer
+
+    dataset = PackedDataset(project_path(request.data), request.split)
+    named = dataset.manifest["tokenizer"]
+    tokenizer = load_tokenizer(named["path"] if isinstance(named, dict) else named)
+    tokens = np.asarray(dataset.tokens).reshape(-1).astype(np.int64)
+    pieces = np.split(tokens, np.flatnonzero(tokens == tokenizer.eos_token_id) + 1)
+    return [tokenizer.decode(p[p != tokenizer.eos_token_id].tolist()) for p in pieces]
+
+
+def _dataset_documents(request: DataRequest) -> list[str]:
+    """One split of a Hub dataset (or a local folder `datasets` loads like one), streamed: only the documents
+    scored are read."""
+    from sparknet.config import SourceSpec
+    from sparknet.data.sources import iter_texts
+    from sparknet.runtime import project_path
+
+    local = project_path(request.data)
+    name = str(local) if local.is_dir() else request.data
+    spec = SourceSpec(name=name, prob=1.0, split=request.split, subset=request.subset,
+                      text_field=request.text_field, label=request.data)
+    texts = iter_texts(spec)
+    return list(itertools.islice(texts, request.max_documents)) if request.max_documents else list(texts)
+
+
+def _config_documents(request: DataRequest) -> list[str]:
+    """The rows each source of the mix held out for validation (never trained on), read in the source's order;
+    the sources' documents interleaved so that the first MAX_DOCUMENTS cover every source."""
+    from sparknet.config import load_config
+    from sparknet.data.reader import SourceReader
+
+    config = load_config(request.data)
+    rows = _held_out_rows(config, request)
+    per_source = []
+    for spec in config.mix:
+        texts = []
+        for text, read in SourceReader(spec):
+            if read > rows[spec.label]:
+                break
+            texts.append(text)
+        per_source.append(texts)
+    return [t for group in itertools.zip_longest(*per_source) for t in group if t is not None]
+
+
+def _held_out_rows(config: Any, request: DataRequest) -> dict[str, int]:
+    """Rows per source from the start: `holdout_rows` for every source, else the fewest that any streaming run
+    among the models held out (so no model scores a document it was trained on)."""
+    labels = [s.label for s in config.mix]
+    if request.holdout_rows > 0:
+        return {label: request.holdout_rows for label in labels}
+    mix = config.to_dict()["mix"]
+    recorded = []
+    for folder in request.runs:
+        for run in (folder, folder.parent):
+            identity, report = run / "run_config.json", run / "val_report.json"
+            if identity.is_file() and report.is_file():
+                if json.loads(identity.read_text()).get("mix") == mix:
+                    recorded.append(json.loads(report.read_text())["rows_held_out"])
+                break
+    if not recorded:
+        raise UserError(
+            f"DATA={request.data}: no model among MODELS was trained on this config by train_sparknet.py, so which "
+            "rows were held out is not known: set HOLDOUT_ROWS to the rows per source to score from each source's "
+            "start (documents a model may have trained on if it saw this config), or pass the run's packed dataset "
+            "folder as DATA"
+        )
+    return {label: min(int(r.get(label, 0)) for r in recorded) for label in labels}
