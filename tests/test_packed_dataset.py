@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -366,3 +367,55 @@ def test_the_validation_split_carries_the_mix_and_the_manifest_says_so(
     for label, want in (("short", 0.7), ("long", 0.3)):
         assert val[label]["requested_share"] == pytest.approx(want)
         assert abs(val[label]["share"] - want) <= 0.02, (label, val[label])
+
+
+def _position(building: Path) -> dict | None:
+    try:
+        return json.loads((building / "build_state.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _build_until(argv: list[str], building: Path, stop: Callable[[dict], bool], sig: int) -> str:
+    """Runs the build script until its saved position satisfies `stop`, then sends `sig`; returns its stderr."""
+    proc = subprocess.Popen(argv, env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline:
+        state = _position(building)
+        if state is not None and stop(state):
+            proc.send_signal(sig)
+            break
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0, "the build finished before it was interrupted"
+    return err
+
+
+def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
+    sources: dict, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """kill -9 in the validation split, Ctrl-C in the training split, each followed by the same command: the files
+    and manifest equal an uninterrupted build's, with a shuffle buffer and encoder processes."""
+    cfg = _config(sources, tmp_path)
+    extra = ("--target_tokens", 600_000, "--shuffle_buffer", 64, "--num_workers", 2, "--checkpoint_seconds", 0.05)
+    reference = tmp_path / "reference"
+    proc = run_script("build_dataset_v5.py", *_script_args(cfg, reference, tokenizer_dir, *extra))
+    assert proc.returncode == 0, proc.stderr
+
+    out, building = tmp_path / "ds", tmp_path / ".ds.building"
+    argv = [sys.executable, "scripts/build_dataset_v5.py", *map(str, _script_args(cfg, out, tokenizer_dir, *extra))]
+    _build_until(argv, building, lambda s: s["split"] == "val" and s["written"]["val"] > 0, signal.SIGKILL)
+    err = _build_until(argv, building, lambda s: s["split"] == "train" and s["written"]["train"] > 1000,
+                       signal.SIGINT)
+    assert "resuming the interrupted build" in err and "resumes it from its last saved position" in err
+    assert (building / "train.bin").stat().st_size > 0
+    proc = run_script("build_dataset_v5.py", *_script_args(cfg, out, tokenizer_dir, *extra))
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming the interrupted build" in proc.stderr and not building.exists()
+    for name in ("train.bin", "val.bin"):
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+    a, b = (json.loads((d / "manifest.json").read_text()) for d in (reference, out))
+    for m in (a, b):
+        m.pop("build_seconds")
+    assert a == b and "build_state.json" not in os.listdir(out)

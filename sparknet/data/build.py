@@ -6,8 +6,10 @@ behind its token share. The first VAL_TOKENS (whole blocks) of the mixed stream 
 rest the training split; a document goes entirely to one of them. Output order depends only on the inputs, never on
 the number of workers, so the same inputs give byte-identical token files.
 
-A build writes into a hidden sibling folder and renames it to OUTPUT_DIR only once the manifest is in it; an
-interrupted build is discarded and restarted from the beginning by the next run.
+Sources are read with the streaming trainer's reader (`SourceReader`: its seeded shuffle buffer is part of its
+position) and encoded ahead with its `EncodedDocuments`. A build writes into a hidden sibling folder and renames it
+to OUTPUT_DIR only once the manifest is in it. Every CHECKPOINT_SECONDS it saves its position there
+(`build_state.py`): an interrupted build of the same inputs goes on from the last save and writes the same bytes.
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ import multiprocessing as mp
 import os
 import shutil
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,12 @@ from typing import Any
 import numpy as np
 
 from sparknet.config import MixConfig, describe_changes, local_files_fingerprint
+from sparknet.data.build_state import STATE, load_state, restore_packers, save_state
 from sparknet.data.mixing import Mixer
 from sparknet.data.packed import FORMAT_VERSION, MANIFEST, SPLITS, SplitWriter, read_manifest
 from sparknet.data.packing import BlockPacker, DocumentEncoder, encode_in_worker, init_worker, token_dtype
+from sparknet.data.prefetch import Done, EncodedDocuments
+from sparknet.data.reader import SourceReader
 from sparknet.errors import UserError
 from sparknet.runtime import write_json_atomic
 from sparknet.tokenizer import tokenizer_fingerprint
@@ -55,50 +58,7 @@ class BuildSpec:
     overwrite: bool = False
     batch_docs: int = 256
     batch_chars: int = 1 << 20
-
-
-def _batches(texts: Iterator[str], max_docs: int, max_chars: int) -> Iterator[list[str]]:
-    batch: list[str] = []
-    chars = 0
-    for text in texts:
-        batch.append(text)
-        chars += len(text)
-        if len(batch) >= max_docs or chars >= max_chars:
-            yield batch
-            batch, chars = [], 0
-    if batch:
-        yield batch
-
-
-def _encoded_documents(
-    texts: Iterator[str], submit: Callable[[list[str]], Any], in_flight: int, max_docs: int, max_chars: int
-) -> Iterator[np.ndarray]:
-    """Yields one source's documents as token arrays, keeping at most `in_flight` batches submitted ahead."""
-    batches = _batches(texts, max_docs, max_chars)
-    pending: deque[Any] = deque()
-
-    def top_up() -> None:
-        while len(pending) < in_flight:
-            batch = next(batches, None)
-            if batch is None:
-                return
-            pending.append(submit(batch))
-
-    top_up()
-    while pending:
-        flat, lengths = pending.popleft().get()
-        top_up()
-        yield from np.split(flat, np.cumsum(lengths)[:-1])
-
-
-class _Eager:
-    """A finished 'async' result, for building without worker processes."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def get(self) -> Any:
-        return self.value
+    checkpoint_seconds: float = 60.0  # how often the position is saved for a resume (0: never)
 
 
 def _damage(folder: Path, manifest: dict[str, Any]) -> str | None:
@@ -165,9 +125,6 @@ def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] |
 
 def build_dataset(spec: BuildSpec) -> dict[str, Any]:
     """Builds (or finds already built) the dataset described by `spec`; returns its manifest."""
-    from tqdm import tqdm
-
-    from sparknet.data.sources import iter_texts
     from sparknet.tokenizer import load_tokenizer
 
     started = time.time()
@@ -206,16 +163,21 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
         "val_tokens": spec.val_tokens,
         "shuffle_buffer": spec.shuffle_buffer,
     }
+    if spec.shuffle_buffer:  # the buffer of SourceReader, not that of `datasets` (which earlier builds used)
+        inputs["shuffle"] = "sparknet-reader"
     existing = _check_existing(spec, inputs)
     if existing is not None:
         log.info("%s already holds this dataset (same inputs): nothing to do", spec.output_dir)
         return existing
 
     tmp = spec.output_dir.with_name(f".{spec.output_dir.name}.building")
-    if tmp.exists():
-        log.warning("found an interrupted build in %s: starting over", tmp)
+    state = load_state(tmp, inputs, spec.block_size * dtype.itemsize) if tmp.exists() else None
+    if tmp.exists() and state is None:
         shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    if state is not None:
+        done = sum(state["written"].values()) * spec.block_size
+        log.info("resuming the interrupted build in %s after %s tokens", tmp, f"{done:,}")
+    tmp.mkdir(parents=True, exist_ok=True)
     pool = None
     try:
         tokenizer_json = tok.backend_tokenizer.to_str()
@@ -228,25 +190,25 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
             encoder = DocumentEncoder(tokenizer_json, eos_id, dtype)
 
             def submit(batch: list[str]) -> Any:
-                return _Eager(encoder(batch))
+                return Done(encoder(batch))
 
-        in_flight = max(2, 2 * spec.num_workers)
-        streams = {
-            s.label: _encoded_documents(
-                iter_texts(s, spec.shuffle_buffer, spec.seed), submit, in_flight, spec.batch_docs, spec.batch_chars
-            )
-            for s in config.mix
-        }
-        mixer = Mixer(streams, {s.label: s.prob for s in config.mix}, cost=len)
-        manifest = _pack(spec, mixer, tmp, dtype, tqdm)
-    except BaseException:
+        sources = _open_sources(spec, submit, state)
+        mixer = Mixer(sources, {s.label: s.prob for s in config.mix}, cost=len)
+        if state is not None:
+            mixer.load_state_dict(state["mixer"])
+        manifest = _pack(spec, mixer, sources, tmp, dtype, inputs, state)
+    except BaseException as exc:
         if pool is not None:
             pool.terminate()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, UserError) or not (tmp / STATE).is_file():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            log.warning("build interrupted: the same command resumes it from its last saved position (%s)", tmp)
         raise
     if pool is not None:
         pool.close()
         pool.join()
+    (tmp / STATE).unlink(missing_ok=True)
 
     manifest.update(
         {
@@ -279,14 +241,35 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
     return manifest
 
 
-def _pack(spec: BuildSpec, mixer: Mixer, folder: Path, dtype: np.dtype, tqdm: Any) -> dict[str, Any]:
-    """Runs the mixed documents through the val then the train packer; returns the split part of the manifest."""
+def _open_sources(spec: BuildSpec, submit: Any, state: dict[str, Any] | None) -> dict[str, EncodedDocuments]:
+    """Each source read (from the saved position when resuming) and encoded ahead, a bounded number of batches."""
+    positions = state["sources"] if state is not None else {}
+    sources = {}
+    for s in spec.config.mix:
+        position = positions.get(s.label, {})
+        reader = SourceReader(s, shuffle_buffer=spec.shuffle_buffer, seed=spec.seed, state=position.get("reader"))
+        sources[s.label] = EncodedDocuments(reader, submit, in_flight=max(2, 2 * spec.num_workers),
+                                            max_docs=spec.batch_docs, max_chars=spec.batch_chars,
+                                            skip=position.get("skip", 0))
+    return sources
+
+
+def _pack(spec: BuildSpec, mixer: Mixer, sources: dict[str, EncodedDocuments], folder: Path, dtype: np.dtype,
+          inputs: dict[str, Any], state: dict[str, Any] | None) -> dict[str, Any]:
+    """Runs the mixed documents through the val then the train packer, saving the position every
+    CHECKPOINT_SECONDS; returns the split part of the manifest."""
+    from tqdm import tqdm
+
     block = spec.block_size
     want = {"val": math.ceil(spec.val_tokens / block), "train": spec.target_tokens // block}
     packers = {split: BlockPacker(block, dtype, max_blocks=want[split]) for split in SPLITS}
-    writers = {split: SplitWriter(folder, split, block, dtype) for split in SPLITS}
-    bar = tqdm(total=(want["val"] + want["train"]) * block, unit="tok", unit_scale=True, desc="packing", smoothing=0.1)
-    split = "val"
+    restore_packers(packers, state)
+    written = state["written"] if state is not None else {}
+    writers = {split: SplitWriter(folder, split, block, dtype, blocks=written.get(split, 0)) for split in SPLITS}
+    bar = tqdm(total=(want["val"] + want["train"]) * block, unit="tok", unit_scale=True, desc="packing", smoothing=0.1,
+               initial=sum(p.tokens_added for p in packers.values()))
+    split = state["split"] if state is not None else "val"
+    saved_at = time.monotonic()
     try:
         for label, doc in mixer:
             packer = packers[split]
@@ -303,6 +286,10 @@ def _pack(spec: BuildSpec, mixer: Mixer, folder: Path, dtype: np.dtype, tqdm: An
             elif spec.fail_on_exhausted and any(c.exhausted for c in mixer.counts.values()):
                 dry = ", ".join(name for name, c in mixer.counts.items() if c.exhausted)  # stop now, not hours later
                 raise UserError(f"source(s) {dry} ran dry before reaching their share (FAIL_ON_EXHAUSTED is on)")
+            if spec.checkpoint_seconds and time.monotonic() - saved_at >= spec.checkpoint_seconds:
+                save_state(folder, inputs=inputs, split=split, sources=sources, mixer=mixer, packers=packers,
+                           writers=writers)
+                saved_at = time.monotonic()
         else:  # every source ran dry before the budget
             for name in SPLITS:
                 writers[name].write(packers[name].finish())

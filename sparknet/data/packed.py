@@ -24,13 +24,21 @@ SPLITS = ("train", "val")
 
 
 class SplitWriter:
-    """Appends blocks to `<split>.bin`."""
+    """Appends blocks to `<split>.bin`; with `blocks`, continues a file after its first `blocks` blocks (anything
+    written after them, by a build interrupted before it saved its position, is cut off)."""
 
-    def __init__(self, folder: Path, split: str, block_size: int, dtype: np.dtype) -> None:
+    def __init__(self, folder: Path, split: str, block_size: int, dtype: np.dtype, blocks: int = 0) -> None:
         self.path = folder / f"{split}.bin"
         self.block_size, self.dtype = block_size, np.dtype(dtype)
-        self.blocks = 0
-        self._file = self.path.open("wb")
+        self.blocks = blocks
+        if blocks:
+            os.truncate(self.path, blocks * block_size * self.dtype.itemsize)
+        self._file = self.path.open("ab" if blocks else "wb")
+
+    def sync(self) -> None:
+        """Everything written so far is on disk (before a position that counts on it is saved)."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
 
     def write(self, blocks: np.ndarray) -> None:
         if blocks.size:
@@ -38,8 +46,7 @@ class SplitWriter:
             self.blocks += blocks.shape[0]
 
     def close(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        self.sync()
         self._file.close()
 
 

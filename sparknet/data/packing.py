@@ -128,6 +128,26 @@ class BlockPacker:
         self._pending, self._segments, self.pending_tokens = [], deque(), 0
         return out
 
+    def state_dict(self) -> dict[str, Any]:
+        """The counts and the pending tokens (take full blocks first to keep it under one block), as plain data."""
+        flat = np.concatenate(self._pending) if self._pending else np.empty(0, dtype=self.dtype)
+        return {
+            "blocks": self.blocks,
+            "tokens": dict(self.tokens_by_source),
+            "documents": dict(self.documents_by_source),
+            "pending": flat.tolist(),
+            "segments": [list(seg) for seg in self._segments],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.blocks = int(state["blocks"])
+        self.tokens_by_source = Counter(state["tokens"])
+        self.documents_by_source = Counter(state["documents"])
+        pending = np.asarray(state["pending"], dtype=self.dtype)
+        self._pending = [pending] if len(pending) else []
+        self._segments = deque([label, int(n)] for label, n in state["segments"])
+        self.pending_tokens = len(pending)
+
     def _take(self, n_blocks: int) -> np.ndarray:
         if self.max_blocks is not None:
             n_blocks = max(0, min(n_blocks, self.max_blocks - self.blocks))
