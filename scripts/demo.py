@@ -9,7 +9,7 @@ CONFIG = "configs/demo.json"  # the demo's mix: stdlib docstrings (prose) and st
 CORPUS_DIR = "data/demo"  # demo corpus (JSONL), written by scripts/prepare_demo_corpus.py
 TOKENIZER_DIR = "tokenizer-demo"  # the demo's tokenizer (never tokenizer-v5/)
 VOCAB_SIZE = 8192  # a small vocabulary suits the ~12 MB demo corpus
-TOKENIZER_DOCS = 800  # documents sampled for the tokenizer
+TOKENIZER_BYTES = 4_000_000  # bytes of text sampled for the tokenizer (of the ~11 MB demo corpus)
 DATASET_DIR = "datasets/demo"  # the demo's packed dataset (never datasets/sparknet-v5-1b/)
 VAL_TOKENS = 25_000  # validation tokens held out from the demo mix
 RUN_NAME = "demo"  # checkpoints/demo and logs/demo, replaced on every demo run
@@ -31,7 +31,7 @@ def main() -> None:
     chain = Chain()
     chain.step("demo corpus", "prepare_demo_corpus.py", "--output_dir", CORPUS_DIR)
     chain.step("tokenizer", "train_tokenizer_v5.py", "--config", CONFIG, "--vocab_size", VOCAB_SIZE,
-               "--max_docs", TOKENIZER_DOCS, "--output_dir", TOKENIZER_DIR, "--overwrite", "true")
+               "--max_bytes", TOKENIZER_BYTES, "--output_dir", TOKENIZER_DIR, "--overwrite", "true")
     chain.step("packed dataset", "build_dataset_v5.py", "--config", CONFIG, "--tokenizer_dir", TOKENIZER_DIR,
                "--output_dir", DATASET_DIR, "--val_tokens", VAL_TOKENS, "--overwrite", "true")
     remove_previous_run(RUN_NAME)

@@ -1,13 +1,16 @@
-"""Trains SparkNet's GPT-2-compatible byte-level BPE tokenizer on documents sampled from a mix config.
+"""Trains SparkNet's GPT-2-compatible byte-level BPE tokenizer on text sampled from a mix config.
 
-Documents are drawn from every source in proportion to its `prob`, one document at a time, each source streamed.
+Text is drawn from every source in proportion to its `prob` by UTF-8 bytes (not documents, so that a source of long
+documents supplies its share of the text and no more), one whole document at a time. Each source is streamed
+through the same seeded shuffle buffer as build_dataset_v5.py, so the tokenizer sees the mix the model will see.
 The result loads with `AutoTokenizer.from_pretrained(OUTPUT_DIR)`; `training_report.json` beside it records what
 was sampled and the bytes per token on held-out text of each source.
 """
 
-CONFIG = "configs/datasets_v5.json"  # mix config to sample documents from
+CONFIG = "configs/datasets_v5.json"  # mix config to sample text from
 VOCAB_SIZE = 50257  # vocabulary size, <|endoftext|> included (GPT-2's is 50257)
-MAX_DOCS = 500_000  # documents sampled for training (the mix's proportions, by documents)
+MAX_BYTES = 2_000_000_000  # bytes of text sampled for training, the mix's proportions by bytes
+SHUFFLE_BUFFER = 10_000  # documents per source in a shuffle buffer, as build_dataset_v5.py (0: each source's order)
 MIN_FREQUENCY = 2  # a pair must occur this often to be merged
 HELDOUT_DOCS = 200  # documents per source after the sample, for the held-out bytes-per-token report
 OUTPUT_DIR = "tokenizer-v5"  # folder written with save_pretrained
@@ -23,13 +26,14 @@ def main() -> None:
     from sparknet.tokenizer import train_tokenizer
 
     out = runtime.project_path(OUTPUT_DIR)
-    report = train_tokenizer(config, out, VOCAB_SIZE, MAX_DOCS, MIN_FREQUENCY, HELDOUT_DOCS, OVERWRITE)
+    report = train_tokenizer(config, out, vocab_size=VOCAB_SIZE, max_bytes=MAX_BYTES, min_frequency=MIN_FREQUENCY,
+                             heldout_docs=HELDOUT_DOCS, shuffle_buffer=SHUFFLE_BUFFER, overwrite=OVERWRITE)
     print(f"tokenizer: {out} (vocab {report['vocab_size']}, {report['seconds']:.0f} s)")
     for label, s in report["sources"].items():
         bpt = s["heldout_bytes_per_token"]
         print(
-            f"  {label:<24} {s['documents']:>8} docs {s['document_share']:6.1%} (asked {s['requested_share']:.1%})"
-            f"  {s['bytes'] / 2**20:8.1f} MB  held-out bytes/token " + (f"{bpt:.2f}" if bpt else "n/a")
+            f"  {label:<24} {s['bytes'] / 2**20:8.1f} MB {s['byte_share']:6.1%} (asked {s['requested_share']:.1%})"
+            f"  {s['documents']:>8} docs  held-out bytes/token " + (f"{bpt:.2f}" if bpt else "n/a")
         )
 
 

@@ -7,20 +7,19 @@ special token (never the empty string, never padding) used as bos, eos and unk, 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
 import os
 import shutil
 import time
-from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from sparknet.config import MixConfig
+from sparknet.data.mixing import Mixer, mix_texts
 from sparknet.errors import UserError
 from sparknet.runtime import project_path
 
@@ -83,51 +82,110 @@ def bytes_per_token(tok: Any, texts: list[str]) -> float | None:
     return sum(len(t.encode("utf-8")) for t in texts) / max(n_tokens, 1)
 
 
+def utf8_bytes(text: str) -> int:
+    """A document's cost when mixing for the tokenizer: its UTF-8 bytes, the unit the byte-level BPE learns from."""
+    return len(text.encode("utf-8"))
+
+
 def train_tokenizer(
     config: MixConfig,
     out_dir: Path,
+    *,
     vocab_size: int,
-    max_docs: int,
+    max_bytes: int,
     min_frequency: int = 2,
     heldout_docs: int = 50,
+    shuffle_buffer: int = 0,
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Samples `max_docs` documents from the mix (by documents, in proportion to `prob`), trains the BPE, saves it
-    with `save_pretrained` into `out_dir` and writes `training_report.json` there. Returns the report."""
-    from sparknet.data.mixing import mix_texts
-
-    if vocab_size < 257:
-        raise UserError(f"VOCAB_SIZE={vocab_size} is too small: a byte-level BPE needs 256 bytes + <|endoftext|>")
-    if max_docs <= 0:
-        raise UserError(f"MAX_DOCS={max_docs}: expected a positive number of documents")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        ours = (out_dir / "tokenizer.json").is_file() or (out_dir / REPORT_NAME).is_file()
-        if not ours:
-            raise UserError(f"{out_dir} is not empty and holds no tokenizer: it is never replaced; choose another "
-                            "--output_dir")
-        if not overwrite:
-            raise UserError(f"{out_dir} already holds a tokenizer: choose another --output_dir, or pass --overwrite "
-                            "true to replace it (datasets and runs built with the old one will then refuse it)")
+    """Samples `max_bytes` of text from the mix (by UTF-8 bytes, in proportion to `prob`; each source read through
+    the dataset build's seeded shuffle buffer of `shuffle_buffer` documents), trains the BPE, saves it with
+    `save_pretrained` into `out_dir` and writes `training_report.json` there. Returns the report."""
+    _check_settings(vocab_size, max_bytes, shuffle_buffer)
+    _check_output_dir(out_dir, overwrite)
     started = time.time()
-    mixer = mix_texts(config)
-    sampled_bytes: Counter[str] = Counter()
+    # By bytes, not documents: a source of long documents asked at 0.2 would otherwise supply most of the text.
+    mixer = mix_texts(config, utf8_bytes, shuffle_buffer=shuffle_buffer)
+    log.info("sampling %d bytes from %s and training a %d-token byte-level BPE", max_bytes, config.path, vocab_size)
+    with tqdm(total=max_bytes, desc="sampling text", unit="B", unit_scale=True, unit_divisor=1024) as progress:
+        tok = train_bpe(_sample(mixer, max_bytes, progress), vocab_size, min_frequency)
+    heldout = mixer.held_out(heldout_docs)  # the documents after the sample: text the tokenizer never saw
+    _warn_about_the_sample(mixer, max_bytes, heldout, heldout_docs)
 
-    def sampled() -> Iterable[str]:
-        for label, text in itertools.islice(mixer, max_docs):
-            sampled_bytes[label] += len(text.encode("utf-8"))
-            yield text
-
-    log.info("sampling %d documents from %s and training a %d-token byte-level BPE", max_docs, config.path, vocab_size)
-    docs = tqdm(sampled(), total=max_docs, desc="sampling documents", unit="doc")
-    tok = train_bpe(docs, vocab_size, min_frequency, length=max_docs)
-    docs.close()
-    heldout = mixer.held_out(heldout_docs)
-    taken = sum(c.documents for c in mixer.counts.values())
-    if taken < max_docs:
+    tmp = out_dir.with_name(f".{out_dir.name}.building")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save(wrap(tok, config.context_length), tmp)
+    report = {
+        "config": config.path,
+        "mix": config.to_dict()["mix"],
+        "vocab_size_requested": vocab_size,
+        "vocab_size": tok.get_vocab_size(),
+        "min_frequency": min_frequency,
+        "max_bytes": max_bytes,
+        "shuffle_buffer": shuffle_buffer,
+        "seed": config.seed,
+        "eos_token": EOT,
+        "eos_token_id": tok.token_to_id(EOT),
+        "context_length": config.context_length,
+        "sources": _source_report(mixer, tok, heldout),
+        "seconds": round(time.time() - started, 2),
+    }
+    (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
+    _replace_folder(tmp, out_dir)
+    if report["vocab_size"] < vocab_size:
         log.warning(
-            "every source ran dry after %d of MAX_DOCS=%d documents: the tokenizer saw all the data there is",
-            taken,
-            max_docs,
+            "the sample only supports %d tokens (asked for %d): sample more text (MAX_BYTES) or lower MIN_FREQUENCY",
+            report["vocab_size"],
+            vocab_size,
+        )
+    return report
+
+
+def _check_settings(vocab_size: int, max_bytes: int, shuffle_buffer: int) -> None:
+    """Every bad setting at once, each named with its value and the fix."""
+    problems = []
+    if vocab_size < 257:
+        problems.append(f"VOCAB_SIZE={vocab_size} is too small: a byte-level BPE needs 256 bytes + <|endoftext|>")
+    if max_bytes <= 0:
+        problems.append(f"MAX_BYTES={max_bytes}: expected a positive number of bytes")
+    if shuffle_buffer < 0:
+        problems.append(f"SHUFFLE_BUFFER={shuffle_buffer}: expected 0 (each source's order) or a number of documents")
+    if problems:
+        raise UserError("; ".join(problems))
+
+
+def _check_output_dir(out_dir: Path, overwrite: bool) -> None:
+    """Refuses to replace a folder that is not a tokenizer, and a tokenizer unless `overwrite`."""
+    if not out_dir.exists() or not any(out_dir.iterdir()):
+        return
+    ours = (out_dir / "tokenizer.json").is_file() or (out_dir / REPORT_NAME).is_file()
+    if not ours:
+        raise UserError(f"{out_dir} is not empty and holds no tokenizer: it is never replaced; choose another "
+                        "--output_dir")
+    if not overwrite:
+        raise UserError(f"{out_dir} already holds a tokenizer: choose another --output_dir, or pass --overwrite "
+                        "true to replace it (datasets and runs built with the old one will then refuse it)")
+
+
+def _sample(mixer: Mixer[str], max_bytes: int, progress: tqdm) -> Iterator[str]:
+    """The mix's documents until `max_bytes` of text (the last document whole) or until every source is dry."""
+    for _label, text in mixer:
+        progress.update(utf8_bytes(text))
+        yield text
+        if mixer.total_units >= max_bytes:  # the mixer's units are bytes here
+            return
+
+
+def _warn_about_the_sample(
+    mixer: Mixer[str], max_bytes: int, heldout: dict[str, list[str]], heldout_docs: int
+) -> None:
+    """Says when the sources held less than the budget, and which have no held-out text left."""
+    if mixer.total_units < max_bytes:
+        log.warning(
+            "every source ran dry after %d of MAX_BYTES=%d bytes: the tokenizer saw all the data there is",
+            mixer.total_units,
+            max_bytes,
         )
     empty = [label for label, docs in heldout.items() if not docs]
     if empty and heldout_docs > 0:
@@ -136,46 +194,24 @@ def train_tokenizer(
             ", ".join(empty),
         )
 
-    tmp = out_dir.with_name(f".{out_dir.name}.building")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    fast = wrap(tok, config.context_length)
-    save(fast, tmp)
-    counts = mixer.report()
-    report = {
-        "config": config.path,
-        "mix": config.to_dict()["mix"],
-        "vocab_size_requested": vocab_size,
-        "vocab_size": tok.get_vocab_size(),
-        "min_frequency": min_frequency,
-        "max_docs": max_docs,
-        "eos_token": EOT,
-        "eos_token_id": tok.token_to_id(EOT),
-        "context_length": config.context_length,
-        "sources": {
-            label: {
-                "documents": int(c["documents"]),
-                "document_share": c["share"],
-                "requested_share": c["requested_share"],
-                "bytes": sampled_bytes[label],
-                "exhausted": c["exhausted"],
-                "heldout_documents": len(heldout[label]),
-                "heldout_bytes_per_token": bytes_per_token(tok, heldout[label]),
-            }
-            for label, c in counts.items()
-        },
-        "seconds": round(time.time() - started, 2),
+
+def _source_report(mixer: Mixer[str], tok: Any, heldout: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """Per source: what was sampled (bytes, their realised share against the requested one, documents) and the
+    bytes per token on its held-out documents."""
+    documents = sum(count.documents for count in mixer.counts.values()) or 1
+    return {
+        label: {
+            "bytes": int(c["units"]),
+            "byte_share": c["share"],
+            "requested_share": c["requested_share"],
+            "documents": int(c["documents"]),
+            "document_share": c["documents"] / documents,
+            "exhausted": c["exhausted"],
+            "heldout_documents": len(heldout[label]),
+            "heldout_bytes_per_token": bytes_per_token(tok, heldout[label]),
+        }
+        for label, c in mixer.report().items()
     }
-    (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
-    _replace_folder(tmp, out_dir)
-    if report["vocab_size"] < vocab_size:
-        log.warning(
-            "the sample only supports %d tokens (asked for %d): sample more documents (MAX_DOCS) or lower "
-            "MIN_FREQUENCY",
-            report["vocab_size"],
-            vocab_size,
-        )
-    return report
 
 
 def _replace_folder(new: Path, out_dir: Path) -> None:

@@ -103,7 +103,8 @@ def test_real_script_help_lists_every_constant_with_default() -> None:
     for flag, default in [
         ("--config", "'configs/datasets_v5.json'"),
         ("--vocab_size", "50257"),
-        ("--max_docs", "500000"),
+        ("--max_bytes", "2000000000"),
+        ("--shuffle_buffer", "10000"),
         ("--min_frequency", "2"),
         ("--output_dir", "'tokenizer-v5'"),
     ]:
@@ -119,8 +120,8 @@ def test_real_script_unknown_flag_exits_2_without_traceback() -> None:
 
 
 def test_real_script_bad_type_exits_2() -> None:
-    proc = run_script("train_tokenizer_v5.py", "--max_docs=lots")
-    assert proc.returncode == 2 and "--max_docs: expected an integer, got 'lots'" in proc.stderr
+    proc = run_script("train_tokenizer_v5.py", "--max_bytes=lots")
+    assert proc.returncode == 2 and "--max_bytes: expected an integer, got 'lots'" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import itertools
-import json
 import random
 from pathlib import Path
 
 from sparknet.config import load_config
 from sparknet.data.mixing import Mixer, mix_texts
-from tests.conftest import run_script, write_config, write_jsonl
+from tests.conftest import write_config, write_jsonl
 
 
 def _two_sources(tmp_path: Path, n_short: int = 3000, n_long: int = 800) -> tuple[Path, Path]:
@@ -18,34 +17,6 @@ def _two_sources(tmp_path: Path, n_short: int = 3000, n_long: int = 800) -> tupl
     short = [" ".join(rng.choices(words, k=rng.randint(2, 6))) for _ in range(n_short)]  # ~30 bytes
     long = [" ".join(rng.choices(words, k=rng.randint(600, 1200))) for _ in range(n_long)]  # ~5 kB
     return write_jsonl(tmp_path / "short.jsonl", short), write_jsonl(tmp_path / "long.jsonl", long)
-
-
-def test_tokenizer_samples_documents_in_proportion(tmp_path: Path) -> None:
-    """0.8/0.2 of the documents even though one source's documents are ~150x longer than the other's."""
-    short, long = _two_sources(tmp_path)
-    cfg = write_config(
-        tmp_path / "mix.json",
-        [
-            {"name": "json", "prob": 0.2, "data_files": str(long)},
-            {"name": "json", "prob": 0.8, "data_files": str(short)},
-        ],
-    )
-    proc = run_script(
-        "train_tokenizer_v5.py",
-        "--config",
-        cfg,
-        "--vocab_size",
-        300,
-        "--max_docs",
-        2000,
-        "--output_dir",
-        tmp_path / "tok",
-    )
-    assert proc.returncode == 0, proc.stderr
-    sources = json.loads((tmp_path / "tok" / "training_report.json").read_text())["sources"]
-    assert abs(sources["short"]["documents"] / 2000 - 0.8) <= 0.03
-    assert abs(sources["long"]["documents"] / 2000 - 0.2) <= 0.03
-    assert sources["long"]["bytes"] > 50 * sources["short"]["bytes"] / 4  # the long documents really are long
 
 
 def test_every_prefix_carries_the_mix(tmp_path: Path) -> None:

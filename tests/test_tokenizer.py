@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sparknet.errors import UserError
 from sparknet.tokenizer import EOT, load_tokenizer
-from tests.conftest import run_script
+from tests.conftest import run_script, write_config, write_jsonl
 
 _TOKENIZER_DIR: list[Path] = []
 
@@ -86,15 +86,105 @@ def test_round_trip_property(text: str) -> None:
 
 def test_training_report(tokenizer_dir: Path) -> None:
     report = json.loads((tokenizer_dir / "training_report.json").read_text())
-    assert report["vocab_size"] == 1024 and report["max_docs"] == 200
+    assert report["vocab_size"] == 1024 and report["max_bytes"] == 300_000 and report["shuffle_buffer"] == 10_000
     sources = report["sources"]
     assert set(sources) == {"prose", "code"}
-    assert sum(s["documents"] for s in sources.values()) == 200
-    assert sources["prose"]["documents"] == 120 and sources["code"]["documents"] == 80  # 0.6 / 0.4
-    for s in sources.values():
-        assert s["bytes"] > 10_000 and s["heldout_documents"] == 10
+    # Whole documents: the sample stops at the first one that reaches the budget (these average ~5 kB).
+    assert 300_000 <= sum(s["bytes"] for s in sources.values()) < 400_000
+    assert sum(s["byte_share"] for s in sources.values()) == pytest.approx(1)
+    for s, asked in zip(sources.values(), (0.6, 0.4), strict=True):
+        # About one document of either source off the share at this small budget (the exact test is below).
+        assert s["requested_share"] == asked and abs(s["byte_share"] - asked) < 0.1
+        assert s["bytes"] > 10_000 and s["documents"] > 5 and s["heldout_documents"] == 10
         assert 1.5 < s["heldout_bytes_per_token"] < 8
     assert report["seconds"] > 0 and report["eos_token_id"] == auto_tokenizer().eos_token_id
+
+
+def _chunks(lines: list[str], size: int) -> list[str]:
+    """The lines joined into documents of about `size` bytes each (a document ends at the line that reaches it)."""
+    docs, current = [], ""
+    for line in lines:
+        current += line + "\n"
+        if len(current.encode("utf-8")) >= size:
+            docs.append(current)
+            current = ""
+    return docs
+
+
+def _corpus_lines(corpus_dir: Path, name: str) -> list[str]:
+    rows = (json.loads(line)["text"] for line in (corpus_dir / f"{name}.train.jsonl").open(encoding="utf-8"))
+    return [line for text in rows for line in text.splitlines() if line.strip()]
+
+
+def _utf8(texts: list[str]) -> int:
+    return sum(len(t.encode("utf-8")) for t in texts)
+
+
+@pytest.mark.parametrize("shuffle_buffer", [0, 10_000])
+def test_sources_supply_their_share_of_the_bytes(corpus_dir: Path, tmp_path: Path, shuffle_buffer: int) -> None:
+    """Documents ~20x longer asked at 0.2 supply 20% of the text, not the ~83% a mix by documents gives them."""
+    short = _chunks(_corpus_lines(corpus_dir, "prose"), 250)  # paragraphs of the stdlib's docstrings
+    long = _chunks(_corpus_lines(corpus_dir, "code"), 5_000)  # whole stretches of stdlib source
+    assert 15 < (_utf8(long) / len(long)) / (_utf8(short) / len(short)) < 25
+    cfg = write_config(tmp_path / "mix.json", [
+        {"name": "json", "prob": 0.2, "data_files": str(write_jsonl(tmp_path / "long.jsonl", long))},
+        {"name": "json", "prob": 0.8, "data_files": str(write_jsonl(tmp_path / "short.jsonl", short))},
+    ])
+    budget = 1_000_000
+    proc = run_script("train_tokenizer_v5.py", "--config", cfg, "--vocab_size", 300, "--max_bytes", budget,
+                      "--shuffle_buffer", shuffle_buffer, "--heldout_docs", 5, "--output_dir", tmp_path / "tok")
+    assert proc.returncode == 0, proc.stderr
+    sources = json.loads((tmp_path / "tok" / "training_report.json").read_text())["sources"]
+    total = sources["long"]["bytes"] + sources["short"]["bytes"]
+    assert budget <= total < budget + max(len(t.encode("utf-8")) for t in long)
+    for label, asked in (("long", 0.2), ("short", 0.8)):
+        assert not sources[label]["exhausted"] and sources[label]["requested_share"] == asked
+        assert abs(sources[label]["byte_share"] - asked) <= 0.02, sources
+    assert sources["long"]["documents"] < 0.05 * (sources["long"]["documents"] + sources["short"]["documents"])
+    assert f"{sources['long']['byte_share']:6.1%} (asked 20.0%)" in proc.stdout
+    if shuffle_buffer == 0:  # each source's order: the sample is the first documents of each file, counted here
+        for label, docs in (("long", long), ("short", short)):
+            assert sources[label]["bytes"] == _utf8(docs[: sources[label]["documents"]])
+        assert abs(_utf8(long[: sources["long"]["documents"]]) / total - 0.2) <= 0.02
+
+
+def _latin_then_cyrillic(corpus_dir: Path) -> list[str]:
+    """400 documents of ~1 kB in storage order: 200 of English prose, then the same 200 spelled in Cyrillic."""
+    latin = _chunks(_corpus_lines(corpus_dir, "prose"), 1_000)[:200]
+    to_cyrillic = str.maketrans("abcdefghijklmnopqrstuvwxyz", "абцдефгхийклмнопярстуввхыз")
+    return latin + [doc.translate(to_cyrillic) for doc in latin]
+
+
+def _train_on(config: Path, out: Path, *args: object) -> bytes:
+    """tokenizer.json of the real script run on a quarter of the config's text, the held-out report kept small."""
+    proc = run_script("train_tokenizer_v5.py", "--config", config, "--vocab_size", 400, "--max_bytes", 100_000,
+                      "--heldout_docs", 2, "--output_dir", out, *args)
+    assert proc.returncode == 0, proc.stderr
+    return (out / "tokenizer.json").read_bytes()
+
+
+def _has_cyrillic_tokens(folder: Path) -> bool:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    return any("а" <= ch <= "я" for i in range(257, tok.get_vocab_size()) for ch in tok.decode([i]))
+
+
+def test_shuffle_buffer_samples_across_storage_order_and_repeats_with_the_seed(
+    corpus_dir: Path, tmp_path: Path
+) -> None:
+    """The budget covers a quarter of a source stored Latin first: in storage order the tokenizer never sees the
+    Cyrillic half; through the shuffle buffer it does, and the same seed gives the very same tokenizer."""
+    docs = write_jsonl(tmp_path / "docs.jsonl", _latin_then_cyrillic(corpus_dir))
+    mix = [{"name": "json", "prob": 1.0, "data_files": str(docs)}]
+    config = write_config(tmp_path / "mix.json", mix)
+    in_order = _train_on(config, tmp_path / "in_order", "--shuffle_buffer", 0)
+    assert not _has_cyrillic_tokens(tmp_path / "in_order")
+    shuffled = _train_on(config, tmp_path / "shuffled")  # the script's SHUFFLE_BUFFER (10,000 documents)
+    assert _has_cyrillic_tokens(tmp_path / "shuffled") and shuffled != in_order
+    assert _train_on(config, tmp_path / "again") == shuffled
+    other_seed = write_config(tmp_path / "seed2.json", mix, seed=2)
+    assert _train_on(other_seed, tmp_path / "other_seed") != shuffled
 
 
 def test_existing_output_is_not_overwritten_silently(tokenizer_dir: Path, corpus_config: Path) -> None:
@@ -107,8 +197,8 @@ def test_existing_output_is_not_overwritten_silently(tokenizer_dir: Path, corpus
         tokenizer_dir,
         "--vocab_size",
         300,
-        "--max_docs",
-        20,
+        "--max_bytes",
+        20_000,
     )
     assert proc.returncode == 1 and "already holds a tokenizer" in proc.stderr and "--overwrite true" in proc.stderr
     assert (tokenizer_dir / "tokenizer.json").read_bytes() == before
@@ -127,7 +217,7 @@ def test_load_tokenizer_checks(tmp_path: Path, tokenizer_dir: Path) -> None:
 def test_overwrite_never_replaces_a_folder_that_holds_no_tokenizer(corpus_config: Path, tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("the user's own file")
     proc = run_script("train_tokenizer_v5.py", "--config", corpus_config, "--output_dir", tmp_path,
-                      "--vocab_size", 300, "--max_docs", 20, "--overwrite", "true")
+                      "--vocab_size", 300, "--max_bytes", 20_000, "--overwrite", "true")
     assert proc.returncode == 1 and "holds no tokenizer: it is never replaced" in proc.stderr
     assert (tmp_path / "notes.txt").read_text() == "the user's own file"
 
@@ -143,7 +233,7 @@ def test_replacing_a_tokenizer_never_leaves_a_half_deleted_one(
 
     out = tmp_path / "tok"
     config = load_config(corpus_config)
-    tokenizer_module.train_tokenizer(config, out, 300, 30, heldout_docs=0)
+    tokenizer_module.train_tokenizer(config, out, vocab_size=300, max_bytes=30_000, heldout_docs=0)
     real_rmtree = shutil.rmtree
 
     def crash_midway(path: object, *args: object, **kwargs: object) -> None:
@@ -154,6 +244,7 @@ def test_replacing_a_tokenizer_never_leaves_a_half_deleted_one(
 
     monkeypatch.setattr(tokenizer_module.shutil, "rmtree", crash_midway)
     with pytest.raises(KeyboardInterrupt):
-        tokenizer_module.train_tokenizer(config, out, 310, 30, heldout_docs=0, overwrite=True)
+        tokenizer_module.train_tokenizer(config, out, vocab_size=310, max_bytes=30_000, heldout_docs=0,
+                                           overwrite=True)
     assert load_tokenizer(str(out)).eos_token == EOT
     assert json.loads((out / "training_report.json").read_text())["vocab_size_requested"] == 310

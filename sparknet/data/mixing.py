@@ -2,8 +2,8 @@
 
 The choice is deterministic deficit scheduling with one document of look-ahead: the next document comes from the
 source whose share would stand lowest halfway through its next document (smallest `(units + next/2) / prob`), where a
-document's units are 1 (mixing by documents, for tokenizer sampling) or its token count (mixing by tokens, for
-datasets). The midpoint makes every prefix err symmetrically: a source's next document is taken when the mix is
+document's units are 1 (mixing by documents), its UTF-8 bytes (tokenizer sampling) or its tokens (datasets). The
+midpoint makes every prefix err symmetrically: a source's next document is taken when the mix is
 closer to its share with it than without it. (Counting the whole next document instead, `(units + next) / prob`,
 always puts the long-document source behind, so a short prefix such as the validation split could miss it
 entirely.) Every prefix of the output then carries the mix to within about one document per source, sources are
@@ -140,10 +140,15 @@ class Mixer(Generic[T]):
         }
 
 
-def mix_texts(config: MixConfig, cost: Callable[[str], int] | None = None) -> Mixer[str]:
-    """A Mixer over the document texts of every source of a config, each source streamed lazily in its order."""
-    from sparknet.data.sources import iter_texts
+def mix_texts(config: MixConfig, cost: Callable[[str], int] | None = None, *, shuffle_buffer: int = 0) -> Mixer[str]:
+    """A Mixer over the document texts of every source of a config, each source streamed lazily by `SourceReader`
+    through its seeded shuffle buffer of `shuffle_buffer` documents (0: the source's order), as the dataset build
+    reads it: with the same buffer and the config's seed, a source gives its documents in the same order here."""
+    from sparknet.data.reader import SourceReader
 
-    streams = {spec.label: iter_texts(spec) for spec in config.mix}
+    streams = {
+        spec.label: (text for text, _rows_read in SourceReader(spec, shuffle_buffer=shuffle_buffer, seed=config.seed))
+        for spec in config.mix
+    }
     probs = {spec.label: spec.prob for spec in config.mix}
     return Mixer(streams, probs) if cost is None else Mixer(streams, probs, cost)
