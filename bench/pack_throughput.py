@@ -5,8 +5,13 @@
 2. Memory: peak RSS (main process + workers) of builds of N and 10×N tokens. Target: the larger <= 1.2× the smaller.
 3. Loading: random-access batch reads/s from the packed dataset against training steps/s of the 70M preset on this
    CPU, same batch shape. Target: the loader >= 100× faster.
+4. Reading: a build from local Parquet shards (standing in for a Hub dataset: three sources of 8 shards each) with
+   each source read ahead on its own thread against reading on demand (READ_AHEAD 0); same output (checked), the
+   ratio of the build rates. On 2 cores reading ahead loses (0.67: the threads contend for the GIL with the mixing
+   loop), so local sources read on demand by default and Hub sources, whose network waits release the GIL, ahead.
 
-Run: `make bench` or `.venv/bin/python bench/pack_throughput.py` (about 3 minutes on 2 cores).
+Run: `make bench` or `.venv/bin/python bench/pack_throughput.py` (about 4 minutes on 2 cores; `--reading`: section 4
+alone).
 """
 
 from __future__ import annotations
@@ -79,7 +84,10 @@ def main() -> None:
         {"name": "json", "prob": 0.6, "data_files": str(corpus / "code.train.jsonl")}]}))
     config = load_config(cfg_path)
     tok_dir = work / "tok"
-    train_tokenizer(config, tok_dir, vocab_size=8192, max_docs=600, heldout_docs=0)
+    train_tokenizer(config, tok_dir, vocab_size=8192, max_bytes=3_000_000, heldout_docs=0)
+    if "--reading" in sys.argv:  # section 4 alone
+        reading(work, corpus, tok_dir, cores)
+        return
 
     # 1. Throughput: a target beyond the corpus makes the build consume every document, as encode_batch does.
     from tokenizers import Tokenizer
@@ -140,9 +148,51 @@ def main() -> None:
     print(f"  random batch reads:     {reads:,.0f} /s")
     print(f"  70M training steps:     {steps:.4f} /s ({1 / steps:.1f} s per step, fp32, {cores} cores)")
     print(f"  ratio reads/steps:      {reads / steps:,.0f}   (target >= 100)")
+    reading(work, corpus, tok_dir, cores)
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)
+
+
+def reading(work: Path, corpus: Path, tok_dir: Path, cores: int) -> None:
+    """Section 4: the same Parquet build read ahead on threads and read on demand."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sparknet.config import load_config
+    from sparknet.data.build import BuildSpec, build_dataset
+
+    mix = []
+    for name, prob in (("prose", 0.3), ("code", 0.5), ("tests", 0.2)):
+        source = "code" if name == "tests" else name
+        texts = [json.loads(line)["text"] for line in (corpus / f"{source}.train.jsonl").open(encoding="utf-8")]
+        texts = texts[len(texts) // 2:] if name == "tests" else texts  # a third source: another part of the code
+        shards = []
+        for k in range(8):
+            path = work / "parquet" / name / f"train-{k:05d}-of-00008.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.table({"text": texts[k::8]}), path, row_group_size=256)
+            shards.append(str(path))
+        mix.append({"name": "parquet", "prob": prob, "data_files": shards})
+    cfg_path = work / "parquet.json"
+    cfg_path.write_text(json.dumps({"seed": 0, "context_length": BLOCK, "target_tokens": 10**9, "mix": mix}))
+    config = load_config(cfg_path)
+    rates, files = {}, {}
+    for attempt, read_ahead in enumerate((0, 8, 0, 8)):  # alternated, best of two each: the machine is noisy
+        out = work / f"parquet-{attempt}"
+        t = time.perf_counter()
+        spec = BuildSpec(config=config, tokenizer=str(tok_dir), output_dir=out, target_tokens=2_000_000,
+                         val_tokens=BLOCK, block_size=BLOCK, seed=0, num_workers=cores, shuffle_buffer=1000,
+                         read_ahead=read_ahead, overwrite=True)
+        manifest = build_dataset(spec)
+        tokens = manifest["splits"]["train"]["tokens"] + manifest["splits"]["val"]["tokens"]
+        rates[read_ahead] = max(rates.get(read_ahead, 0.0), tokens / (time.perf_counter() - t))
+        files[read_ahead] = (out / "train.bin").read_bytes()
+    assert files[0] == files[8], "reading ahead changed the dataset"
+    print(f"\n[reading] 3 Parquet sources x 8 shards, {cores} encoder processes, shuffle buffer 1000")
+    print(f"  read on demand:         {rates[0]:,.0f} tokens/s")
+    print(f"  read ahead (threads):   {rates[8]:,.0f} tokens/s (same bytes)")
+    print(f"  ratio ahead/on demand:  {rates[8] / rates[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ SHUFFLE_BUFFER = 10_000  # documents shuffled per source through a buffer (0: ke
 DTYPE = "auto"  # token dtype on disk: auto (uint16 when the vocab fits), uint16 or uint32
 FAIL_ON_EXHAUSTED = False  # stop with an error, not a warning, when a source runs dry before its share
 OVERWRITE = False  # replace an existing dataset built from other inputs
+READ_AHEAD: int | None = None  # batches read ahead per source on a thread (None: 8 for Hub sources, 0 for local)
 CHECKPOINT_SECONDS = 60.0  # save the build's position this often, for a resume after an interruption (0: never)
 
 
@@ -56,6 +57,7 @@ def main() -> None:
         fail_on_exhausted=FAIL_ON_EXHAUSTED,
         overwrite=OVERWRITE,
         checkpoint_seconds=CHECKPOINT_SECONDS,
+        read_ahead=READ_AHEAD,
     )
     manifest = build_dataset(spec)
     print(f"dataset: {spec.output_dir}  ({manifest['build_seconds']:.0f} s to build)")

@@ -1,7 +1,8 @@
 """Mix configs: the JSON schema shared by every script, its validation, and the errors users see.
 
 A config is `{"seed", "context_length", "target_tokens", "mix": [{"name", "split", "prob", "data_files"?, "subset"?,
-"text_field"?}]}`. Every mistake raises ConfigError with the file, the JSON path (`mix[2].prob`) and what is expected.
+"text_field"?, "revision"?}]}`. Every mistake raises ConfigError with the file, the JSON path (`mix[2].prob`) and
+what is expected.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import logging
 import math
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +24,10 @@ from sparknet.runtime import project_path
 log = logging.getLogger(__name__)
 
 TOP_KEYS = ("seed", "context_length", "target_tokens", "mix")
-SOURCE_KEYS = ("name", "split", "prob", "data_files", "subset", "text_field")
+SOURCE_KEYS = ("name", "split", "prob", "data_files", "subset", "text_field", "revision")
 REQUIRED_SOURCE_KEYS = ("name", "prob")
 MAX_SEED = 2**32 - 1
+COMMIT_SHA = re.compile(r"[0-9a-f]{40}")  # a full commit id, shortened in labels as git shortens it
 
 
 class ConfigError(UserError):
@@ -41,6 +44,7 @@ class SourceSpec:
     data_files: str | list[str] | dict[str, str | list[str]] | None = None
     subset: str | None = None
     text_field: str | None = None
+    revision: str | None = None  # a Hub branch, tag or commit sha; None reads the default branch as it is now
     label: str = ""  # unique short name used in reports and accounting
 
     def resolved_data_files(self) -> list[str] | dict[str, list[str]] | None:
@@ -70,7 +74,8 @@ class MixConfig:
     def to_dict(self) -> dict[str, Any]:
         """The config as plain JSON data (for manifests and metadata)."""
         d = asdict(self)
-        d["mix"] = [dict(s) for s in d["mix"]]
+        # `revision` only when set: inputs recorded before it existed lack the key and must still compare equal
+        d["mix"] = [{k: v for k, v in s.items() if k != "revision" or v is not None} for s in d["mix"]]
         return d
 
 
@@ -190,15 +195,21 @@ def parse_config(data: Any, path: str = "<config>") -> MixConfig:
         split = check.string(entry.get("split", "train"), f"{where}.split")
         subset = check.string(entry.get("subset"), f"{where}.subset", optional=True)
         text_field = check.string(entry.get("text_field"), f"{where}.text_field", optional=True)
+        revision = check.string(entry.get("revision"), f"{where}.revision", optional=True)
         if name == "json" and subset is not None:
             raise check.fail(f"{where}.subset", 'a "json" source has no subsets: remove "subset" (use data_files)')
+        if name == "json" and revision is not None:
+            # datasets would silently ignore it; local files are pinned by their sha256 in the dataset inputs
+            raise check.fail(f"{where}.revision", 'a "json" source has no revisions: remove "revision" (local files '
+                             "are pinned by their sha256)")
         data_files = entry.get("data_files")
         if data_files is not None:
             data_files = _normalised(check.data_files(data_files, f"{where}.data_files"))
         elif name == "json":
             raise check.fail(f"{where}.data_files", 'a "json" source needs "data_files": the local JSONL file(s)')
         raw_sources.append(
-            dict(name=name, prob=float(prob), split=split, data_files=data_files, subset=subset, text_field=text_field)
+            dict(name=name, prob=float(prob), split=split, data_files=data_files, subset=subset, text_field=text_field,
+                 revision=revision)
         )
 
     _refuse_duplicates(check, raw_sources)
@@ -227,7 +238,9 @@ def _normalised(data_files: Any) -> Any:
 
 
 def _source_identity(source: dict[str, Any]) -> str:
-    """What makes two entries the same data: name, subset, split and data files (resolved, so `a//b` is `a/b`)."""
+    """What makes two entries the same data: name, subset, split, data files (resolved, so `a//b` is `a/b`) and
+    revision (two revisions of a dataset are two sources; no revision and `main` count as different, as the default
+    branch need not be `main` and cannot be asked offline)."""
     files = source["data_files"]
     if files is not None:
         spec = SourceSpec(name=source["name"], prob=1.0, data_files=files)
@@ -236,7 +249,7 @@ def _source_identity(source: dict[str, Any]) -> str:
             files = {k: sorted(v) for k, v in sorted(resolved.items())}
         else:
             files = sorted(resolved or [])
-    return json.dumps([source["name"], source["subset"], source["split"], files], sort_keys=True)
+    return json.dumps([source["name"], source["subset"], source["split"], files, source["revision"]], sort_keys=True)
 
 
 def _refuse_duplicates(check: _Checker, sources: list[dict[str, Any]]) -> None:
@@ -245,16 +258,19 @@ def _refuse_duplicates(check: _Checker, sources: list[dict[str, Any]]) -> None:
     for i, source in enumerate(sources):
         key = _source_identity(source)
         if key in first:
+            pinned = f", revision {source['revision']!r}" if source["revision"] else ""
             raise check.fail(
                 f"mix[{i}]",
-                f"the same source as mix[{first[key]}] ({source['name']}, split {source['split']!r}): list each "
-                "source once and give it the sum of the probs",
+                f"the same source as mix[{first[key]}] ({source['name']}, split {source['split']!r}{pinned}): list "
+                "each source once and give it the sum of the probs",
             )
         first[key] = i
 
 
 def _labels(sources: list[dict[str, Any]]) -> list[str]:
-    """Short unique names: the dataset id's last part, or a local file's stem (`prose` for data/prose.jsonl)."""
+    """Short unique names: the dataset id's last part, or a local file's stem (`prose` for data/prose.jsonl), then
+    `/subset` and `@revision` (a commit sha cut to 7 characters, as git shows it) when set, so that reports say which
+    revision a source reads and two revisions of one dataset are told apart."""
     labels = []
     for s in sources:
         if s["name"] == "json" and s["data_files"] is not None:
@@ -266,6 +282,9 @@ def _labels(sources: list[dict[str, Any]]) -> list[str]:
             label = s["name"].rstrip("/").split("/")[-1]
         if s["subset"]:
             label += f"/{s['subset']}"
+        if s["revision"]:
+            revision = s["revision"]
+            label += "@" + (revision[:7] if COMMIT_SHA.fullmatch(revision) else revision)
         labels.append(label)
     counts = {lab: labels.count(lab) for lab in labels}
     taken = {lab for lab in labels if counts[lab] == 1}  # unique labels stay as they are
@@ -336,7 +355,7 @@ def describe_changes(old: dict[str, Any], new: dict[str, Any], upper: bool = Fal
 
 def local_files_fingerprint(config: MixConfig) -> dict[str, str]:
     """sha256 of every local data file of the mix, so that an edited file counts as another input (Hub sources
-    are named by id and split only)."""
+    are named by id, split and revision only)."""
     import glob
     import hashlib
 

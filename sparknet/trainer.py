@@ -98,7 +98,7 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 class SparkTrainer(Trainer):
     """The HF Trainer plus per-step bookkeeping kept on the device: pre-clip grad norms, the first non-finite step,
-    and (when `batch_log` is set) one line per optimizer step with its LR, the first tokens of its blocks and a hash
+    and (when `batch_log` is set) one line per optimizer step with its LR, a digest of each of its blocks and a hash
     of the weights it starts from."""
 
     def __init__(self, *args: Any, nonfinite: str = "stop", batch_log: Path | None = None,
@@ -109,7 +109,7 @@ class SparkTrainer(Trainer):
         self.grad_norms: list[tuple[int, Any]] = []
         self._first_bad: torch.Tensor | None = None
         self.batch_log = batch_log
-        self._step_blocks: list[list[int]] = []
+        self._step_blocks: list[str] = []
 
     def _observe(self, value: torch.Tensor, step: int) -> None:
         value = value.detach()
@@ -168,7 +168,9 @@ class SparkTrainer(Trainer):
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         if self.batch_log is not None:
-            self._step_blocks += inputs["input_ids"][:, :8].tolist()
+            # a digest of each whole block: blocks sharing their first tokens (boilerplate) stay distinct
+            self._step_blocks += [hashlib.blake2b(row.cpu().numpy().tobytes(), digest_size=8).hexdigest()
+                                  for row in inputs["input_ids"]]
         loss = super().training_step(model, inputs, num_items_in_batch)
         self._observe(loss, self.state.global_step + 1)
         return loss

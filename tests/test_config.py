@@ -212,6 +212,11 @@ def test_whole_numbers_written_as_floats_are_accepted(data_file: str, tmp_path: 
         ({"mix": [{"name": "json", "prob": 1, "data_files": "DIR/*.parquet"}]}, "matches no file"),
         ({"mix": [{"name": "json", "prob": 1, "data_files": "DATA", "subset": "en"}]},
          'mix[0].subset: a "json" source has no subsets'),
+        ({"mix": [{"name": "json", "prob": 1, "data_files": "DATA", "revision": "v1"}]},
+         'mix[0].revision: a "json" source has no revisions: remove "revision"'),
+        ({"mix": [{"name": "o/d", "prob": 1, "revision": 3}]},
+         "mix[0].revision: expected a non-empty string, got 3 (an integer)"),
+        ({"mix": [{"name": "o/d", "prob": 1, "revision": " "}]}, "mix[0].revision: expected a non-empty string"),
     ],
 )
 def test_odd_values_get_one_clear_line(change: dict, message: str, data_file: str, tmp_path: Path) -> None:
@@ -232,3 +237,26 @@ def test_paths_typed_two_ways_are_the_same_inputs(data_file: str) -> None:
     typed = [data_file, f"{folder}//docs.jsonl", f"{folder}/x/../docs.jsonl"]
     dicts = [parse_config(_top([{**GOOD, "data_files": t}])).to_dict()["mix"] for t in typed]
     assert dicts[0] == dicts[1] == dicts[2]
+
+
+def test_a_revision_pins_a_hub_source_and_is_recorded_only_when_set() -> None:
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    cfg = parse_config(_top([{"name": "o/d", "prob": 1, "revision": "v1.0"}, {"name": "o/e", "prob": 1},
+                             {"name": "o/f", "prob": 1, "subset": "en", "revision": sha}]))
+    assert [s.revision for s in cfg.mix] == ["v1.0", None, sha]
+    assert [s.label for s in cfg.mix] == ["d@v1.0", "e", "f/en@0123456"]
+    mix = cfg.to_dict()["mix"]
+    assert (mix[0]["revision"], mix[2]["revision"]) == ("v1.0", sha)
+    # without a revision the entry is what it was before the key existed: recorded dataset inputs still match
+    assert "revision" not in mix[1]
+    assert mix[1] == {"name": "o/e", "prob": 1 / 3, "split": "train", "data_files": None, "subset": None,
+                      "text_field": None, "label": "e"}
+
+
+def test_two_revisions_of_one_dataset_are_two_sources() -> None:
+    cfg = parse_config(_top([{"name": "o/d", "prob": 1, "revision": "v1"}, {"name": "o/d", "prob": 1, "revision": "v2"},
+                             {"name": "o/d", "prob": 1}]))
+    assert [s.label for s in cfg.mix] == ["d@v1", "d@v2", "d"]
+    same = r"mix\[1\]: the same source as mix\[0\] \(o/d, split 'train', revision 'v1'\)"
+    with pytest.raises(ConfigError, match=same):
+        parse_config(_top([{"name": "o/d", "prob": 1, "revision": "v1"}, {"name": "o/d", "prob": 2, "revision": "v1"}]))

@@ -79,8 +79,8 @@ def test_ranks_hold_equal_weights_and_train_on_disjoint_blocks(runs: dict[str, P
             assert rank0[step]["lr"] == rank1[step]["lr"]
         # within the first pass over the 781 training blocks, no block is trained on by both ranks
         first_pass = range(1, 781 // 8 + 1)
-        blocks0 = {tuple(b) for s in first_pass for b in rank0[s]["blocks"]}
-        blocks1 = {tuple(b) for s in first_pass for b in rank1[s]["blocks"]}
+        blocks0 = {b for s in first_pass for b in rank0[s]["blocks"]}
+        blocks1 = {b for s in first_pass for b in rank1[s]["blocks"]}
         assert len(blocks0) > 300 and not blocks0 & blocks1, name
     assert rank0[1]["weights"] != rank0[STEPS]["weights"]  # it trained
 

@@ -396,11 +396,14 @@ def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
     sources: dict, tokenizer_dir: Path, tmp_path: Path
 ) -> None:
     """kill -9 in the validation split, Ctrl-C in the training split, each followed by the same command: the files
-    and manifest equal an uninterrupted build's, with a shuffle buffer and encoder processes."""
+    and manifest equal an uninterrupted build's (which reads on demand), with a shuffle buffer, encoder processes
+    and sources read ahead on threads."""
     cfg = _config(sources, tmp_path)
-    extra = ("--target_tokens", 600_000, "--shuffle_buffer", 64, "--num_workers", 2, "--checkpoint_seconds", 0.05)
+    extra = ("--target_tokens", 600_000, "--shuffle_buffer", 64, "--num_workers", 2, "--checkpoint_seconds", 0.05,
+             "--read_ahead", 4)
     reference = tmp_path / "reference"
-    proc = run_script("build_dataset_v5.py", *_script_args(cfg, reference, tokenizer_dir, *extra))
+    proc = run_script("build_dataset_v5.py", *_script_args(cfg, reference, tokenizer_dir, *extra[:-2], "--read_ahead",
+                                                           0))
     assert proc.returncode == 0, proc.stderr
 
     out, building = tmp_path / "ds", tmp_path / ".ds.building"
@@ -419,3 +422,15 @@ def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
     for m in (a, b):
         m.pop("build_seconds")
     assert a == b and "build_state.json" not in os.listdir(out)
+
+
+def test_a_read_error_on_the_read_ahead_thread_is_one_line(tokenizer_dir: Path, tmp_path: Path) -> None:
+    good = write_jsonl(tmp_path / "good.jsonl", [f"document {i} " * 20 for i in range(300)])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps({"text": f"row {i} " * 20}) + "\n" for i in range(200)) + "{not json\n")
+    mix = [{"name": "json", "prob": 0.5, "data_files": str(path)} for path in (good, bad)]
+    cfg = write_config(tmp_path / "mix.json", mix, context_length=128)
+    proc = run_script("build_dataset_v5.py", *_script_args(cfg, tmp_path / "ds", tokenizer_dir, "--read_ahead", 4,
+                                                           "--target_tokens", 100_000, "--block_size", 128))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "cannot read source 'bad'" in proc.stderr and "bad.jsonl" in proc.stderr

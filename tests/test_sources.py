@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.config import SourceSpec
-from sparknet.data.sources import iter_texts, open_source
+from sparknet.config import SourceSpec, parse_config
+from sparknet.data.sources import iter_texts, open_source, resolve_revisions
 from sparknet.errors import UserError
 from tests.conftest import write_jsonl
 
@@ -64,3 +64,26 @@ def test_a_malformed_line_is_one_line_naming_source_file_row_and_fix(tmp_path: P
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"cannot read source 'bad' ({path}): "), message
     assert "row 2" in message and message.endswith("fix or remove the file")
+
+
+def test_a_local_folder_opens_by_name_and_refuses_a_revision(tmp_path: Path) -> None:
+    """datasets reads a local folder named like a Hub repo but ignores `revision` there without a word (measured:
+    any revision gives the folder's rows), so a pin on one is refused rather than recorded as if it held."""
+    write_jsonl(tmp_path / "ds" / "train.jsonl", ["one", "two"])
+    folder = str(tmp_path / "ds")
+    assert list(iter_texts(SourceSpec(name=folder, prob=1, label="ds"))) == ["one", "two"]
+    with pytest.raises(UserError) as err:
+        open_source(SourceSpec(name=folder, prob=1, revision="no-such-revision", label="ds@no-such-revision"))
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("source 'ds@no-such-revision': revision 'no-such-revision' ")
+    assert message.endswith('remove "revision"')
+
+
+def test_revisions_resolve_to_none_offline_and_for_local_files(tmp_path: Path) -> None:
+    """Offline (as the tests run) no Hub call is made: every source resolves to None, without waiting."""
+    path = write_jsonl(tmp_path / "a.jsonl", ["x"])
+    config = parse_config({"seed": 1, "context_length": 8, "target_tokens": 8, "mix": [
+        {"name": "json", "prob": 1, "data_files": str(path)},
+        {"name": "sparknet-tests/no-such-dataset", "prob": 1, "revision": "v1"},
+        {"name": "sparknet-tests/no-such-dataset", "prob": 1}]})
+    assert resolve_revisions(config) == {"a": None, "no-such-dataset@v1": None, "no-such-dataset": None}

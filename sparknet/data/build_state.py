@@ -31,22 +31,24 @@ STATE_FORMAT = 1
 def save_state(
     folder: Path,
     *,
-    inputs: dict[str, Any],
+    saved: dict[str, Any],
     split: str,
     sources: dict[str, EncodedDocuments],
     mixer: Mixer[Any],
     packers: dict[str, BlockPacker],
     writers: dict[str, SplitWriter],
 ) -> None:
-    """Writes the position after the documents mixed so far; the packer being filled hands its full blocks to its
-    writer first, so that only a partial block is kept in the state."""
+    """Writes the position after the documents mixed so far, with `saved` ({"inputs", "commits"}: what it is a
+    position in); the packer being filled hands its full blocks to its writer first, so that only a partial block
+    is kept in the state."""
     block = packers[split].block_size
     writers[split].write(packers[split].take(packers[split].pending_tokens // block))
     for writer in writers.values():
         writer.sync()  # the files hold at least what the state counts, whenever the process dies
     state = {
         "format": STATE_FORMAT,
-        "inputs": inputs,
+        "inputs": saved["inputs"],
+        "commits": saved["commits"],
         "split": split,
         # documents taken from a source but not yet mixed (the mixer's read-ahead) are read again on resume
         "sources": {

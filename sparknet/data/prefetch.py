@@ -6,12 +6,18 @@ size. Each batch remembers the reader's position before its first text, so the p
 consumed is "that batch's start, then skip k documents": saving it costs nothing per document, and restoring it
 re-reads (and re-encodes) at most one batch instead of keeping documents that were read but not yet mixed.
 
+With `read_ahead`, a thread per source reads batches ahead (up to `read_ahead` of them, each with the reader's
+position before and after it), so that sources are read in parallel with each other and with the encoding: reading
+a Hub source waits on the network, and parsing Parquet or JSON releases the GIL.
+
 Written by hand because `datasets.map(batched=True)` saves a stream's position but cannot say which of the
 documents it has already encoded were actually used.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -61,9 +67,11 @@ class EncodedDocuments:
         max_docs: int = 256,
         max_chars: int = 1 << 20,
         skip: int = 0,
+        read_ahead: int = 0,
     ) -> None:
         self.reader = reader
         self._texts = iter(reader)
+        self._end_state = reader.state()  # the reader's position after the last batch read (taken)
         self._submit = submit
         self._in_flight = max(1, in_flight)
         self._max_docs, self._max_chars = max_docs, max_chars
@@ -75,6 +83,11 @@ class EncodedDocuments:
         self._current: _Batch | None = None  # being handed out
         self._taken = 0  # documents of the current batch handed out
         self._done: deque[_Batch] = deque(maxlen=3)  # the last batches handed out, for positions a little back
+        self._raw: Iterator[Any] = self._raw_batches()
+        self._ahead: _ReadAhead | None = None
+        if read_ahead > 0:
+            self._ahead = _ReadAhead(self._raw, read_ahead)
+            self._raw = self._ahead
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return self
@@ -102,8 +115,8 @@ class EncodedDocuments:
     def position(self, consumed: int) -> dict[str, Any]:
         """The position of document `consumed` (the first of those handed out that the consumer has not used):
         `{"reader": reader state, "skip": documents to drop after it}`."""
-        if consumed == self._read:  # everything read so far is used: the reader's own position
-            return {"reader": self.reader.state(), "skip": 0}
+        if consumed == self._read:  # everything read so far is used: the position after the last batch read
+            return {"reader": self._end_state, "skip": 0}
         batch = self._batch_of(consumed)
         return {"reader": batch.start, "skip": batch.dropped + consumed - batch.first}
 
@@ -130,8 +143,13 @@ class EncodedDocuments:
             else:
                 self._pending.append(batch)
 
-    def _read_batch(self) -> _Batch | None:
-        """Reads the next batch of texts and submits it; None once the source is dry."""
+    def close(self) -> None:
+        """Stops the read-ahead thread (if any); the documents handed out and the positions stay valid."""
+        if self._ahead is not None:
+            self._ahead.close()
+
+    def _raw_batches(self) -> Iterator[tuple[dict[str, Any], list[str], list[tuple[int, int]], dict[str, Any]]]:
+        """(reader position before, texts, marks, reader position after) per batch, until the source is dry."""
         while True:
             start = self.reader.state()
             texts: list[str] = []
@@ -145,7 +163,17 @@ class EncodedDocuments:
                 if len(texts) >= self._max_docs or chars >= self._max_chars or self.reader.passes != start["passes"]:
                     break
             if not texts:
+                return
+            yield start, texts, marks, self.reader.state()
+
+    def _read_batch(self) -> _Batch | None:
+        """Takes the next batch of texts (read here, or by the read-ahead thread) and submits it; None once the
+        source is dry."""
+        while True:
+            item = next(self._raw, None)
+            if item is None:
                 return None
+            start, texts, marks, self._end_state = item
             dropped = min(self._skip, len(texts))
             self._skip -= dropped
             if dropped < len(texts):
@@ -154,3 +182,52 @@ class EncodedDocuments:
         batch.result = self._submit(texts[dropped:])
         self._read += len(batch.marks)
         return batch
+
+
+class _ReadAhead:
+    """Runs an iterator on a daemon thread, up to `size` items ahead; its exceptions are raised to the consumer."""
+
+    _END = object()
+
+    def __init__(self, items: Iterator[Any], size: int) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=size)
+        self._stop = threading.Event()
+        self._finished = False
+        self._thread = threading.Thread(target=self._run, args=(items,), daemon=True, name="sparknet-read-ahead")
+        self._thread.start()
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        if self._finished:
+            raise StopIteration
+        kind, value = self._queue.get()
+        if kind is self._END:
+            self._finished = True
+            if value is not None:
+                raise value
+            raise StopIteration
+        return value
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self, items: Iterator[Any]) -> None:
+        try:
+            for item in items:
+                if not self._put((None, item)):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it as its own
+            self._put((self._END, exc))
+            return
+        self._put((self._END, None))
+
+    def _put(self, entry: tuple[Any, Any]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False

@@ -1,15 +1,23 @@
 """One mix entry opened as a lazy stream of document texts: a Hub dataset id, or `json` with local data files.
 
-Always `streaming=True`: a source is read row by row and never materialised, whatever its size.
+Always `streaming=True`: a source is read row by row and never materialised, whatever its size. A Hub source may be
+pinned to a `revision` (branch, tag or commit); `resolve_revisions` finds the commit each Hub source reads now.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
-from sparknet.config import SourceSpec
+from sparknet.config import MixConfig, SourceSpec
 from sparknet.errors import UserError
+
+log = logging.getLogger(__name__)
+
+# Seconds to wait for the Hub when resolving a revision: the answer is a manifest's footnote, not worth a stall.
+HUB_TIMEOUT_S = 10.0
 
 # Tried in order when a source names no text_field.
 TEXT_FIELD_CANDIDATES = ("text", "content", "document", "body", "raw_content")
@@ -19,11 +27,20 @@ def open_source(spec: SourceSpec) -> Any:
     """The source as a streaming `datasets.IterableDataset` (rows as dicts)."""
     from datasets import load_dataset
 
+    if spec.revision is not None and _reads_no_revision(spec.name):
+        # datasets would ignore the pin without a word and read whatever the folder holds now
+        kind = "a local folder" if os.path.isdir(spec.name) else "a datasets builder"
+        raise UserError(
+            f"source {spec.label!r}: revision {spec.revision!r} pins a Hub dataset, but {spec.name!r} is {kind}, "
+            'read as it is now whatever the revision: remove "revision"'
+        )
     files = spec.resolved_data_files()
     if isinstance(files, list):
         files = {spec.split: files}  # a plain list of files is the split the entry names
     try:
-        return load_dataset(spec.name, spec.subset, split=spec.split, data_files=files, streaming=True)
+        return load_dataset(
+            spec.name, spec.subset, split=spec.split, data_files=files, revision=spec.revision, streaming=True
+        )
     except Exception as exc:  # noqa: BLE001 - any failure to open is reported against the user's mix entry
         hint = ""
         if spec.name != "json":
@@ -34,6 +51,62 @@ def open_source(spec: SourceSpec) -> Any:
         raise UserError(
             f"cannot open source {spec.label!r} ({spec.name}, split {spec.split!r}): {type(exc).__name__}: {exc}{hint}"
         ) from None
+
+
+def _reads_no_revision(name: str) -> bool:
+    """Whether datasets reads `name` without looking at a revision: one of its packaged builders (json, parquet,
+    csv, ...) or a local folder (taken before the Hub, as datasets does)."""
+    try:  # a private table of datasets 5; without it, json is the builder mix configs name
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES as packaged
+    except ImportError:
+        packaged = {"json": None}
+    return name in packaged or os.path.isdir(name)
+
+
+def is_hub_source(spec: SourceSpec) -> bool:
+    """Whether the source is read from the Hub (over the network), not from local files."""
+    return not _reads_no_revision(spec.name)
+
+
+def _offline() -> bool:
+    """HF_HUB_OFFLINE (read by huggingface_hub at import) or either offline variable set now: datasets reads only
+    its cache then, so a commit asked of the Hub would not name the data read."""
+    from huggingface_hub import constants
+
+    now = (os.environ.get(v, "").strip().upper() for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return constants.is_offline_mode() or any(v in {"1", "ON", "YES", "TRUE"} for v in now)
+
+
+def resolve_revisions(config: MixConfig) -> dict[str, str | None]:
+    """The commit sha each Hub source of the mix reads, by label: its `revision` (or the default branch) as the Hub
+    resolves it now. None for local sources, offline, and on any failure (no network, unknown dataset or revision,
+    gated): the pin then stays the revision as written. Never raises; waits at most HUB_TIMEOUT_S per dataset, and
+    once the Hub cannot be reached asks no more."""
+    out: dict[str, str | None] = {spec.label: None for spec in config.mix}
+    hub = [spec for spec in config.mix if spec.name != "json" and not _reads_no_revision(spec.name)]
+    if not hub or _offline():
+        return out
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi()
+    asked: dict[tuple[str, str | None], str | None] = {}  # another split or subset of the same revision: one call
+    for spec in hub:
+        key = (spec.name, spec.revision)
+        if key not in asked:
+            try:
+                asked[key] = api.dataset_info(spec.name, revision=spec.revision, timeout=HUB_TIMEOUT_S).sha
+            except Exception as exc:  # noqa: BLE001 - a missing footnote must not stop a build
+                reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+                if not isinstance(exc, HfHubHTTPError):  # no answer at all: the next dataset would wait as long
+                    log.warning("cannot reach the Hub to resolve the sources' revisions (%s); the manifest records "
+                                "none", reason)
+                    return out  # the sources not reached yet stay None
+                log.warning("source %r: the Hub resolves no revision (%s); the manifest records none", spec.label,
+                            reason)
+                asked[key] = None
+        out[spec.label] = asked[key]
+    return out
 
 
 def declared_columns(rows: Any) -> dict[str, str] | None:
@@ -112,7 +185,8 @@ def unreadable(spec: SourceSpec, rows: Any, exc: BaseException) -> UserError:
     if spec.name == "json":
         fix = "fix or remove the file"
     else:  # a network failure after the retries of `datasets`: often passing
-        fix = "check the network and run the same command again (an unfinished build restarts from the beginning)"
+        fix = ("check the network and run the same command again (an unfinished build resumes from its last saved "
+               "position)")
     return UserError(f"cannot read source {spec.label!r} ({where}): {type(exc).__name__}: {message}; {fix}")
 
 
