@@ -1,6 +1,6 @@
 """Two processes under torchrun (CPU, gloo): really data-parallel, fresh and resumed, and a Ctrl-C that stops in time.
 
-Each rank logs, per optimizer step, its LR, the first tokens of its blocks and a hash of the weights the step
+Each rank logs, per optimizer step, its LR, a digest of each of its blocks and a hash of the weights the step
 starts from (RECORD_BATCHES); equal hashes across ranks are the independent evidence that gradients are averaged.
 """
 
@@ -125,3 +125,37 @@ def test_one_event_stream_with_every_step_and_a_loadable_model(runs: dict[str, P
         assert abs(meta["metrics"]["eval_loss"] - in_loop) < 1e-5, (meta["metrics"]["eval_loss"], in_loop)
         model = AutoModelForCausalLM.from_pretrained(str(run_dir))
         assert torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()
+
+
+@pytest.mark.parametrize("trainer", ["train_sparknet_v5.py", "train_sparknet.py"])
+def test_accelerate_launch_trains_both_trainers_data_parallel(trainer: str, tiny_dataset: Path, corpus_config: Path,
+                                                              tokenizer_dir: Path, tmp_path: Path) -> None:
+    """`accelerate launch --multi_gpu --num_processes 2` (gloo on CPU) runs either trainer unchanged: every step
+    DDP-wrapped with equal weights on both ranks, disjoint blocks, one event file, a model that loads."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_stream_training import _args
+
+    settings = dict(target_tokens=20 * 2 * 4 * 128, eval_steps=10, save_steps=10, sample_steps=0,
+                    logging_steps=5, record_batches=True)
+    if trainer == "train_sparknet.py":
+        args = _args(tmp_path, corpus_config, tokenizer_dir, **settings)
+    else:
+        args = _script_args(tmp_path, tiny_dataset, **settings)
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", f"scripts/{trainer}",
+               *map(str, args)]
+    proc = subprocess.run(command, env={**os.environ, **OFFLINE_ENV}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    run_dir = tmp_path / "ckpt" / "run"
+    rank0, rank1 = _steps(run_dir / "batches.jsonl"), _steps(run_dir / "batches.rank1.jsonl")
+    assert sorted(rank0) == sorted(rank1) == list(range(1, 21))
+    for step in rank0:
+        assert rank0[step]["data_parallel"] and rank1[step]["data_parallel"], step
+        assert rank0[step]["weights"] == rank1[step]["weights"], step
+    blocks0 = {b for s in rank0 for b in rank0[s]["blocks"]}
+    blocks1 = {b for s in rank1 for b in rank1[s]["blocks"]}
+    assert len(blocks0) == len(blocks1) == 80 and not blocks0 & blocks1
+    assert len(list((tmp_path / "logs" / "run").glob("events.out.tfevents.*"))) == 1
+    assert rank0[1]["weights"] != rank0[20]["weights"]
+    AutoModelForCausalLM.from_pretrained(str(run_dir))
