@@ -109,16 +109,24 @@ def test_eos_after_every_document_none_missing_and_splits_disjoint(
     eos = tok.eos_token_id
     seen: dict[str, list[int]] = {"short": [], "long": []}
     index = {text: (name, i) for name in ("short", "long") for i, text in enumerate(sources[name])}
+    # validation documents longer than the cap are cut to their first cap - 1 tokens (see the next test)
+    cap = json.loads((built / "manifest.json").read_text())["splits"]["val"]["document_cap_tokens"]
+    starts = {tuple(tok.encode(text, add_special_tokens=False)[: cap - 1]): key for text, key in index.items()}
     per_split = {}
     for split in ("val", "train"):
         tokens = np.asarray(PackedDataset(built, split).tokens).reshape(-1)
         pieces = _segments(tokens, eos)
         whole = pieces[:-1]  # the last piece was cut by the final block
-        texts = [tok.decode(p[:-1].tolist()) for p in whole]
-        assert all(text in index for text in texts), "a piece between two eos is not exactly one document"
-        per_split[split] = {index[t] for t in texts}
-        for text in texts:
-            name, i = index[text]
+        keys = []
+        for p in whole:
+            text = tok.decode(p[:-1].tolist())
+            if split == "val" and len(p) == cap and text not in index:
+                keys.append(starts[tuple(p[:-1].tolist())])
+            else:
+                assert text in index, "a piece between two eos is not exactly one document"
+                keys.append(index[text])
+        per_split[split] = set(keys)
+        for name, i in keys:
             seen[name].append(i)
     assert not per_split["val"] & per_split["train"]
     for name, order in seen.items():  # each source read in order, no document skipped (but the cut ones)
@@ -434,3 +442,28 @@ def test_a_read_error_on_the_read_ahead_thread_is_one_line(tokenizer_dir: Path, 
                                                            "--target_tokens", 100_000, "--block_size", 128))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "cannot read source 'bad'" in proc.stderr and "bad.jsonl" in proc.stderr
+
+
+def test_a_validation_split_too_small_for_whole_long_documents_still_carries_the_mix(
+    sources: dict, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """10k validation tokens at 30% hold about two whole long documents: their documents are cut at
+    10,000 × 0.3 / 20 = 150 tokens so that each source has its share in 20+ documents; train keeps whole documents."""
+    from sparknet.tokenizer import load_tokenizer
+
+    out = tmp_path / "ds"
+    manifest = build_dataset(_spec(_config(sources, tmp_path), out, tokenizer_dir, target_tokens=100_000,
+                                   val_tokens=10_000))
+    val, train = manifest["splits"]["val"], manifest["splits"]["train"]
+    assert val["document_cap_tokens"] == 150
+    assert val["sources"]["long"]["documents_cut"] >= 20 and val["sources"]["long"]["documents"] >= 20
+    for label, want in (("short", 0.7), ("long", 0.3)):
+        assert abs(val["sources"][label]["share"] - want) <= 0.02, (label, val["sources"][label])
+        assert abs(train["sources"][label]["share"] - want) <= 0.01, (label, train["sources"][label])
+    # independently: the validation tokens cut at eos are documents of at most 150 tokens, each one the start of a
+    # source document; the training split holds whole long documents
+    eos = load_tokenizer(str(tokenizer_dir)).eos_token_id
+    val_docs = _segments(np.fromfile(out / "val.bin", dtype=np.uint16), eos)[1:-1]  # whole ones only
+    assert max(len(d) for d in val_docs) <= 150
+    train_docs = _segments(np.fromfile(out / "train.bin", dtype=np.uint16), eos)[1:-1]
+    assert max(len(d) for d in train_docs) > 600

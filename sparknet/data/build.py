@@ -41,6 +41,12 @@ from sparknet.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
 
+# The rules that decide which document goes where, part of a dataset's inputs: a dataset built by other rules is
+# other data.
+MIXING_RULES = "midpoint key; validation documents capped for 20 per source"
+VAL_DOCUMENTS_PER_SOURCE = 20  # documents of each source the validation split can always hold (see _ValCost)
+
+
 
 @dataclass
 class BuildSpec:
@@ -171,6 +177,7 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
     }
     if spec.shuffle_buffer:  # the buffer of SourceReader, not that of `datasets` (which earlier builds used)
         inputs["shuffle"] = "sparknet-reader"
+    inputs["mixing"] = MIXING_RULES
     existing = _check_existing(spec, inputs)
     if existing is not None:
         log.info("%s already holds this dataset (same inputs): nothing to do", spec.output_dir)
@@ -202,10 +209,11 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
         # read at the commit recorded in the manifest (a resumed build at its first run's), even if a branch moves
         commits = state["commits"] if state is not None else resolve_revisions(config)
         sources = _open_sources(spec, submit, state, commits)
-        mixer = Mixer(sources, {s.label: s.prob for s in config.mix}, cost=len)
+        cost = _ValCost(val_document_cap(spec) if state is None or state["split"] == "val" else None)
+        mixer = Mixer(sources, {s.label: s.prob for s in config.mix}, cost=cost)
         if state is not None:
             mixer.load_state_dict(state["mixer"])
-        manifest = _pack(spec, mixer, sources, tmp, dtype, {"inputs": inputs, "commits": commits}, state)
+        manifest = _pack(spec, mixer, cost, sources, tmp, dtype, {"inputs": inputs, "commits": commits}, state)
     except BaseException as exc:
         for source in sources.values():
             source.close()
@@ -256,6 +264,35 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
     return manifest
 
 
+class _ValCost:
+    """The mixer's cost of a document: its tokens, capped at `cap` while the validation split is packed.
+
+    The validation split carries the mix to within about half a document per source (the midpoint rule), which is
+    ±2 points only once it holds ~20 documents of each source. Where a source's documents are too long for that,
+    its validation documents are cut at `cap = VAL_TOKENS × smallest prob / 20` tokens (an <|endoftext|> after the
+    cut; the rest is dropped, never trained on), so that every source gets its share in at least 20 documents. The
+    manifest gives the cap and the documents cut per source.
+    """
+
+    def __init__(self, cap: int | None) -> None:
+        self.cap = cap
+
+    def __call__(self, doc: np.ndarray) -> int:
+        return len(doc) if self.cap is None else min(len(doc), self.cap)
+
+    def cut(self, doc: np.ndarray) -> np.ndarray:
+        """The document as packed: the first cap − 1 tokens and its <|endoftext|> when it is longer than the cap."""
+        if self.cap is None or len(doc) <= self.cap:
+            return doc
+        return np.concatenate([doc[: self.cap - 1], doc[-1:]])
+
+
+def val_document_cap(spec: BuildSpec) -> int:
+    """The longest document (in tokens, eos included) of the validation split: see _ValCost."""
+    smallest = min(s.prob for s in spec.config.mix) / sum(s.prob for s in spec.config.mix)
+    return max(2, math.ceil(spec.val_tokens * smallest / VAL_DOCUMENTS_PER_SOURCE))
+
+
 def _open_sources(spec: BuildSpec, submit: Any, state: dict[str, Any] | None,
                   commits: dict[str, str | None]) -> dict[str, EncodedDocuments]:
     """Each source read (from the saved position when resuming; at its resolved commit when the Hub gave one) and
@@ -274,8 +311,8 @@ def _open_sources(spec: BuildSpec, submit: Any, state: dict[str, Any] | None,
     return sources
 
 
-def _pack(spec: BuildSpec, mixer: Mixer, sources: dict[str, EncodedDocuments], folder: Path, dtype: np.dtype,
-          saved: dict[str, Any], state: dict[str, Any] | None) -> dict[str, Any]:
+def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, EncodedDocuments], folder: Path,
+          dtype: np.dtype, saved: dict[str, Any], state: dict[str, Any] | None) -> dict[str, Any]:
     """Runs the mixed documents through the val then the train packer, saving the position (with `saved`: the
     inputs and the commits read) every CHECKPOINT_SECONDS; returns the split part of the manifest."""
     from tqdm import tqdm
@@ -289,10 +326,14 @@ def _pack(spec: BuildSpec, mixer: Mixer, sources: dict[str, EncodedDocuments], f
     bar = tqdm(total=(want["val"] + want["train"]) * block, unit="tok", unit_scale=True, desc="packing", smoothing=0.1,
                initial=sum(p.tokens_added for p in packers.values()))
     split = state["split"] if state is not None else "val"
+    cut: dict[str, int] = dict(state["val_cut"]) if state is not None else {s.label: 0 for s in spec.config.mix}
     saved_at = time.monotonic()
     try:
         for label, doc in mixer:
             packer = packers[split]
+            if split == "val" and len(packed := cost.cut(doc)) < len(doc):
+                cut[label] += 1
+                doc = packed
             full = packer.add(label, doc)
             if full is not None:
                 writers[split].write(full)
@@ -302,13 +343,14 @@ def _pack(spec: BuildSpec, mixer: Mixer, sources: dict[str, EncodedDocuments], f
                 if split == "train":
                     break
                 split = "train"
+                cost.cap = None  # whole documents from here on
                 mixer.restart_shares()  # train carries the mix by itself, whatever val's last document left out
             elif spec.fail_on_exhausted and any(c.exhausted for c in mixer.counts.values()):
                 dry = ", ".join(name for name, c in mixer.counts.items() if c.exhausted)  # stop now, not hours later
                 raise UserError(f"source(s) {dry} ran dry before reaching their share (FAIL_ON_EXHAUSTED is on)")
             if spec.checkpoint_seconds and time.monotonic() - saved_at >= spec.checkpoint_seconds:
                 save_state(folder, saved=saved, split=split, sources=sources, mixer=mixer, packers=packers,
-                           writers=writers)
+                           writers=writers, val_cut=cut)
                 saved_at = time.monotonic()
         else:  # every source ran dry before the budget
             for name in SPLITS:
@@ -336,10 +378,12 @@ def _pack(spec: BuildSpec, mixer: Mixer, sources: dict[str, EncodedDocuments], f
                     "documents": p.documents_by_source[label],
                     "share": p.tokens_by_source[label] / total,
                     "requested_share": requested[label],
+                    **({"documents_cut": cut[label]} if name == "val" else {}),
                 }
                 for label in labels
             },
         }
+    splits["val"]["document_cap_tokens"] = val_document_cap(spec)
     if writers["train"].blocks == 0:
         raise UserError(
             f"the sources hold too few tokens for even one training block of {block} tokens after "

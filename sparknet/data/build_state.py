@@ -37,6 +37,7 @@ def save_state(
     mixer: Mixer[Any],
     packers: dict[str, BlockPacker],
     writers: dict[str, SplitWriter],
+    val_cut: dict[str, int],
 ) -> None:
     """Writes the position after the documents mixed so far, with `saved` ({"inputs", "commits"}: what it is a
     position in); the packer being filled hands its full blocks to its writer first, so that only a partial block
@@ -58,6 +59,7 @@ def save_state(
         "mixer": mixer.state_dict(),
         "packers": {name: packer.state_dict() for name, packer in packers.items()},
         "written": {name: writer.blocks for name, writer in writers.items()},
+        "val_cut": val_cut,
     }
     write_json_atomic(folder / STATE, state)
 

@@ -108,9 +108,11 @@ class Mixer(Generic[T]):
             )
 
     def restart_shares(self) -> None:
-        """Starts the share accounting afresh (document counts stay), so what follows carries the mix on its own."""
+        """Starts the share accounting afresh (document counts stay), so what follows carries the mix on its own;
+        the read-ahead items' costs are taken again (the cost function may have changed with the phase)."""
         for count in self.counts.values():
             count.units = 0
+        self._heads = {label: (item, self.cost(item)) for label, (item, _) in self._heads.items()}
 
     @property
     def total_units(self) -> int:
