@@ -7,8 +7,9 @@
    CPU, same batch shape. Target: the loader >= 100× faster.
 4. Reading: a build from local Parquet shards (standing in for a Hub dataset: three sources of 8 shards each) with
    each source read ahead on its own thread against reading on demand (READ_AHEAD 0); same output (checked), the
-   ratio of the build rates. On 2 cores reading ahead loses (0.67: the threads contend for the GIL with the mixing
-   loop), so local sources read on demand by default and Hub sources, whose network waits release the GIL, ahead.
+   ratio of the build rates; then how many encoder cores one reading thread feeds (the sources read alone against
+   one core's encoding). On 2 cores reading ahead is within noise (0.67-1.11) and one thread feeds ~75-85 encoders, so
+   local sources are read on demand by default, and Hub sources, whose network waits release the GIL, ahead.
 
 Run: `make bench` or `.venv/bin/python bench/pack_throughput.py` (about 4 minutes on 2 cores; `--reading`: section 4
 alone).
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -193,6 +195,29 @@ def reading(work: Path, corpus: Path, tok_dir: Path, cores: int) -> None:
     print(f"  read on demand:         {rates[0]:,.0f} tokens/s")
     print(f"  read ahead (threads):   {rates[8]:,.0f} tokens/s (same bytes)")
     print(f"  ratio ahead/on demand:  {rates[8] / rates[0]:.2f}")
+    reading_headroom(config, tok_dir)
+
+
+def reading_headroom(config: Any, tok_dir: Path) -> None:
+    """How many encoder cores one reading thread can feed: the sources read alone (one thread, shuffle buffer on),
+    in tokens/s, against one core's `encode_batch` rate on the same documents."""
+    from tokenizers import Tokenizer
+
+    from sparknet.data.reader import SourceReader
+
+    texts: list[str] = []
+    t = time.perf_counter()
+    for spec in config.mix:
+        texts += [text for text, _ in SourceReader(spec, shuffle_buffer=1000, seed=0)]
+    read_s = time.perf_counter() - t
+    tokenizer = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    t = time.perf_counter()  # one document at a time: one core, as in one encoder process
+    tokens = sum(len(tokenizer.encode(text, add_special_tokens=False).ids) + 1 for text in texts)
+    encode_s = time.perf_counter() - t
+    print(f"\n[reading headroom] {len(texts)} documents, {tokens:,} tokens")
+    print(f"  read alone (1 thread):  {tokens / read_s:,.0f} tokens/s")
+    print(f"  encode on 1 core:       {tokens / encode_s:,.0f} tokens/s")
+    print(f"  cores one reader feeds: {encode_s / read_s:.1f}   (reading limits a build beyond this many encoders)")
 
 
 if __name__ == "__main__":
