@@ -49,7 +49,10 @@ def data_kind(data: str) -> str:
         return "packed" if (path / "manifest.json").is_file() else "dataset"
     if path.is_file() and path.suffix == ".json" and _is_mix_config(path):
         return "config"
-    if not path.exists() and _HUB_ID.match(data) and not data.endswith(_FILE_SUFFIXES) and "," not in data:
+    # a missing `datasets/demo2` is a mistyped local path (its first folder is here), not a Hub id
+    local_parent = "/" in data and project_path(data.split("/")[0]).is_dir()
+    if (not path.exists() and _HUB_ID.match(data) and not data.endswith(_FILE_SUFFIXES) and "," not in data
+            and not local_parent):
         return "dataset"
     return "files"
 

@@ -89,11 +89,14 @@ def device_info() -> dict[str, object]:
     return {"kind": "cpu", "name": "cpu", "count": 1, "bf16": False, "tf32": False}
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
     """Writes JSON to a temporary file, fsyncs it and renames it over `path`: readers see all or nothing."""
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
+        if compact:
+            json.dump(data, f, separators=(",", ":"), ensure_ascii=False)
+        else:
+            json.dump(data, f, indent=2)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())

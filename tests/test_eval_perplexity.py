@@ -152,6 +152,10 @@ def test_a_dataset_split_scores_that_split_only(random_model: Path, tmp_path: Pa
     proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data",
                       "sparknet-test/no-such-dataset", "--split", "test", "--eval_dir", tmp_path / "eval")
     assert proc.returncode == 1 and "network" in proc.stderr and "Traceback" not in proc.stderr
+    # a mistyped local folder (its parent exists) is not taken for a Hub id
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", "configs/no-such",
+                      "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 1 and "not found" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_a_mix_config_scores_the_rows_the_streaming_run_held_out(corpus_config: Path, tokenizer_dir: Path,

@@ -109,9 +109,10 @@ def test_eos_after_every_document_none_missing_and_splits_disjoint(
     eos = tok.eos_token_id
     seen: dict[str, list[int]] = {"short": [], "long": []}
     index = {text: (name, i) for name in ("short", "long") for i, text in enumerate(sources[name])}
-    # validation documents longer than the cap are cut to their first cap - 1 tokens (see the next test)
-    cap = json.loads((built / "manifest.json").read_text())["splits"]["val"]["document_cap_tokens"]
-    starts = {tuple(tok.encode(text, add_special_tokens=False)[: cap - 1]): key for text, key in index.items()}
+    # validation documents longer than their source's cap are cut to its first cap - 1 tokens (see the next test)
+    val_sources = json.loads((built / "manifest.json").read_text())["splits"]["val"]["sources"]
+    caps = {name: s["document_cap_tokens"] for name, s in val_sources.items()}
+    starts = {tuple(tok.encode(text, add_special_tokens=False)[: caps[key[0]] - 1]): key for text, key in index.items()}
     per_split = {}
     for split in ("val", "train"):
         tokens = np.asarray(PackedDataset(built, split).tokens).reshape(-1)
@@ -120,7 +121,7 @@ def test_eos_after_every_document_none_missing_and_splits_disjoint(
         keys = []
         for p in whole:
             text = tok.decode(p[:-1].tolist())
-            if split == "val" and len(p) == cap and text not in index:
+            if split == "val" and len(p) in caps.values() and text not in index:
                 keys.append(starts[tuple(p[:-1].tolist())])
             else:
                 assert text in index, "a piece between two eos is not exactly one document"
@@ -433,37 +434,49 @@ def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
 
 
 def test_a_read_error_on_the_read_ahead_thread_is_one_line(tokenizer_dir: Path, tmp_path: Path) -> None:
-    good = write_jsonl(tmp_path / "good.jsonl", [f"document {i} " * 20 for i in range(300)])
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text("".join(json.dumps({"text": f"row {i} " * 20}) + "\n" for i in range(200)) + "{not json\n")
-    mix = [{"name": "json", "prob": 0.5, "data_files": str(path)} for path in (good, bad)]
+    good = write_jsonl(tmp_path / "good.jsonl", [f"document {i} " * 20 for i in range(6000)])
+    rows = write_jsonl(tmp_path / "bad-1.jsonl", [f"row {i} " * 20 for i in range(2000)])
+    # read once bad-1 is nearly used up (errors surface a few batches ahead): after positions were saved
+    broken = tmp_path / "bad-2.jsonl"
+    broken.write_text('{"text": "fine"}\n{not json\n')
+    mix = [{"name": "json", "prob": 0.5, "data_files": str(good)},
+           {"name": "json", "prob": 0.5, "data_files": [str(rows), str(broken)]}]
     cfg = write_config(tmp_path / "mix.json", mix, context_length=128)
-    proc = run_script("build_dataset_v5.py", *_script_args(cfg, tmp_path / "ds", tokenizer_dir, "--read_ahead", 4,
-                                                           "--target_tokens", 100_000, "--block_size", 128))
+    args = _script_args(cfg, tmp_path / "ds", tokenizer_dir, "--read_ahead", 4, "--target_tokens", 400_000,
+                        "--block_size", 128, "--checkpoint_seconds", 0.01, "--shuffle_buffer", 0)
+    proc = run_script("build_dataset_v5.py", *args)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert "cannot read source 'bad'" in proc.stderr and "bad.jsonl" in proc.stderr
+    assert "cannot read source 'bad" in proc.stderr and "bad-2.jsonl" in proc.stderr, proc.stderr
+    # the saved position is kept (for a Hub source a read error is often a passing network failure)
+    assert (tmp_path / ".ds.building" / "build_state.json").is_file() and "resumes it" in proc.stderr
+    proc = run_script("build_dataset_v5.py", *args)
+    assert "resuming the interrupted build" in proc.stderr and "bad-2.jsonl" in proc.stderr
 
 
 def test_a_validation_split_too_small_for_whole_long_documents_still_carries_the_mix(
     sources: dict, tokenizer_dir: Path, tmp_path: Path
 ) -> None:
     """10k validation tokens at 30% hold about two whole long documents: their documents are cut at
-    10,000 × 0.3 / 20 = 150 tokens so that each source has its share in 20+ documents; train keeps whole documents."""
+    10,000 × 0.3 / 20 = 150 tokens (the short source's at 350) so that each source has its share in 20+ documents;
+    train keeps whole documents."""
     from sparknet.tokenizer import load_tokenizer
 
     out = tmp_path / "ds"
     manifest = build_dataset(_spec(_config(sources, tmp_path), out, tokenizer_dir, target_tokens=100_000,
                                    val_tokens=10_000))
     val, train = manifest["splits"]["val"], manifest["splits"]["train"]
-    assert val["document_cap_tokens"] == 150
+    assert [val["sources"][s]["document_cap_tokens"] for s in ("long", "short")] == [150, 350]
     assert val["sources"]["long"]["documents_cut"] >= 20 and val["sources"]["long"]["documents"] >= 20
     for label, want in (("short", 0.7), ("long", 0.3)):
         assert abs(val["sources"][label]["share"] - want) <= 0.02, (label, val["sources"][label])
         assert abs(train["sources"][label]["share"] - want) <= 0.01, (label, train["sources"][label])
-    # independently: the validation tokens cut at eos are documents of at most 150 tokens, each one the start of a
-    # source document; the training split holds whole long documents
-    eos = load_tokenizer(str(tokenizer_dir)).eos_token_id
+    # independently: the validation tokens cut at eos are documents of at most 350 tokens (long ones: 150); the
+    # training split holds whole long documents
+    tok = load_tokenizer(str(tokenizer_dir))
+    eos = tok.eos_token_id
     val_docs = _segments(np.fromfile(out / "val.bin", dtype=np.uint16), eos)[1:-1]  # whole ones only
-    assert max(len(d) for d in val_docs) <= 150
+    assert max(len(d) for d in val_docs) <= 350
+    long_ones = [d for d in val_docs if tok.decode(d[:-1].tolist()).startswith("long-")]
+    assert len(long_ones) >= 20 and max(len(d) for d in long_ones) <= 150
     train_docs = _segments(np.fromfile(out / "train.bin", dtype=np.uint16), eos)[1:-1]
     assert max(len(d) for d in train_docs) > 600

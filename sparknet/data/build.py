@@ -21,6 +21,7 @@ import multiprocessing as mp
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 
 # The rules that decide which document goes where, part of a dataset's inputs: a dataset built by other rules is
 # other data.
-MIXING_RULES = "midpoint key; validation documents capped for 20 per source"
+MIXING_RULES = "midpoint key; validation documents capped per source for 20 each"
 VAL_DOCUMENTS_PER_SOURCE = 20  # documents of each source the validation split can always hold (see _ValCost)
 
 
@@ -68,8 +69,8 @@ class BuildSpec:
     batch_chars: int = 1 << 20
     checkpoint_seconds: float = 60.0  # how often the position is saved for a resume (0: never)
     # batches each source reads ahead on its own thread (0: read when the encoders need it; None: 8 for a source read
-    # from the Hub, whose network waits release the GIL, 0 for local files, where the threads only contend for the
-    # GIL with the mixing loop: 0.67x on 2 cores in bench/pack_throughput.py)
+    # from the Hub, whose network waits release the GIL, 0 for local files: one reading thread feeds ~75 encoders
+    # and reading ahead was within noise on 2 cores, 0.67-1.11x in bench/pack_throughput.py)
     read_ahead: int | None = None
 
 
@@ -208,28 +209,32 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
 
         # read at the commit recorded in the manifest (a resumed build at its first run's), even if a branch moves
         commits = state["commits"] if state is not None else resolve_revisions(config)
-        sources = _open_sources(spec, submit, state, commits)
-        cost = _ValCost(val_document_cap(spec) if state is None or state["split"] == "val" else None)
-        mixer = Mixer(sources, {s.label: s.prob for s in config.mix}, cost=cost)
+        _open_sources(spec, submit, state, commits, sources)
+        cost = _ValCost(val_document_caps(spec), active=state is None or state["split"] == "val")
+        mixer = Mixer(sources, {s.label: s.prob for s in config.mix}, costs={s.label: cost.of(s.label)
+                                                                            for s in config.mix})
         if state is not None:
             mixer.load_state_dict(state["mixer"])
         manifest = _pack(spec, mixer, cost, sources, tmp, dtype, {"inputs": inputs, "commits": commits}, state)
-    except BaseException as exc:
+    except BaseException:
         for source in sources.values():
             source.close()
         if pool is not None:
             pool.terminate()
-        if isinstance(exc, UserError) or not (tmp / STATE).is_file():
+        # kept whenever a position was saved, a UserError included: a Hub source that failed after the retries of
+        # `datasets` is the very case a resume is for (a build of other inputs starts over anyway)
+        if not (tmp / STATE).is_file():
             shutil.rmtree(tmp, ignore_errors=True)
         else:
-            log.warning("build interrupted: the same command resumes it from its last saved position (%s)", tmp)
+            log.warning("build stopped: the same command resumes it from its last saved position (%s)", tmp)
         raise
     for source in sources.values():
         source.close()
     if pool is not None:
         pool.close()
         pool.join()
-    (tmp / STATE).unlink(missing_ok=True)
+    for leftover in (tmp / STATE, tmp / f".{STATE}.tmp"):  # the latter from a kill during a save
+        leftover.unlink(missing_ok=True)
 
     manifest.update(
         {
@@ -265,40 +270,43 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
 
 
 class _ValCost:
-    """The mixer's cost of a document: its tokens, capped at `cap` while the validation split is packed.
+    """The mixer's cost of a document: its tokens, capped per source while the validation split is packed.
 
     The validation split carries the mix to within about half a document per source (the midpoint rule), which is
     ±2 points only once it holds ~20 documents of each source. Where a source's documents are too long for that,
-    its validation documents are cut at `cap = VAL_TOKENS × smallest prob / 20` tokens (an <|endoftext|> after the
-    cut; the rest is dropped, never trained on), so that every source gets its share in at least 20 documents. The
-    manifest gives the cap and the documents cut per source.
+    its validation documents are cut at `cap = VAL_TOKENS × its prob / 20` tokens (an <|endoftext|> after the cut;
+    the rest is dropped, never trained on), so that it gets its share in at least 20 documents. The manifest gives
+    each source's cap and documents cut.
     """
 
-    def __init__(self, cap: int | None) -> None:
-        self.cap = cap
+    def __init__(self, caps: dict[str, int], active: bool) -> None:
+        self.caps, self.active = caps, active
 
-    def __call__(self, doc: np.ndarray) -> int:
-        return len(doc) if self.cap is None else min(len(doc), self.cap)
+    def of(self, label: str) -> Callable[[np.ndarray], int]:
+        """The cost function of one source (it follows `active`, which the val -> train switch turns off)."""
+        return lambda doc: min(len(doc), self.caps[label]) if self.active else len(doc)
 
-    def cut(self, doc: np.ndarray) -> np.ndarray:
+    def cut(self, label: str, doc: np.ndarray) -> np.ndarray:
         """The document as packed: the first cap − 1 tokens and its <|endoftext|> when it is longer than the cap."""
-        if self.cap is None or len(doc) <= self.cap:
+        cap = self.caps[label]
+        if not self.active or len(doc) <= cap:
             return doc
-        return np.concatenate([doc[: self.cap - 1], doc[-1:]])
+        return np.concatenate([doc[: cap - 1], doc[-1:]])
 
 
-def val_document_cap(spec: BuildSpec) -> int:
-    """The longest document (in tokens, eos included) of the validation split: see _ValCost."""
-    smallest = min(s.prob for s in spec.config.mix) / sum(s.prob for s in spec.config.mix)
-    return max(2, math.ceil(spec.val_tokens * smallest / VAL_DOCUMENTS_PER_SOURCE))
+def val_document_caps(spec: BuildSpec) -> dict[str, int]:
+    """The longest document (in tokens, eos included) of each source in the validation split: see _ValCost."""
+    total = sum(s.prob for s in spec.config.mix)
+    return {s.label: max(2, math.ceil(spec.val_tokens * s.prob / total / VAL_DOCUMENTS_PER_SOURCE))
+            for s in spec.config.mix}
 
 
-def _open_sources(spec: BuildSpec, submit: Any, state: dict[str, Any] | None,
-                  commits: dict[str, str | None]) -> dict[str, EncodedDocuments]:
+def _open_sources(spec: BuildSpec, submit: Any, state: dict[str, Any] | None, commits: dict[str, str | None],
+                  sources: dict[str, EncodedDocuments]) -> None:
     """Each source read (from the saved position when resuming; at its resolved commit when the Hub gave one) and
-    encoded ahead, a bounded number of batches."""
+    encoded ahead, a bounded number of batches; added to `sources` one by one, so that a failure to open one leaves
+    the others there to be closed."""
     positions = state["sources"] if state is not None else {}
-    sources = {}
     for s in spec.config.mix:
         position = positions.get(s.label, {})
         if commits.get(s.label):
@@ -308,7 +316,6 @@ def _open_sources(spec: BuildSpec, submit: Any, state: dict[str, Any] | None,
         sources[s.label] = EncodedDocuments(reader, submit, in_flight=max(2, 2 * spec.num_workers),
                                             max_docs=spec.batch_docs, max_chars=spec.batch_chars,
                                             skip=position.get("skip", 0), read_ahead=read_ahead)
-    return sources
 
 
 def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, EncodedDocuments], folder: Path,
@@ -327,11 +334,11 @@ def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, Enco
                initial=sum(p.tokens_added for p in packers.values()))
     split = state["split"] if state is not None else "val"
     cut: dict[str, int] = dict(state["val_cut"]) if state is not None else {s.label: 0 for s in spec.config.mix}
-    saved_at = time.monotonic()
+    saved_at, interval = time.monotonic(), spec.checkpoint_seconds
     try:
         for label, doc in mixer:
             packer = packers[split]
-            if split == "val" and len(packed := cost.cut(doc)) < len(doc):
+            if split == "val" and len(packed := cost.cut(label, doc)) < len(doc):
                 cut[label] += 1
                 doc = packed
             full = packer.add(label, doc)
@@ -343,15 +350,18 @@ def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, Enco
                 if split == "train":
                     break
                 split = "train"
-                cost.cap = None  # whole documents from here on
+                cost.active = False  # whole documents from here on
                 mixer.restart_shares()  # train carries the mix by itself, whatever val's last document left out
             elif spec.fail_on_exhausted and any(c.exhausted for c in mixer.counts.values()):
                 dry = ", ".join(name for name, c in mixer.counts.items() if c.exhausted)  # stop now, not hours later
                 raise UserError(f"source(s) {dry} ran dry before reaching their share (FAIL_ON_EXHAUSTED is on)")
-            if spec.checkpoint_seconds and time.monotonic() - saved_at >= spec.checkpoint_seconds:
+            if spec.checkpoint_seconds and time.monotonic() - saved_at >= interval:
+                began = time.monotonic()
                 save_state(folder, saved=saved, split=split, sources=sources, mixer=mixer, packers=packers,
                            writers=writers, val_cut=cut)
                 saved_at = time.monotonic()
+                # large shuffle buffers make a save slow: saving never takes more than a tenth of the build
+                interval = max(spec.checkpoint_seconds, 10 * (saved_at - began))
         else:  # every source ran dry before the budget
             for name in SPLITS:
                 writers[name].write(packers[name].finish())
@@ -361,6 +371,7 @@ def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, Enco
             w.close()
 
     labels = list(mixer.counts)
+    caps = val_document_caps(spec)
     requested = {label: c.requested for label, c in mixer.counts.items()}
     exhausted = [label for label, c in mixer.counts.items() if c.exhausted]
     splits = {}
@@ -378,12 +389,11 @@ def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, Enco
                     "documents": p.documents_by_source[label],
                     "share": p.tokens_by_source[label] / total,
                     "requested_share": requested[label],
-                    **({"documents_cut": cut[label]} if name == "val" else {}),
+                    **({"document_cap_tokens": caps[label], "documents_cut": cut[label]} if name == "val" else {}),
                 }
                 for label in labels
             },
         }
-    splits["val"]["document_cap_tokens"] = val_document_cap(spec)
     if writers["train"].blocks == 0:
         raise UserError(
             f"the sources hold too few tokens for even one training block of {block} tokens after "

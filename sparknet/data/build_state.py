@@ -61,7 +61,7 @@ def save_state(
         "written": {name: writer.blocks for name, writer in writers.items()},
         "val_cut": val_cut,
     }
-    write_json_atomic(folder / STATE, state)
+    write_json_atomic(folder / STATE, state, compact=True)  # shuffle buffers make it large: no indentation
 
 
 def load_state(folder: Path, inputs: dict[str, Any], block_bytes: int) -> dict[str, Any] | None:

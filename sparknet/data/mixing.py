@@ -38,13 +38,14 @@ class SourceCount:
 class Mixer(Generic[T]):
     """Interleaves several streams; iterate it for `(label, item)` pairs in mix order.
 
-    `cost(item)` gives an item's units (default 1: mix by documents). A source that runs dry is marked exhausted and
-    the others go on, each keeping its relative share.
+    `cost(item)` gives an item's units (default 1: mix by documents); `costs` may give a source its own. A source
+    that runs dry is marked exhausted and the others go on, each keeping its relative share.
     """
 
     streams: Mapping[str, Iterable[T]]
     probs: Mapping[str, float]
     cost: Callable[[T], int] = field(default=lambda _item: 1)
+    costs: Mapping[str, Callable[[T], int]] = field(default_factory=dict)
     counts: dict[str, SourceCount] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -63,7 +64,7 @@ class Mixer(Generic[T]):
             except StopIteration:
                 self.counts[label].exhausted = True
                 return None
-            self._heads[label] = (item, self.cost(item))
+            self._heads[label] = (item, self._cost(label, item))
         return self._heads[label]
 
     def __iter__(self) -> Iterator[tuple[str, T]]:
@@ -112,7 +113,10 @@ class Mixer(Generic[T]):
         the read-ahead items' costs are taken again (the cost function may have changed with the phase)."""
         for count in self.counts.values():
             count.units = 0
-        self._heads = {label: (item, self.cost(item)) for label, (item, _) in self._heads.items()}
+        self._heads = {label: (item, self._cost(label, item)) for label, (item, _) in self._heads.items()}
+
+    def _cost(self, label: str, item: T) -> int:
+        return self.costs[label](item) if label in self.costs else self.cost(item)
 
     @property
     def total_units(self) -> int:

@@ -116,7 +116,7 @@ class EncodedDocuments:
         """The position of document `consumed` (the first of those handed out that the consumer has not used):
         `{"reader": reader state, "skip": documents to drop after it}`."""
         if consumed == self._read:  # everything read so far is used: the position after the last batch read
-            return {"reader": self._end_state, "skip": 0}
+            return {"reader": self._end_state, "skip": self._skip}  # a restored skip not yet applied stays
         batch = self._batch_of(consumed)
         return {"reader": batch.start, "skip": batch.dropped + consumed - batch.first}
 
