@@ -300,6 +300,21 @@ def test_validation_hold_out(data: Path, tokenizer, tmp_path: Path, shuffle_buff
         assert missing <= {f"s{i:05d}" for i in range(12000 - BLOCK // 2, 12000)}, sorted(missing)
 
 
+def test_a_small_hold_out_cuts_long_documents_to_carry_the_mix(data: Path, tokenizer, tmp_path: Path) -> None:
+    """10 blocks at 30% would hold about two whole long documents: they are cut at 1280 x 0.3 / 20 = 20 tokens, so
+    the hold-out carries the mix in ~19 pieces of them (384 tokens); no cut document is trained on."""
+    config = _config(data, tmp_path)
+    val, skip, report = hold_out_validation(config=config, tokenizer_json=tokenizer[0], eos_id=tokenizer[1],
+                                            block_size=BLOCK, val_tokens=10 * BLOCK, seed=0)
+    long = report["sources"]["long"]
+    assert long["document_cap_tokens"] == 20 and long["documents_cut"] >= 18 and long["documents"] >= 19
+    docs = _documents(val, tokenizer)
+    assert max(n for text, n in docs[:-1] if text.startswith("L")) <= 20
+    assert abs(_shares(docs)["long"] - 0.3) <= 0.02, _shares(docs)
+    train = _take(_stream(config, tokenizer, skip_documents=skip), 50)
+    assert not set(_ids(val, tokenizer)) & set(_ids(train, tokenizer))
+
+
 @pytest.mark.slow
 def test_large_file_first_block_and_memory(tmp_path: Path, tokenizer) -> None:
     """A ~1 GB JSONL: the first block within 30 s of the process start, and peak RSS (the process and its

@@ -32,7 +32,15 @@ from sparknet.config import MixConfig, describe_changes, local_files_fingerprint
 from sparknet.data.build_state import STATE, load_state, restore_packers, save_state
 from sparknet.data.mixing import Mixer
 from sparknet.data.packed import FORMAT_VERSION, MANIFEST, SPLITS, SplitWriter, read_manifest
-from sparknet.data.packing import BlockPacker, DocumentEncoder, encode_in_worker, init_worker, token_dtype
+from sparknet.data.packing import (
+    BlockPacker,
+    DocumentEncoder,
+    cut_document,
+    encode_in_worker,
+    init_worker,
+    token_dtype,
+    val_document_caps,
+)
 from sparknet.data.prefetch import Done, EncodedDocuments
 from sparknet.data.reader import SourceReader
 from sparknet.data.sources import is_hub_source, resolve_revisions
@@ -45,7 +53,6 @@ log = logging.getLogger(__name__)
 # The rules that decide which document goes where, part of a dataset's inputs: a dataset built by other rules is
 # other data.
 MIXING_RULES = "midpoint key; validation documents capped per source for 20 each"
-VAL_DOCUMENTS_PER_SOURCE = 20  # documents of each source the validation split can always hold (see _ValCost)
 
 
 
@@ -210,7 +217,7 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
         # read at the commit recorded in the manifest (a resumed build at its first run's), even if a branch moves
         commits = state["commits"] if state is not None else resolve_revisions(config)
         _open_sources(spec, submit, state, commits, sources)
-        cost = _ValCost(val_document_caps(spec), active=state is None or state["split"] == "val")
+        cost = _ValCost(_val_caps(spec), active=state is None or state["split"] == "val")
         mixer = Mixer(sources, {s.label: s.prob for s in config.mix}, costs={s.label: cost.of(s.label)
                                                                             for s in config.mix})
         if state is not None:
@@ -270,14 +277,9 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
 
 
 class _ValCost:
-    """The mixer's cost of a document: its tokens, capped per source while the validation split is packed.
-
-    The validation split carries the mix to within about half a document per source (the midpoint rule), which is
-    ±2 points only once it holds ~20 documents of each source. Where a source's documents are too long for that,
-    its validation documents are cut at `cap = VAL_TOKENS × its prob / 20` tokens (an <|endoftext|> after the cut;
-    the rest is dropped, never trained on), so that it gets its share in at least 20 documents. The manifest gives
-    each source's cap and documents cut.
-    """
+    """The mixer's cost of a document: its tokens, capped per source (`packing.val_document_caps`) while the
+    validation split is packed, where documents longer than the cap are cut; the manifest gives each source's cap
+    and validation documents cut."""
 
     def __init__(self, caps: dict[str, int], active: bool) -> None:
         self.caps, self.active = caps, active
@@ -287,18 +289,11 @@ class _ValCost:
         return lambda doc: min(len(doc), self.caps[label]) if self.active else len(doc)
 
     def cut(self, label: str, doc: np.ndarray) -> np.ndarray:
-        """The document as packed: the first cap − 1 tokens and its <|endoftext|> when it is longer than the cap."""
-        cap = self.caps[label]
-        if not self.active or len(doc) <= cap:
-            return doc
-        return np.concatenate([doc[: cap - 1], doc[-1:]])
+        return cut_document(doc, self.caps[label]) if self.active else doc
 
 
-def val_document_caps(spec: BuildSpec) -> dict[str, int]:
-    """The longest document (in tokens, eos included) of each source in the validation split: see _ValCost."""
-    total = sum(s.prob for s in spec.config.mix)
-    return {s.label: max(2, math.ceil(spec.val_tokens * s.prob / total / VAL_DOCUMENTS_PER_SOURCE))
-            for s in spec.config.mix}
+def _val_caps(spec: BuildSpec) -> dict[str, int]:
+    return val_document_caps({s.label: s.prob for s in spec.config.mix}, spec.val_tokens)
 
 
 def _open_sources(spec: BuildSpec, submit: Any, state: dict[str, Any] | None, commits: dict[str, str | None],
@@ -371,7 +366,7 @@ def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, Enco
             w.close()
 
     labels = list(mixer.counts)
-    caps = val_document_caps(spec)
+    caps = _val_caps(spec)
     requested = {label: c.requested for label, c in mixer.counts.items()}
     exhausted = [label for label, c in mixer.counts.items() if c.exhausted]
     splits = {}

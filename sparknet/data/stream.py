@@ -41,7 +41,15 @@ import torch
 
 from sparknet.config import MixConfig, describe_changes
 from sparknet.data.mixing import Mixer
-from sparknet.data.packing import BlockPacker, DocumentEncoder, encode_in_worker, init_worker, token_dtype
+from sparknet.data.packing import (
+    BlockPacker,
+    DocumentEncoder,
+    cut_document,
+    encode_in_worker,
+    init_worker,
+    token_dtype,
+    val_document_caps,
+)
 from sparknet.data.prefetch import Done, EncodedDocuments
 from sparknet.data.reader import SourceReader
 from sparknet.errors import UserError
@@ -92,6 +100,7 @@ class TokenStream(torch.utils.data.IterableDataset):
         skip_documents: dict[str, int] | None = None,
         batch_docs: int = 256,
         batch_chars: int = 1 << 20,
+        document_caps: dict[str, int] | None = None,
     ) -> None:
         from tokenizers import Tokenizer
 
@@ -132,6 +141,8 @@ class TokenStream(torch.utils.data.IterableDataset):
         self.skip_documents = {label: skip_documents.get(label, 0) for label in labels}
         self.batch_docs, self.batch_chars = batch_docs, batch_chars
         self.dtype = token_dtype(vocab_size)
+        # a validation hold-out cuts documents longer than its source's cap (packing.val_document_caps)
+        self.document_caps = dict(document_caps) if document_caps else None
         self.settings = _plain(
             {
                 "sources": config.to_dict()["mix"],
@@ -143,6 +154,7 @@ class TokenStream(torch.utils.data.IterableDataset):
                 "skip_documents": self.skip_documents,
                 "tokenizer_sha256": hashlib.sha256(tokenizer_json.encode()).hexdigest(),
                 "eos_id": eos_id,
+                **({"document_caps": self.document_caps} if self.document_caps else {}),
             }
         )
         self._state: dict[str, Any] | None = None  # loaded, not yet iterated
@@ -292,7 +304,11 @@ class _Pipeline:
                 max_chars=stream.batch_chars,
                 skip=position["skip"],
             )
-        self.mixer: Mixer[np.ndarray] = Mixer(self.sources, {s.label: s.prob for s in stream.config.mix}, cost=len)
+        self.caps = stream.document_caps
+        costs = {label: (lambda d, c=cap: min(len(d), c)) for label, cap in (self.caps or {}).items()}
+        self.mixer: Mixer[np.ndarray] = Mixer(self.sources, {s.label: s.prob for s in stream.config.mix}, cost=len,
+                                              costs=costs)
+        self.documents_cut: Counter[str] = Counter()
         self.mixer.load_state_dict(state["mixer"])
         self.packer = BlockPacker(self.block_size, stream.dtype, flush_tokens=sys.maxsize)
         self.blocks_yielded = int(state["blocks_yielded"])
@@ -305,6 +321,7 @@ class _Pipeline:
         current = state["current"]
         if current is not None and self.end is None:
             doc = next(self.sources[current["label"]], None)
+            doc = self._cut(current["label"], doc) if doc is not None else None
             if doc is None or current["offset"] >= len(doc):
                 raise UserError(f"source {current['label']!r} no longer holds the document the saved stream position "
                                 "was cutting: its data changed since the checkpoint; start a new run")
@@ -329,6 +346,7 @@ class _Pipeline:
                     self._finish(f"source {dry[0]!r} ran dry (ON_EXHAUSTED=stop)")
                     return
                 label, doc = item
+                doc = self._cut(label, doc)
                 self._current = [label, len(doc), -self.packer.pending_tokens]
                 self.packer.add(label, doc)
             block = self.packer.take(1)[0]
@@ -336,6 +354,12 @@ class _Pipeline:
             self._current[2] += size
             self.blocks_yielded += 1
             yield block
+
+    def _cut(self, label: str, doc: np.ndarray) -> np.ndarray:
+        if self.caps is None or len(doc) <= self.caps[label]:
+            return doc
+        self.documents_cut[label] += 1
+        return cut_document(doc, self.caps[label])
 
     def state_dict(self) -> dict[str, Any]:
         current = self._current
@@ -418,6 +442,8 @@ def hold_out_validation(
     """The validation blocks ([n_blocks, block_size], uint16/uint32; at least `val_tokens` tokens in whole blocks),
     taken from the start of the mixed stream, unsharded (the same on every rank); the rows of each source they used
     (pass as `skip_documents` to TokenStream so that training never reads them); and a report of their shares.
+    Documents longer than their source's cap (`packing.val_document_caps`) are cut, so that the blocks carry the
+    mix within ±2 points; the rest of a cut document is never trained on either.
 
     With a shuffle buffer the rows skipped also hold the documents still in the buffer: at most `shuffle_buffer`
     documents per source are then neither validated nor trained on.
@@ -425,13 +451,15 @@ def hold_out_validation(
     if val_tokens <= 0:
         raise UserError(f"VAL_TOKENS={val_tokens}: expected a positive number (the trainer evaluates on them)")
     wanted = math.ceil(val_tokens / block_size)
+    caps = val_document_caps({s.label: s.prob for s in config.mix}, val_tokens)
     stream = TokenStream(config=config, tokenizer_json=tokenizer_json, eos_id=eos_id, block_size=block_size,
-                         seed=seed, shuffle_buffer=shuffle_buffer, num_workers=num_workers)
+                         seed=seed, shuffle_buffer=shuffle_buffer, num_workers=num_workers, document_caps=caps)
     try:
         pipeline = stream._start()
         blocks = list(itertools.islice(pipeline.blocks(), wanted))
         rows = pipeline.rows_used()
         stats = stream.stats()
+        cut = dict(pipeline.documents_cut)
     finally:
         stream.close()
     if len(blocks) < wanted:
@@ -450,6 +478,8 @@ def hold_out_validation(
                 "requested_share": requested[label],
                 "rows_held_out": rows[label],
                 "exhausted": label in stats["exhausted"],
+                "document_cap_tokens": caps[label],
+                "documents_cut": cut.get(label, 0),
             }
             for label in requested
         },
