@@ -144,10 +144,32 @@ def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] |
 
 
 def build_dataset(spec: BuildSpec) -> dict[str, Any]:
-    """Builds (or finds already built) the dataset described by `spec`; returns its manifest."""
+    """Builds (or finds already built, or resumes) the dataset described by `spec`; returns its manifest."""
     from sparknet.tokenizer import load_tokenizer
 
     started = time.time()
+    _check_spec(spec)
+    tok = load_tokenizer(spec.tokenizer)
+    trained_for = _trained_context(spec, tok)
+    dtype = token_dtype(len(tok), spec.dtype)
+    inputs = _inputs(spec, tok, dtype)
+    existing = _check_existing(spec, inputs)
+    if existing is not None:
+        log.info("%s already holds this dataset (same inputs): nothing to do", spec.output_dir)
+        return existing
+    tmp = spec.output_dir.with_name(f".{spec.output_dir.name}.building")
+    state = _resume_point(tmp, inputs, spec.block_size * dtype.itemsize)
+    # read at the commit recorded in the manifest (a resumed build at its first run's), even if a branch moves
+    commits = state["commits"] if state is not None else resolve_revisions(spec.config)
+    manifest = _build(spec, tok, dtype, tmp, {"inputs": inputs, "commits": commits}, state)
+    manifest.update(_description(spec, tok, dtype, inputs, commits, trained_for))
+    manifest["build_seconds"] = round(time.time() - started, 2)
+    write_json_atomic(tmp / MANIFEST, manifest)
+    _publish(tmp, spec.output_dir)
+    return manifest
+
+
+def _check_spec(spec: BuildSpec) -> None:
     config = spec.config
     if spec.block_size <= 0:
         raise UserError(f"BLOCK_SIZE={spec.block_size}: expected a positive number of tokens")
@@ -160,22 +182,26 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
         raise UserError(f"TARGET_TOKENS={spec.target_tokens} is less than one block of {spec.block_size} tokens")
     if spec.val_tokens <= 0:
         raise UserError(f"VAL_TOKENS={spec.val_tokens}: expected a positive number (the trainer evaluates on them)")
-    tok = load_tokenizer(spec.tokenizer)
-    # A tokenizer does not limit the context: model_max_length only records the context it was trained for, so a
-    # longer BLOCK_SIZE is fine (the model's context is the config's); it is noted in the manifest.
+
+
+def _trained_context(spec: BuildSpec, tok: Any) -> int | None:
+    """The context the tokenizer was trained for, if it records one. It does not limit the context (the model's is
+    the config's), so a longer BLOCK_SIZE is fine; it is noted in the manifest."""
     max_len = getattr(tok, "model_max_length", None)
     trained_for = max_len if isinstance(max_len, int) and max_len < 10**8 else None
     if trained_for is not None and spec.block_size > trained_for:
         log.info("tokenizer %s was trained for %d-token contexts; packing %d-token blocks (a tokenizer does not "
                  "limit the context)", spec.tokenizer, trained_for, spec.block_size)
-    vocab_size = len(tok)
-    dtype = token_dtype(vocab_size, spec.dtype)
-    eos_id = int(tok.eos_token_id)
+    return trained_for
+
+
+def _inputs(spec: BuildSpec, tok: Any, dtype: np.dtype) -> dict[str, Any]:
+    """Everything the token files depend on: the same inputs give the same bytes."""
     inputs = {
         "format_version": FORMAT_VERSION,
         "tokenizer_sha256": tokenizer_fingerprint(spec.tokenizer, tok),
-        "mix": config.to_dict()["mix"],
-        "local_files_sha256": local_files_fingerprint(config),
+        "mix": spec.config.to_dict()["mix"],
+        "local_files_sha256": local_files_fingerprint(spec.config),
         "seed": spec.seed,
         "block_size": spec.block_size,
         "dtype": dtype.name,
@@ -186,23 +212,30 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
     if spec.shuffle_buffer:  # the buffer of SourceReader, not that of `datasets` (which earlier builds used)
         inputs["shuffle"] = "sparknet-reader"
     inputs["mixing"] = MIXING_RULES
-    existing = _check_existing(spec, inputs)
-    if existing is not None:
-        log.info("%s already holds this dataset (same inputs): nothing to do", spec.output_dir)
-        return existing
+    return inputs
 
-    tmp = spec.output_dir.with_name(f".{spec.output_dir.name}.building")
-    state = load_state(tmp, inputs, spec.block_size * dtype.itemsize) if tmp.exists() else None
+
+def _resume_point(tmp: Path, inputs: dict[str, Any], block_bytes: int) -> dict[str, Any] | None:
+    """The saved position of an interrupted build of these inputs in `tmp` (then kept), else None (`tmp` emptied)."""
+    state = load_state(tmp, inputs, block_bytes) if tmp.exists() else None
     if tmp.exists() and state is None:
         shutil.rmtree(tmp)
     if state is not None:
-        done = sum(state["written"].values()) * spec.block_size
+        done = sum(state["written"].values()) * int(inputs["block_size"])
         log.info("resuming the interrupted build in %s after %s tokens", tmp, f"{done:,}")
     tmp.mkdir(parents=True, exist_ok=True)
+    return state
+
+
+def _build(spec: BuildSpec, tok: Any, dtype: np.dtype, tmp: Path, saved: dict[str, Any],
+           state: dict[str, Any] | None) -> dict[str, Any]:
+    """Encodes, mixes and packs into `tmp` (from `state` when resuming); returns the split part of the manifest.
+    Whatever stops it, the encoders and readers are stopped, and `tmp` is kept only if it holds a saved position."""
+    config = spec.config
+    tokenizer_json, eos_id = tok.backend_tokenizer.to_str(), int(tok.eos_token_id)
     pool = None
     sources: dict[str, EncodedDocuments] = {}
     try:
-        tokenizer_json = tok.backend_tokenizer.to_str()
         if spec.num_workers > 0:
             pool = mp.get_context("spawn").Pool(spec.num_workers, init_worker, (tokenizer_json, eos_id, dtype.name))
 
@@ -214,15 +247,13 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
             def submit(batch: list[str]) -> Any:
                 return Done(encoder(batch))
 
-        # read at the commit recorded in the manifest (a resumed build at its first run's), even if a branch moves
-        commits = state["commits"] if state is not None else resolve_revisions(config)
-        _open_sources(spec, submit, state, commits, sources)
+        _open_sources(spec, submit, state, saved["commits"], sources)
         cost = _ValCost(_val_caps(spec), active=state is None or state["split"] == "val")
         mixer = Mixer(sources, {s.label: s.prob for s in config.mix}, costs={s.label: cost.of(s.label)
                                                                             for s in config.mix})
         if state is not None:
             mixer.load_state_dict(state["mixer"])
-        manifest = _pack(spec, mixer, cost, sources, tmp, dtype, {"inputs": inputs, "commits": commits}, state)
+        manifest = _pack(spec, mixer, cost, sources, tmp, dtype, saved, state)
     except BaseException:
         for source in sources.values():
             source.close()
@@ -242,38 +273,43 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
         pool.join()
     for leftover in (tmp / STATE, tmp / f".{STATE}.tmp"):  # the latter from a kill during a save
         leftover.unlink(missing_ok=True)
+    return manifest
 
-    manifest.update(
-        {
-            "format_version": FORMAT_VERSION,
-            "inputs": inputs,
-            "tokenizer": {
-                "path": spec.tokenizer,
-                "sha256": inputs["tokenizer_sha256"],
-                "vocab_size": vocab_size,
-                "eos_token_id": eos_id,
-                "eos_token": tok.eos_token,
-                "model_max_length": trained_for,
-            },
-            "config": {"path": config.path, **config.to_dict()},
-            "source_revisions": {s.label: {"revision": s.revision, "commit": commits.get(s.label)}
-                                 for s in config.mix if s.name != "json"},
-            "seed": spec.seed,
-            "block_size": spec.block_size,
-            "dtype": dtype.name,
-            "build_seconds": round(time.time() - started, 2),
-        }
-    )
-    write_json_atomic(tmp / MANIFEST, manifest)
-    if spec.output_dir.exists():
-        old = spec.output_dir.with_name(f".{spec.output_dir.name}.replaced")
+
+def _description(spec: BuildSpec, tok: Any, dtype: np.dtype, inputs: dict[str, Any], commits: dict[str, str | None],
+                 trained_for: int | None) -> dict[str, Any]:
+    """The manifest's account of what was built from what (beside the splits)."""
+    config = spec.config
+    return {
+        "format_version": FORMAT_VERSION,
+        "inputs": inputs,
+        "tokenizer": {
+            "path": spec.tokenizer,
+            "sha256": inputs["tokenizer_sha256"],
+            "vocab_size": len(tok),
+            "eos_token_id": int(tok.eos_token_id),
+            "eos_token": tok.eos_token,
+            "model_max_length": trained_for,
+        },
+        "config": {"path": config.path, **config.to_dict()},
+        "source_revisions": {s.label: {"revision": s.revision, "commit": commits.get(s.label)}
+                             for s in config.mix if s.name != "json"},
+        "seed": spec.seed,
+        "block_size": spec.block_size,
+        "dtype": dtype.name,
+    }
+
+
+def _publish(tmp: Path, output_dir: Path) -> None:
+    """Renames the finished `tmp` to OUTPUT_DIR, replacing what was there only once the new dataset is whole."""
+    if output_dir.exists():
+        old = output_dir.with_name(f".{output_dir.name}.replaced")
         shutil.rmtree(old, ignore_errors=True)
-        os.replace(spec.output_dir, old)
-        os.replace(tmp, spec.output_dir)
+        os.replace(output_dir, old)
+        os.replace(tmp, output_dir)
         shutil.rmtree(old)
     else:
-        os.replace(tmp, spec.output_dir)
-    return manifest
+        os.replace(tmp, output_dir)
 
 
 class _ValCost:
