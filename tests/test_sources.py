@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,28 @@ def test_revisions_resolve_to_none_offline_and_for_local_files(tmp_path: Path) -
         {"name": "sparknet-tests/no-such-dataset", "prob": 1, "revision": "v1"},
         {"name": "sparknet-tests/no-such-dataset", "prob": 1}]})
     assert resolve_revisions(config) == {"a": None, "no-such-dataset@v1": None, "no-such-dataset": None}
+
+
+def test_an_unreachable_hub_resolves_no_revision_quickly_and_says_so(tmp_path: Path) -> None:
+    """Online but with no Hub to answer (a closed local port as the endpoint): one warning, None for every source,
+    no wait per source. Run in a subprocess, as huggingface_hub reads its endpoint and offline flag at import."""
+    import subprocess
+    import sys
+
+    code = (
+        "import time\n"
+        "from sparknet.config import parse_config\n"
+        "from sparknet.data.sources import resolve_revisions\n"
+        "config = parse_config({'seed': 1, 'context_length': 8, 'target_tokens': 8, 'mix': [\n"
+        "    {'name': 'sparknet-tests/a', 'prob': 1, 'revision': 'v1'}, {'name': 'sparknet-tests/b', 'prob': 1}]})\n"
+        "t = time.time()\n"
+        "print(resolve_revisions(config), round(time.time() - t, 1))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
+                                                             "TRANSFORMERS_OFFLINE")}
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    revisions, seconds = proc.stdout.rsplit(" ", 1)
+    assert revisions == "{'a@v1': None, 'b': None}" and float(seconds) < 5
+    assert proc.stderr.count("cannot reach the Hub") == 1
