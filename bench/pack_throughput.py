@@ -65,14 +65,9 @@ def main() -> None:
     from sparknet import runtime
 
     runtime.setup(0)
-    import numpy as np
-    import torch
 
     from sparknet.config import load_config
-    from sparknet.data.build import BuildSpec, build_dataset
-    from sparknet.data.packed import PackedDataset
     from sparknet.demo_corpus import write_demo_corpus
-    from sparknet.model import build_model, get_preset
     from sparknet.runtime import available_cores
     from sparknet.tokenizer import train_tokenizer
 
@@ -91,9 +86,22 @@ def main() -> None:
         reading(work, corpus, tok_dir, cores)
         return
 
-    # 1. Throughput: a target beyond the corpus makes the build consume every document, as encode_batch does.
+    out = throughput(work, corpus, config, tok_dir, cores)
+    memory(work, cfg_path, tok_dir, cores)
+    loading(out, cores)
+    reading(work, corpus, tok_dir, cores)
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def throughput(work: Path, corpus: Path, config: Any, tok_dir: Path, cores: int) -> Path:
+    """Section 1; returns the built dataset (read by section 3)."""
     from tokenizers import Tokenizer
 
+    from sparknet.data.build import BuildSpec, build_dataset
+
+    # 1. Throughput: a target beyond the corpus makes the build consume every document, as encode_batch does.
     texts = [json.loads(line)["text"] for name in ("prose", "code")
              for line in (corpus / f"{name}.train.jsonl").open(encoding="utf-8")]
     tokenizer = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
@@ -113,6 +121,11 @@ def main() -> None:
     print(f"  whole build:            {n_build:,} tokens, {pipeline:,.0f} tokens/s ({build_s:.1f} s incl. start-up)")
     print(f"  ratio build/ceiling:    {pipeline / ceiling:.2f}   (target >= 0.8)")
 
+    return out
+
+
+def memory(work: Path, cfg_path: Path, tok_dir: Path, cores: int) -> None:
+    """Section 2."""
     # 2. Peak memory of builds of N and 10N tokens, each in its own process tree.
     small, t_small = peak_rss_of(build_cmd(cfg_path, tok_dir, work / "n", N_TOKENS, cores))
     large, t_large = peak_rss_of(build_cmd(cfg_path, tok_dir, work / "10n", 10 * N_TOKENS, cores))
@@ -120,6 +133,16 @@ def main() -> None:
     print(f"  {N_TOKENS:>10,} tokens: {small:7.0f} MB ({t_small:.1f} s)")
     print(f"  {10 * N_TOKENS:>10,} tokens: {large:7.0f} MB ({t_large:.1f} s)")
     print(f"  ratio 10N/N:            {large / small:.2f}   (target <= 1.20)")
+
+
+
+def loading(out: Path, cores: int) -> None:
+    """Section 3."""
+    import numpy as np
+    import torch
+
+    from sparknet.data.packed import PackedDataset
+    from sparknet.model import build_model, get_preset
 
     # 3. Random batch reads from the memmap against 70M-preset training steps, same batch shape.
     ds = PackedDataset(out, "train")
@@ -150,10 +173,6 @@ def main() -> None:
     print(f"  random batch reads:     {reads:,.0f} /s")
     print(f"  70M training steps:     {steps:.4f} /s ({1 / steps:.1f} s per step, fp32, {cores} cores)")
     print(f"  ratio reads/steps:      {reads / steps:,.0f}   (target >= 100)")
-    reading(work, corpus, tok_dir, cores)
-    import shutil
-
-    shutil.rmtree(work, ignore_errors=True)
 
 
 def reading(work: Path, corpus: Path, tok_dir: Path, cores: int) -> None:

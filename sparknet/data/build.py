@@ -349,6 +349,37 @@ def _open_sources(spec: BuildSpec, submit: Any, state: dict[str, Any] | None, co
                                             skip=position.get("skip", 0), read_ahead=read_ahead)
 
 
+def _split_report(spec: BuildSpec, mixer: Mixer, packers: dict[str, BlockPacker], writers: dict[str, SplitWriter],
+                  cut: dict[str, int]) -> dict[str, Any]:
+    """The manifest's `splits`: blocks, tokens and documents per split, and per source its realised share against
+    the requested one (validation: with its cap and documents cut)."""
+    block = spec.block_size
+    labels = list(mixer.counts)
+    caps = _val_caps(spec)
+    requested = {label: c.requested for label, c in mixer.counts.items()}
+    splits = {}
+    for name in SPLITS:
+        p = packers[name]
+        total = sum(p.tokens_by_source.values()) or 1
+        splits[name] = {
+            "file": f"{name}.bin",
+            "blocks": writers[name].blocks,
+            "tokens": writers[name].blocks * block,
+            "documents": sum(p.documents_by_source.values()),
+            "sources": {
+                label: {
+                    "tokens": p.tokens_by_source[label],
+                    "documents": p.documents_by_source[label],
+                    "share": p.tokens_by_source[label] / total,
+                    "requested_share": requested[label],
+                    **({"document_cap_tokens": caps[label], "documents_cut": cut[label]} if name == "val" else {}),
+                }
+                for label in labels
+            },
+        }
+    return splits
+
+
 def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, EncodedDocuments], folder: Path,
           dtype: np.dtype, saved: dict[str, Any], state: dict[str, Any] | None) -> dict[str, Any]:
     """Runs the mixed documents through the val then the train packer, saving the position (with `saved`: the
@@ -401,30 +432,8 @@ def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, Enco
         for w in writers.values():
             w.close()
 
-    labels = list(mixer.counts)
-    caps = _val_caps(spec)
-    requested = {label: c.requested for label, c in mixer.counts.items()}
+    splits = _split_report(spec, mixer, packers, writers, cut)
     exhausted = [label for label, c in mixer.counts.items() if c.exhausted]
-    splits = {}
-    for name in SPLITS:
-        p = packers[name]
-        total = sum(p.tokens_by_source.values()) or 1
-        splits[name] = {
-            "file": f"{name}.bin",
-            "blocks": writers[name].blocks,
-            "tokens": writers[name].blocks * block,
-            "documents": sum(p.documents_by_source.values()),
-            "sources": {
-                label: {
-                    "tokens": p.tokens_by_source[label],
-                    "documents": p.documents_by_source[label],
-                    "share": p.tokens_by_source[label] / total,
-                    "requested_share": requested[label],
-                    **({"document_cap_tokens": caps[label], "documents_cut": cut[label]} if name == "val" else {}),
-                }
-                for label in labels
-            },
-        }
     if writers["train"].blocks == 0:
         raise UserError(
             f"the sources hold too few tokens for even one training block of {block} tokens after "
