@@ -1,7 +1,8 @@
 """Benchmarks the packed-dataset build, measured side by side in one run (ratios, not absolute times).
 
 1. Throughput: the whole build (streaming, worker pool, mixing, packing, writing) against the tokenizer's own
-   `encode_batch` over the same documents on the same cores, the pipeline's ceiling. Target: ratio >= 0.8.
+   `encode_batch` over the same documents on the same cores, the pipeline's ceiling, for a first build (one-off
+   start-up costs included) and a second (the steady rate). Target: ratio >= 0.8.
 2. Memory: peak RSS (main process + workers) of builds of N and 10×N tokens. Target: the larger <= 1.2× the smaller.
 3. Loading: random-access batch reads/s from the packed dataset against training steps/s of the 70M preset on this
    CPU, same batch shape. Target: the loader >= 100× faster.
@@ -11,8 +12,8 @@
    one core's encoding). On 2 cores reading ahead is within noise (0.67-1.11) and one thread feeds ~75-85 encoders, so
    local sources are read on demand by default, and Hub sources, whose network waits release the GIL, ahead.
 
-Run: `make bench` or `.venv/bin/python bench/pack_throughput.py` (about 4 minutes on 2 cores; `--reading`: section 4
-alone).
+Run: `make bench` or `.venv/bin/python bench/pack_throughput.py` (about 4 minutes on 2 cores; `--throughput`,
+`--reading`: section 1 or 4 alone).
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ def main() -> None:
     if "--reading" in sys.argv:  # section 4 alone
         reading(work, corpus, tok_dir, cores)
         return
+    if "--throughput" in sys.argv:  # section 1 alone
+        throughput(work, corpus, config, tok_dir, cores)
+        return
 
     out = throughput(work, corpus, config, tok_dir, cores)
     memory(work, cfg_path, tok_dir, cores)
@@ -109,17 +113,25 @@ def throughput(work: Path, corpus: Path, config: Any, tok_dir: Path, cores: int)
     t = time.perf_counter()
     n_ceiling = sum(len(e.ids) + 1 for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False))
     ceiling = n_ceiling / (time.perf_counter() - t)
-    out = work / "full"
-    t = time.perf_counter()
-    manifest = build_dataset(BuildSpec(config=config, tokenizer=str(tok_dir), output_dir=out, target_tokens=10**9,
-                                       val_tokens=BLOCK, block_size=BLOCK, seed=0, num_workers=cores))
-    build_s = time.perf_counter() - t
-    n_build = sum(sum(s["tokens"] for s in manifest["splits"][k]["sources"].values()) for k in ("train", "val"))
-    pipeline = n_build / build_s
+    # The first build in a process pays one-off costs (importing transformers to load the tokenizer, spawning the
+    # encoders, datasets' first look at the files): about a second, a fifth of this small build and nothing in a
+    # real one. The second build, into a fresh folder, shows the steady rate.
+    rates = []
+    for run in ("first", "second"):
+        out = work / f"full-{run}"
+        t = time.perf_counter()
+        manifest = build_dataset(BuildSpec(config=config, tokenizer=str(tok_dir), output_dir=out,
+                                           target_tokens=10**9, val_tokens=BLOCK, block_size=BLOCK, seed=0,
+                                           num_workers=cores))
+        build_s = time.perf_counter() - t
+        n_build = sum(sum(s["tokens"] for s in manifest["splits"][k]["sources"].values()) for k in ("train", "val"))
+        rates.append((run, n_build, build_s))
     print(f"\n[throughput] {len(texts)} documents, {cores} cores")
     print(f"  encode_batch (ceiling): {n_ceiling:,} tokens, {ceiling:,.0f} tokens/s")
-    print(f"  whole build:            {n_build:,} tokens, {pipeline:,.0f} tokens/s ({build_s:.1f} s incl. start-up)")
-    print(f"  ratio build/ceiling:    {pipeline / ceiling:.2f}   (target >= 0.8)")
+    for run, n_build, build_s in rates:
+        print(f"  {run} build:{' ' * (13 - len(run))}{n_build:,} tokens, {n_build / build_s:,.0f} tokens/s "
+              f"({build_s:.1f} s incl. start-up), ratio build/ceiling {n_build / build_s / ceiling:.2f}")
+    print(f"  ratio build/ceiling:    {rates[-1][1] / rates[-1][2] / ceiling:.2f}   (second build; target >= 0.8)")
 
     return out
 
