@@ -30,6 +30,20 @@ def run_script(script: str, *args: object, cwd: Path | None = None, timeout: int
     )
 
 
+def encoder_processes(pid: int) -> list[int]:
+    """The spawned encoder processes under process `pid` (not multiprocessing's resource tracker)."""
+    import psutil
+
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                found.append(child.pid)
+        except psutil.Error:
+            pass
+    return found
+
+
 def write_jsonl(path: Path, texts: list[str], field: str = "text") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:

@@ -20,7 +20,7 @@ from sparknet.config import load_config
 from sparknet.data import PackedDataset
 from sparknet.data.build import BuildSpec, build_dataset
 from sparknet.errors import UserError
-from tests.conftest import OFFLINE_ENV, run_script, write_config, write_jsonl
+from tests.conftest import OFFLINE_ENV, encoder_processes, run_script, write_config, write_jsonl
 
 EOT = "<|endoftext|>"
 
@@ -431,6 +431,40 @@ def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
     for m in (a, b):
         m.pop("build_seconds")
     assert a == b and "build_state.json" not in os.listdir(out)
+
+
+def test_a_killed_encoder_or_ctrl_c_to_the_whole_group_stops_the_build_cleanly_and_it_resumes(
+    sources: dict, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """An encoder process killed from outside (as the out-of-memory killer does) stops the build with one line
+    instead of hanging; Ctrl-C typed in a terminal reaches every process of the group and stops it with its position
+    saved. The same command then finishes, with the bytes of a build never interrupted."""
+    cfg = _config(sources, tmp_path)
+    extra = ("--target_tokens", 1_200_000, "--shuffle_buffer", 64, "--num_workers", 2, "--checkpoint_seconds", 0.05)
+    reference = tmp_path / "reference"
+    assert run_script("build_dataset_v5.py", *_script_args(cfg, reference, tokenizer_dir, *extra)).returncode == 0
+    out, building = tmp_path / "ds", tmp_path / ".ds.building"
+    argv = [sys.executable, "scripts/build_dataset_v5.py", *map(str, _script_args(cfg, out, tokenizer_dir, *extra))]
+
+    for kill in (lambda pid: os.kill(encoder_processes(pid)[0], signal.SIGKILL),
+                 lambda pid: os.killpg(pid, signal.SIGINT)):
+        start = (_position(building) or {"written": {"train": 0}})["written"]["train"]
+        proc = subprocess.Popen(argv, env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        deadline = time.time() + 120
+        while proc.poll() is None and time.time() < deadline:
+            state = _position(building)
+            if state is not None and state["written"]["train"] > start + 500:  # a save of this run
+                kill(proc.pid)
+                break
+            time.sleep(0.02)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode != 0 and "Traceback" not in err, err
+        assert "resumes it from its last saved position" in err, err
+    proc = run_script("build_dataset_v5.py", *_script_args(cfg, out, tokenizer_dir, *extra))
+    assert proc.returncode == 0 and "resuming the interrupted build" in proc.stderr, proc.stderr
+    for name in ("train.bin", "val.bin"):
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
 
 
 def test_a_read_error_on_the_read_ahead_thread_is_one_line(tokenizer_dir: Path, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sparknet.run_folder import latest_complete_checkpoint
-from tests.conftest import OFFLINE_ENV, run_script, write_config, write_jsonl
+from tests.conftest import OFFLINE_ENV, encoder_processes, run_script, write_config, write_jsonl
 from tests.test_training import FAST, _events, _kill_when, _steps, _wait_for
 
 STREAM = dict(val_tokens=2048, shuffle_buffer=50, num_workers=2, sample_steps=0)
@@ -30,11 +30,11 @@ def _args(tmp: Path, config: Path, tokenizer: Path, **kw: object) -> list[str]:
     return args
 
 
-def _start(args: list[str], processes: int = 1) -> subprocess.Popen:
+def _start(args: list[str], processes: int = 1, own_group: bool = False) -> subprocess.Popen:
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
                 if processes > 1 else [sys.executable])
     return subprocess.Popen([*launcher, "scripts/train_sparknet.py", *args], env={**os.environ, **OFFLINE_ENV},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=own_group)
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
@@ -123,6 +123,35 @@ def test_two_processes_train_one_model_on_disjoint_documents_and_resume_exactly(
     assert {"stream_state.rank0.json", "stream_state.rank1.json", "rng_state_0.pth", "rng_state_1.pth"} <= saved
     assert len(list((tmp_path / "a" / "logs" / "run").glob("events.out.tfevents.*"))) == 1
     AutoModelForCausalLM.from_pretrained(str(run_dir))
+
+
+def test_ctrl_c_to_the_whole_group_saves_and_a_killed_encoder_is_one_line(corpus_config: Path, tokenizer_dir: Path,
+                                                                         tmp_path: Path) -> None:
+    """Ctrl-C typed in a terminal reaches the encoder processes too: they ignore it, since the trainer still needs
+    them to finish its step and save. An encoder killed from outside (the out-of-memory killer) stops the run with
+    one line instead of a hang. The same command then resumes."""
+    settings = dict(target_tokens=100 * 4 * 128, eval_steps=10, save_steps=10, logging_steps=5)
+    args = _args(tmp_path, corpus_config, tokenizer_dir, **settings)
+    run_dir = tmp_path / "ckpt" / "run"
+    proc = _start(args, own_group=True)
+    _wait_for(run_dir / "checkpoint-10" / ".complete", proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "checkpoint saved in" in out and "Traceback" not in out, out[-3000:]
+    stopped = latest_complete_checkpoint(run_dir)
+    assert stopped is not None
+
+    proc = _start(args)
+    deadline = time.time() + 60
+    while not (encoders := encoder_processes(proc.pid)) and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(encoders[0], signal.SIGKILL)  # while the stream still needs it: this run reads little
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
+    assert "error: an encoder process died" in out and "run the same command again" in out
+    stopped = latest_complete_checkpoint(run_dir)
+    out = _finish(_start(args))
+    assert f"resuming from {stopped}" in out
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import multiprocessing as mp
 import os
 import shutil
 import time
@@ -30,14 +29,13 @@ import numpy as np
 
 from sparknet.config import MixConfig, describe_changes, local_files_fingerprint
 from sparknet.data.build_state import STATE, load_state, restore_packers, save_state
+from sparknet.data.encoder_pool import EncoderPool
 from sparknet.data.mixing import Mixer
 from sparknet.data.packed import FORMAT_VERSION, MANIFEST, SPLITS, SplitWriter, read_manifest
 from sparknet.data.packing import (
     BlockPacker,
     DocumentEncoder,
     cut_document,
-    encode_in_worker,
-    init_worker,
     token_dtype,
     val_document_caps,
 )
@@ -237,10 +235,8 @@ def _build(spec: BuildSpec, tok: Any, dtype: np.dtype, tmp: Path, saved: dict[st
     sources: dict[str, EncodedDocuments] = {}
     try:
         if spec.num_workers > 0:
-            pool = mp.get_context("spawn").Pool(spec.num_workers, init_worker, (tokenizer_json, eos_id, dtype.name))
-
-            def submit(batch: list[str]) -> Any:
-                return pool.apply_async(encode_in_worker, (batch,))
+            pool = EncoderPool(spec.num_workers, tokenizer_json, eos_id, dtype)
+            submit = pool.submit
         else:
             encoder = DocumentEncoder(tokenizer_json, eos_id, dtype)
 
@@ -270,7 +266,6 @@ def _build(spec: BuildSpec, tok: Any, dtype: np.dtype, tmp: Path, saved: dict[st
         source.close()
     if pool is not None:
         pool.close()
-        pool.join()
     for leftover in (tmp / STATE, tmp / f".{STATE}.tmp"):  # the latter from a kill during a save
         leftover.unlink(missing_ok=True)
     return manifest

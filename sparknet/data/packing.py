@@ -8,7 +8,6 @@ exact token budget.
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -76,22 +75,6 @@ class DocumentEncoder:
             flat[start : end - 1] = enc.ids
         flat[ends - 1] = self.eos_id
         return flat, lengths
-
-
-_WORKER_ENCODER: DocumentEncoder | None = None
-
-
-def init_worker(tokenizer_json: str, eos_id: int, dtype: str) -> None:
-    """Pool initializer: one single-threaded encoder per worker process (the pool gives the parallelism)."""
-    global _WORKER_ENCODER
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _WORKER_ENCODER = DocumentEncoder(tokenizer_json, eos_id, dtype)
-
-
-def encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Pool task: encode one batch with the worker's encoder."""
-    assert _WORKER_ENCODER is not None, "init_worker did not run"
-    return _WORKER_ENCODER(texts)
 
 
 @dataclass

@@ -28,7 +28,6 @@ import itertools
 import json
 import logging
 import math
-import multiprocessing as mp
 import sys
 import time
 import weakref
@@ -40,13 +39,12 @@ import numpy as np
 import torch
 
 from sparknet.config import MixConfig, describe_changes
+from sparknet.data.encoder_pool import EncoderPool
 from sparknet.data.mixing import Mixer
 from sparknet.data.packing import (
     BlockPacker,
     DocumentEncoder,
     cut_document,
-    encode_in_worker,
-    init_worker,
     token_dtype,
     val_document_caps,
 )
@@ -236,7 +234,6 @@ class TokenStream(torch.utils.data.IterableDataset):
         """Terminates the encoding processes; the position stays readable."""
         if self._pool is not None:
             self._pool.terminate()
-            self._pool.join()
             self._pool = None
 
     def _start(self) -> _Pipeline:
@@ -252,13 +249,9 @@ class TokenStream(torch.utils.data.IterableDataset):
             encoder = self._encoder
             return lambda texts: Done(encoder(texts))
         if self._pool is None:
-            # spawn, as the packed build: a forked tokenizer with live threads can deadlock
-            self._pool = mp.get_context("spawn").Pool(
-                self.num_workers, init_worker, (self.tokenizer_json, self.eos_id, self.dtype.name)
-            )
+            self._pool = EncoderPool(self.num_workers, self.tokenizer_json, self.eos_id, self.dtype)
             weakref.finalize(self, self._pool.terminate)
-        pool = self._pool
-        return lambda texts: pool.apply_async(encode_in_worker, (texts,))
+        return self._pool.submit
 
     def _initial_state(self) -> dict[str, Any]:
         labels = list(self.skip_documents)
