@@ -38,4 +38,5 @@ bench-recipe: $(STAMP)
 	$(OFFLINE) $(PY) bench/recipe.py
 
 clean-demo:
-	rm -rf data/demo tokenizer-demo datasets/demo datasets/.demo.building checkpoints/demo logs/demo
+	rm -rf data/demo tokenizer-demo datasets/demo datasets/.demo.building checkpoints/demo logs/demo eval/demo eval/suite \
+		exports/demo

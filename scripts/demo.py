@@ -8,12 +8,12 @@ demo-only folders; your tokenizer-v5/, datasets/sparknet-v5-1b/ and other runs a
 CONFIG = "configs/demo.json"  # the demo's mix: stdlib docstrings (prose) and stdlib source (code)
 CORPUS_DIR = "data/demo"  # demo corpus (JSONL), written by scripts/prepare_demo_corpus.py
 TOKENIZER_DIR = "tokenizer-demo"  # the demo's tokenizer (never tokenizer-v5/)
-VOCAB_SIZE = 8192  # a small vocabulary suits the ~12 MB demo corpus
-TOKENIZER_BYTES = 4_000_000  # bytes of text sampled for the tokenizer (of the ~11 MB demo corpus)
+VOCAB_SIZE = 8192  # a small vocabulary suits the ~10 MB demo corpus
+TOKENIZER_BYTES = 4_000_000  # bytes of text sampled for the tokenizer (of the ~10 MB demo corpus)
 DATASET_DIR = "datasets/demo"  # the demo's packed dataset (never datasets/sparknet-v5-1b/)
 VAL_TOKENS = 25_000  # validation tokens held out from the demo mix
 RUN_NAME = "demo"  # checkpoints/demo and logs/demo, replaced on every demo run
-MODEL_PRESET = "sparknet-demo"  # 4 layers, width 256: learns visibly in two minutes on two cores
+MODEL_PRESET = "sparknet-demo"  # 4 layers, width 256: learns visibly in three minutes on two cores
 TRAIN_TOKENS = 460_000  # training tokens (about three minutes on two cores; Muon steps cost ~7% more than AdamW)
 BATCH_SIZE = 8  # blocks of 256 tokens per step
 LEARNING_RATE = 2e-3  # peak learning rate (AdamW's: embeddings, norms and biases)
@@ -40,7 +40,8 @@ def main() -> None:
                "--batch_size", BATCH_SIZE, "--grad_accum", 1, "--learning_rate", LEARNING_RATE,
                "--optimizer", OPTIMIZER, "--muon_learning_rate", MUON_LEARNING_RATE,
                "--warmup_ratio", 0.05, "--eval_steps", 50, "--save_steps", 100, "--sample_steps", 100,
-               "--logging_steps", 10, "--sample_prompts", '["def ", "The "]')
+               # prompts without a trailing space: a lone space is a token the model never sees before a word
+               "--logging_steps", 10, "--sample_prompts", '["def", "The"]')
     model = f"checkpoints/{RUN_NAME}"
     chain.step("perplexity", "eval_perplexity.py", "--models", f'["{model}"]')
     chain.step("benchmarks (offline suite)", "eval_benchmarks.py", "--models", f'["{model}"]', "--limit",

@@ -78,10 +78,11 @@ def run_benchmarks(model_source: str, tokenizer_source: str, tasks: list[str], i
                                  log_samples=False, bootstrap_iters=1000)
     except Exception:  # noqa: BLE001 - a Hub task without the network fails deep inside datasets
         offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
-        if offline and [t for t in tasks if t != SUITE_TASK]:
-            raise UserError(f"tasks {', '.join(t for t in tasks if t != SUITE_TASK)} need their data from the Hub and "
-                            f"the network is off (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE): run online once, or use "
-                            f"{SUITE_TASK}") from None
+        hub_tasks = [t for t in tasks if t != SUITE_TASK]
+        if offline and hub_tasks:
+            raise UserError(f"{', '.join(hub_tasks)}: {'these tasks need' if len(hub_tasks) > 1 else 'this task needs'}"
+                            f" data from the Hub and the network is off (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE): run "
+                            f"online once, or use {SUITE_TASK}") from None
         raise
     results = {}
     for task in tasks:

@@ -102,6 +102,11 @@ def resolve_model(spec: str) -> ModelRef:
         return ModelRef(spec, str(folder), f"{run}/{folder.name}" if run else folder.name, folder)
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or not spec.strip():
         raise UserError(f"model folder {spec} not found (looked for {folder}): pass checkpoints/RUN_NAME or a Hub id")
+    parent = project_path(spec.split("/")[0])
+    if "/" in spec and parent.is_dir():  # "checkpoints/dmeo": a mistyped folder, not the Hub's user "checkpoints"
+        held = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
+        raise UserError(f"model folder {spec} not found (looked for {folder}); {parent.name}/ holds: "
+                        f"{', '.join(held[:10]) or 'nothing'}")
     return ModelRef(spec, spec, spec.replace("/", "__"), None)
 
 
@@ -112,6 +117,22 @@ def tokenizer_source(ref: ModelRef) -> str:
         if (parent / "tokenizer.json").is_file():
             return str(parent)
     return ref.source
+
+
+def _cannot_load(ref: ModelRef, exc: Exception) -> UserError:
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return UserError(f"cannot load model {ref.spec!r} ({type(exc).__name__}: {first}); Hub ids need network access "
+                     "or a cached copy")
+
+
+def check_loadable(ref: ModelRef) -> None:
+    """Reads the model's config (cheap), so that a model that cannot be loaded is one line before any work starts."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(ref.source)
+    except Exception as exc:  # noqa: BLE001 - reported against the user's value with the library's reason
+        raise _cannot_load(ref, exc) from None
 
 
 def load_model(ref: ModelRef, device: str | None = None) -> tuple[Any, Any, str]:
@@ -126,9 +147,7 @@ def load_model(ref: ModelRef, device: str | None = None) -> tuple[Any, Any, str]
     try:
         model = AutoModelForCausalLM.from_pretrained(ref.source, dtype=dtype)
     except Exception as exc:  # noqa: BLE001 - reported against the user's value with the library's reason
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise UserError(f"cannot load model {ref.spec!r} ({type(exc).__name__}: {first}); Hub ids need network "
-                        "access or a cached copy") from None
+        raise _cannot_load(ref, exc) from None
     tokenizer = load_tokenizer(tokenizer_source(ref))
     return model.to(device).eval(), tokenizer, device
 
@@ -283,6 +302,17 @@ class SamplingSettings:
     max_new_tokens: int = 64
     num_samples: int = 2
     seed: int = 1234
+
+    def __post_init__(self) -> None:
+        checks = [("TEMPERATURE", self.temperature, self.temperature >= 0, ">= 0 (0: greedy)"),
+                  ("TOP_P", self.top_p, 0 < self.top_p <= 1, "in (0, 1]"),
+                  ("TOP_K", self.top_k, self.top_k >= 0, ">= 0 (0: no limit)"),
+                  ("REPETITION_PENALTY", self.repetition_penalty, self.repetition_penalty > 0, "> 0 (1: none)"),
+                  ("MAX_NEW_TOKENS", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1"),
+                  ("NUM_SAMPLES", self.num_samples, self.num_samples >= 1, ">= 1")]
+        for name, value, ok, expected in checks:
+            if not ok:
+                raise UserError(f"{name}={value}: expected {expected}")
 
 
 def load_prompts(prompts: list[str], prompts_file: str = "") -> list[str]:

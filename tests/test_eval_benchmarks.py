@@ -44,5 +44,17 @@ def test_offline_suite_through_lm_eval(random_model: Path, tmp_path: Path) -> No
 def test_unknown_and_hub_tasks(random_model: Path) -> None:  # noqa: F811
     with pytest.raises(UserError, match="unknown task.*no_such_task"):
         run_benchmarks(str(random_model), str(random_model), ["no_such_task"])
-    with pytest.raises(UserError, match="need their data from the Hub"):
+    with pytest.raises(UserError, match="needs data from the Hub"):
         run_benchmarks(str(random_model), str(random_model), ["arc_easy"], limit=2)
+
+
+@pytest.mark.parametrize("script", ["eval_benchmarks.py", "eval_perplexity.py", "eval_generation.py"])
+def test_a_mistyped_model_folder_or_an_unreachable_hub_model_is_one_line(script: str) -> None:
+    # "scripts/" exists in the project: "scripts/dmeo" is a mistyped folder, not the Hub user "scripts"
+    proc = run_script(script, "--models", json.dumps(["scripts/dmeo"]))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "model folder scripts/dmeo not found" in proc.stderr and "scripts/ holds:" in proc.stderr
+    if script == "eval_benchmarks.py":  # offline, a Hub id is refused before lm-eval starts
+        proc = run_script(script, "--models", json.dumps(["no-such-user-sparknet/no-model"]))
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert "cannot load model 'no-such-user-sparknet/no-model'" in proc.stderr

@@ -45,3 +45,11 @@ def test_script_report_side_by_side(random_model: Path, tmp_path: Path) -> None:
     assert cells[1] == cells[2].rstrip(" |")  # the same weights and seed: the same text in both columns
     with pytest.raises(UserError, match="prompts file .*nope.txt not found"):
         load_prompts(["unused"], str(tmp_path / "nope.txt"))
+
+
+@pytest.mark.parametrize(("flag", "value"), [("temperature", -1), ("top_p", 5), ("num_samples", 0),
+                                             ("max_new_tokens", 0)])
+def test_out_of_range_sampling_settings_are_one_line(flag: str, value: float, random_model: Path) -> None:  # noqa: F811
+    proc = run_script("eval_generation.py", "--models", json.dumps([str(random_model)]), f"--{flag}", value)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"{flag.upper()}={value}" in proc.stderr and ": expected" in proc.stderr
