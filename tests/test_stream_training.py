@@ -182,6 +182,22 @@ def test_a_mix_too_small_for_validation_and_training_is_an_error(tokenizer_dir: 
     assert "error: " in proc.stderr
 
 
+def test_a_shuffle_buffer_larger_than_a_source_is_named_when_the_hold_out_took_every_row(
+        tokenizer_dir: Path, tmp_path: Path) -> None:
+    """With a shuffle buffer the hold-out skips the documents left in the buffer: a buffer larger than a small
+    source leaves it nothing to train on, and the error says which constant to lower."""
+    texts = [f"document {i}: " + "some words of text " * 30 for i in range(200)]
+    config = write_config(tmp_path / "mix.json", [{"name": "json", "data_files": str(write_jsonl(
+        tmp_path / "small.jsonl", texts)), "prob": 1.0}])
+    proc = run_script("train_sparknet.py", *_args(tmp_path, config, tokenizer_dir, shuffle_buffer=1000))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "rows held out for validation" in proc.stderr and "lower SHUFFLE_BUFFER" in proc.stderr, proc.stderr
+    # the same source trains with a buffer smaller than it
+    proc = run_script("train_sparknet.py", *_args(tmp_path / "b", config, tokenizer_dir, shuffle_buffer=20,
+                                                  on_exhausted="stop"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_training_on_a_1gb_file_starts_fast_in_bounded_memory(tokenizer_dir: Path, tmp_path: Path) -> None:
     """The streaming trainer on a ~1 GB JSONL: the first optimizer step within 30 s of the start, and peak RSS (the

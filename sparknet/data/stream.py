@@ -407,13 +407,19 @@ class _Pipeline:
 
     def _finish(self, reason: str) -> None:
         if self.blocks_yielded == 0:
-            counts = ", ".join(f"{label} ({c.documents} documents)" for label, c in self.mixer.counts.items())
             settings = self.settings
-            held_out = ", after the rows held out for validation" if any(settings["skip_documents"].values()) else ""
+            skipped = settings["skip_documents"]
+            counts = ", ".join(f"{label}: {c.documents} documents" + (
+                f" after {skipped[label]} rows held out for validation" if skipped.get(label) else "")
+                for label, c in self.mixer.counts.items())
             rank = f" for rank {settings['rank']} of {settings['world_size']}" if settings["world_size"] > 1 else ""
+            # the hold-out's rows include the documents still in the shuffle buffer: a whole small source
+            buffer = (f"lower SHUFFLE_BUFFER (the hold-out also skips the up to {settings['shuffle_buffer']:,} "
+                      "documents in each source's shuffle buffer) below the sources' row counts, "
+                      if any(skipped.values()) and settings["shuffle_buffer"] else "")
             raise UserError(
-                f"{reason} before one block of {self.block_size} tokens could be made{rank}{held_out} ({counts}): "
-                "add data, or lower BLOCK_SIZE or VAL_TOKENS"
+                f"{reason} before one block of {self.block_size} tokens could be made{rank} ({counts}): "
+                f"{buffer}add data, or lower BLOCK_SIZE or VAL_TOKENS"
             )
         log.warning("the stream ended after %d blocks: %s", self.blocks_yielded, reason)
         self.end = reason
