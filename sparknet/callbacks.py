@@ -114,13 +114,19 @@ class MetricsCallback(TrainerCallback):
         values = {"eval/loss": loss, "eval/perplexity": perplexity(loss)}
         if self.eval_bytes:
             values["eval/bits_per_byte"] = bits_per_byte(loss, self.eval_tokens, self.eval_bytes)
-        if state.global_step not in self._eval_steps:  # the closing eval of the best model repeats a step
+        closing = state.global_step in self._eval_steps  # the closing eval of the best model repeats a step
+        if not closing:
             self._eval_steps.add(state.global_step)
             self._write(values, state.global_step)
         if state.global_step == 0 and self.start_file is not None:
             write_json_atomic(self.start_file, {"eval_loss": loss})
         self.last_eval = {k.split("/")[1]: v for k, v in values.items()}
         bpb = f"  bits/byte {values['eval/bits_per_byte']:.3f}" if "eval/bits_per_byte" in values else ""
+        if closing:
+            best = state.best_model_checkpoint
+            which = f"best checkpoint ({Path(best).name})" if best else f"step {state.global_step}"
+            log.info("eval   final, %s  loss %.4f  ppl %.2f%s", which, loss, values["eval/perplexity"], bpb)
+            return
         log.info("eval   step %6d  loss %.4f  ppl %.2f%s", state.global_step, loss, values["eval/perplexity"], bpb)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:

@@ -66,6 +66,9 @@ def test_interrupted_twice_then_resumed_equals_an_uninterrupted_run(corpus_confi
     assert int(stopped_at.name.split("-")[1]) < 100
     out = _finish(_start(args))
     assert f"resuming from {stopped_at}" in out
+    # the closing eval is of the best checkpoint, and says so (not a second "step 100")
+    best = json.loads((run_dir / "checkpoint-100" / "trainer_state.json").read_text())["best_model_checkpoint"]
+    assert f"eval   final, best checkpoint ({Path(best).name})" in out and out.count("eval   step    100") == 1
 
     expected = _steps(tmp_path / "a" / "ckpt" / "run" / "batches.jsonl")
     got = _steps(run_dir / "batches.jsonl")
