@@ -321,7 +321,8 @@ def load_config(path: str | Path) -> MixConfig:
     try:
         data = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{shown}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+        problem = exc.msg.lower()
+        raise ConfigError(f"{shown}: invalid JSON ({problem}) at line {exc.lineno}, column {exc.colno}") from None
     except _DuplicateKey as exc:
         raise ConfigError(f"{shown}: key {exc.args[0]!r} appears twice in one object: keep one") from None
     return parse_config(data, shown)

@@ -31,8 +31,9 @@ class Chain:
     def summary(self, outputs: dict[str, str]) -> None:
         """Prints where everything went and how long each step took."""
         print(f"\n=== demo finished in {time.time() - self.started:.0f} s")
+        width = max(len(title) for title, _ in self.timings) if self.timings else 0
         for title, seconds in self.timings:
-            print(f"  {title:<20} {seconds:6.1f} s")
+            print(f"  {title:<{width}} {seconds:6.1f} s")
         print("outputs:")
         for what, where in outputs.items():
             print(f"  {what:<20} {where}")

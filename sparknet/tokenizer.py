@@ -65,12 +65,17 @@ def wrap(tok: Any, context_length: int) -> Any:
     )
 
 
+LOADER_KEYS = ("is_local", "local_files_only", "_commit_hash", "cache_dir", "token", "revision")
+
+
 def save(fast: Any, out_dir: Path) -> None:
     """`save_pretrained`, with a tokenizer class every transformers version can load."""
     fast.save_pretrained(str(out_dir))
     cfg_path = out_dir / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["tokenizer_class"] = TOKENIZER_CLASS
+    for key in LOADER_KEYS:  # how this copy was loaded, not what the tokenizer is: wrong for whoever downloads it
+        cfg.pop(key, None)
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
 

@@ -22,7 +22,7 @@ def _cases(data_file: str) -> list[tuple[str, object, str]]:
     good = {**GOOD, "data_files": data_file}
     top = {"seed": 1, "context_length": 128, "target_tokens": 1000}
     return [
-        ("invalid-json", '{"seed": 1,\n  "mix": [}', "invalid JSON at line 2, column 11"),
+        ("invalid-json", '{"seed": 1,\n  "mix": [}', "invalid JSON (expecting value) at line 2, column 11"),
         ("not-object", [1, 2], "expected a JSON object"),
         ("missing-key", {**top}, "mix: missing required key"),
         (

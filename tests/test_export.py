@@ -55,6 +55,8 @@ def test_export_folder_and_card(run: tuple[Path, Path]) -> None:
                                                       "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     AutoModelForCausalLM.from_pretrained(str(out))
     assert AutoTokenizer.from_pretrained(str(out)).pad_token == "<|endoftext|>"
+    # nothing about how this machine loaded it (a downloader would inherit local_files_only)
+    assert not {"is_local", "local_files_only"} & set(json.loads((out / "tokenizer_config.json").read_text()))
     card = ModelCard.load(out / "README.md")
     data = card.data.to_dict()
     assert data["license"] == "apache-2.0" and data["language"] == ["en"]
