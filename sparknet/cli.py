@@ -65,17 +65,22 @@ def describe_constants(source: str) -> dict[str, str]:
 
 
 _PROTOTYPES = {"int": 0, "float": 0.0, "str": "", "bool": False}
+_CONTAINERS = {"list": [], "dict": {}}  # `list[str] | None`: a list (of str), not a str
 
 
 def annotated_types(source: str) -> dict[str, Any]:
     """For constants annotated like `TARGET_TOKENS: int | None = None`, a value of the annotated type (0, 0.0, "",
-    False) that flags are parsed against; None defaults without an annotation are parsed as JSON."""
+    False, [], {}) that flags are parsed against; None defaults without an annotation are parsed as JSON."""
     out: dict[str, Any] = {}
     for node in ast.parse(source).body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names = {n.id for n in ast.walk(node.annotation) if isinstance(n, ast.Name)} & set(_PROTOTYPES)
-            if len(names) == 1:
-                out[node.target.id] = _PROTOTYPES[names.pop()]
+            names = {n.id for n in ast.walk(node.annotation) if isinstance(n, ast.Name)}
+            containers = names & set(_CONTAINERS)
+            plain = names & set(_PROTOTYPES)
+            if len(containers) == 1:
+                out[node.target.id] = _CONTAINERS[containers.pop()]
+            elif not containers and len(plain) == 1:
+                out[node.target.id] = _PROTOTYPES[plain.pop()]
     return out
 
 

@@ -19,6 +19,7 @@ ADAM_BETAS = (0.9, 0.95)  # AdamW betas
 PROMPTS = ["Once"]  # sample prompts
 # derived from the config when None
 TARGET_TOKENS: int | None = None
+PRESETS: list[str] | None = None  # a list of str, not a str
 EXTRA = None  # untyped: parsed as JSON
 '''
 
@@ -59,8 +60,9 @@ def test_overrides_parse_to_the_defaults_types(namespace: dict) -> None:
 def test_annotated_none_defaults_parse_to_their_type(namespace: dict) -> None:
     with pytest.raises(UsageError, match="--target_tokens: expected an integer, got '100k'"):
         apply_overrides(namespace, ["--target_tokens", "100k"])
-    apply_overrides(namespace, ["--target_tokens", "none", "--extra", '{"a": 1}'])
+    apply_overrides(namespace, ["--target_tokens", "none", "--extra", '{"a": 1}', "--presets", '["x", "y"]'])
     assert namespace["TARGET_TOKENS"] is None and namespace["EXTRA"] == {"a": 1}
+    assert namespace["PRESETS"] == ["x", "y"]
 
 
 @pytest.mark.parametrize("raw,expected", [("true", True), ("0", False), ("FALSE", False), ("1", True)])
