@@ -213,6 +213,7 @@ def parse_config(data: Any, path: str = "<config>") -> MixConfig:
         )
 
     _refuse_duplicates(check, raw_sources)
+    _refuse_shared_files(check, raw_sources)
     total = sum(s["prob"] for s in raw_sources)
     if not math.isfinite(total):
         raise check.fail("mix", "the probabilities are too large to add up; use shares such as 0.5, 0.3, 0.2")
@@ -249,7 +250,42 @@ def _source_identity(source: dict[str, Any]) -> str:
             files = {k: sorted(v) for k, v in sorted(resolved.items())}
         else:
             files = sorted(resolved or [])
-    return json.dumps([source["name"], source["subset"], source["split"], files, source["revision"]], sort_keys=True)
+    return json.dumps([source["name"], source["subset"], source["split"], files, source["revision"],
+                       source["text_field"]], sort_keys=True)
+
+
+def _local_files(source: dict[str, Any]) -> list[tuple[str, str]]:
+    """(the file as the config names it, its real path) for every local file the entry reads, globs expanded; a
+    `data_files` dict contributes its `split`'s files (all of them when the split is not among its keys)."""
+    files = source["data_files"]
+    if files is None:
+        return []
+    if isinstance(files, dict):
+        files = files.get(source["split"], [f for v in files.values() for f in ([v] if isinstance(v, str) else v)])
+    out = []
+    for f in [files] if isinstance(files, str) else files:
+        full = str(project_path(f))
+        for path in sorted(glob.glob(full)) if glob.has_magic(f) else [full]:
+            if Path(path).is_file():  # a Hub repository's own data_files are not local
+                out.append((f, os.path.realpath(path)))
+    return out
+
+
+def _refuse_shared_files(check: _Checker, sources: list[dict[str, Any]]) -> None:
+    """A local file read by two entries (or twice by one, through a glob or another spelling) puts its documents
+    in the data twice, and one reading's validation documents in the other's training. Two entries reading other
+    columns of one file (`text_field`) are two sources."""
+    seen: dict[tuple[str, str | None], tuple[int, str]] = {}
+    for i, source in enumerate(sources):
+        for named, real in _local_files(source):
+            key = (real, source["text_field"])
+            if key in seen:
+                j, first = seen[key]
+                where = (f"twice in mix[{i}].data_files (as {first!r} and {named!r})" if j == i else
+                         f"in mix[{j}] (as {first!r}) and in mix[{i}] (as {named!r})")
+                raise check.fail(f"mix[{i}].data_files", f"the file {real} is {where}: its documents would be read "
+                                 "twice, and validation documents trained on; list each file in one entry, once")
+            seen[key] = (i, named)
 
 
 def _refuse_duplicates(check: _Checker, sources: list[dict[str, Any]]) -> None:

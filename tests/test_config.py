@@ -176,6 +176,27 @@ def test_the_same_source_twice_is_refused(data_file: str) -> None:
     assert [s.label for s in cfg.mix] == ["d", "d/en"]
 
 
+def test_a_file_read_twice_is_refused_whatever_the_spelling(data_file: str, tmp_path: Path) -> None:
+    """The same file twice in one entry, or in two entries (through a glob, `..`, another split label), would put
+    its documents in the data twice and validation documents in training."""
+    folder = str(Path(data_file).parent)
+    other = str(write_jsonl(tmp_path / "other.jsonl", ["more words"] * 3))
+    cases = [
+        [{**GOOD, "data_files": [data_file, f"{folder}/../{Path(folder).name}/docs.jsonl"]}],
+        [{**GOOD, "data_files": [data_file, f"{folder}/doc?.jsonl"]}],
+        [{**GOOD, "data_files": data_file}, {**GOOD, "data_files": f"{folder}/*.jsonl"}],
+        [{**GOOD, "data_files": data_file}, {**GOOD, "data_files": data_file, "split": "validation"}],
+    ]
+    for mix in cases:
+        with pytest.raises(ConfigError, match=r"mix\[\d\]\.data_files: the file .*docs\.jsonl is (twice in|in mix)"):
+            parse_config(_top(mix))
+    # other files, or other columns of one file (text_field), are other sources
+    parse_config(_top([{**GOOD, "data_files": data_file}, {**GOOD, "data_files": other}]))
+    both = parse_config(_top([{**GOOD, "data_files": data_file, "text_field": "text"},
+                              {**GOOD, "data_files": data_file, "text_field": "title"}]))
+    assert len(both.mix) == 2
+
+
 def test_labels_are_unique_even_when_a_file_name_looks_numbered(tmp_path: Path) -> None:
     files = [write_jsonl(tmp_path / "a#1.jsonl", ["x"]), write_jsonl(tmp_path / "a.jsonl", ["y"]),
              write_jsonl(tmp_path / "d2" / "a.jsonl", ["z"])]

@@ -26,6 +26,21 @@ def test_streams_texts_in_order_skipping_empty(tmp_path: Path) -> None:
     assert type(open_source(spec)).__name__ == "IterableDataset"  # streamed, never materialised
 
 
+def test_rows_without_text_are_skipped_with_a_warning_naming_the_row(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    from sparknet.data.reader import SourceReader
+
+    path = _rows(tmp_path / "m.jsonl", [{"text": "one"}, {"content": "kept under another key"}, {"text": "two"},
+                                        {"text": None}])
+    spec = SourceSpec(name="json", prob=1, data_files=path, label="m")
+    for read in (lambda: list(iter_texts(spec)), lambda: [t for t, _ in SourceReader(spec)]):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            assert read() == ["one", "two"]
+        warnings = [r.getMessage() for r in caplog.records if "has no text" in r.getMessage()]
+        assert len(warnings) == 1 and "row 1 has no text in column 'text'" in warnings[0]
+
+
 def test_detects_a_common_text_column(tmp_path: Path) -> None:
     path = _rows(tmp_path / "b.jsonl", [{"id": 1, "content": "x y"}, {"id": 2, "content": "z"}])
     assert list(iter_texts(SourceSpec(name="json", prob=1, data_files=path, label="b"))) == ["x y", "z"]

@@ -162,6 +162,7 @@ def test_ctrl_c_to_the_whole_group_saves_and_a_killed_encoder_is_one_line(corpus
     [
         ([{"id": 1, "score": 0.5}] * 5, "no usable text column (looked for text, content"),
         ("not json at all\n", "cannot read source 'bad' ("),
+        ([{"text": "a document"}] * 5 + [{"text": 12345}], "column 'text' holds mixed JSON values, not only text"),
     ],
 )
 def test_bad_sources_are_one_line_errors(rows: object, expected: str, tokenizer_dir: Path, tmp_path: Path) -> None:

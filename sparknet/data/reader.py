@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from sparknet.config import SourceSpec
-from sparknet.data.sources import declared_columns, document_text, open_source, pick_text_field, read_rows
+from sparknet.data.sources import declared_columns, document_text, open_source, pick_text_field, read_rows, warn_no_text
 from sparknet.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class SourceReader:
         rows = open_source(self.spec)
         if self._dataset_state is not None:
             rows.load_state_dict(self._dataset_state)
-        field = None
+        field, warned = None, False
         for row in read_rows(rows, self.spec):
             self._rows = rows
             index = self.rows
@@ -133,6 +133,9 @@ class SourceReader:
             if text:
                 self.documents += 1
                 yield text
+            elif not warned:
+                warn_no_text(self.spec, field, index)
+                warned = True
         self._dataset_state = rows.state_dict() if self._rows is not None else self._dataset_state
         self._rows = None
 

@@ -120,7 +120,7 @@ def declared_columns(rows: Any) -> dict[str, str] | None:
 
 # Arrow type names shown as the Python types users see in their JSON.
 _SHOWN_TYPES = {"string": "str", "large_string": "str", "int64": "int", "int32": "int", "float64": "float",
-                "double": "float", "bool": "bool", "null": "null"}
+                "double": "float", "bool": "bool", "null": "null", "Json": "mixed JSON"}
 
 
 def pick_text_field(row: dict[str, Any], spec: SourceSpec, columns: dict[str, str] | None = None) -> str:
@@ -141,6 +141,13 @@ def pick_text_field(row: dict[str, Any], spec: SourceSpec, columns: dict[str, st
     for name in TEXT_FIELD_CANDIDATES:
         if columns.get(name) in textual:
             return name
+    mixed = [name for name in TEXT_FIELD_CANDIDATES if name in columns]
+    if mixed:  # e.g. {"text": 42} among the rows: the column is there, but not all text
+        raise UserError(
+            f"source {spec.label!r}: column {mixed[0]!r} holds {_SHOWN_TYPES.get(columns[mixed[0]], columns[mixed[0]])}"
+            f" values, not only text (columns found: {shown}): every row's {mixed[0]!r} must be a JSON string; fix "
+            'those rows, or set "text_field" to another column'
+        )
     strings = [k for k, t in columns.items() if t in ("string", "large_string")]
     if len(strings) == 1:
         return strings[0]
@@ -148,6 +155,12 @@ def pick_text_field(row: dict[str, Any], spec: SourceSpec, columns: dict[str, st
         f"source {spec.label!r}: no usable text column (looked for {', '.join(TEXT_FIELD_CANDIDATES)}); "
         f'columns found: {shown}. Set "text_field" in its mix entry to the column holding the text'
     )
+
+
+def warn_no_text(spec: SourceSpec, field: str, row_index: int) -> None:
+    """Said once per source and pass: rows without text (the column missing, null or empty) are skipped."""
+    log.warning("source %r: row %d has no text in column %r (missing, null or empty): such rows are skipped; if many "
+                "rows keep their text under another key, set \"text_field\"", spec.label, row_index, field)
 
 
 def document_text(row: dict[str, Any], field: str, spec: SourceSpec) -> str | None:
@@ -216,10 +229,13 @@ def iter_texts(spec: SourceSpec, shuffle_buffer: int = 0, seed: int = 0) -> Iter
     rows = open_source(spec)
     if shuffle_buffer > 0:
         rows = rows.shuffle(seed=seed, buffer_size=shuffle_buffer)
-    field = None
-    for row in read_rows(rows, spec):
+    field, warned = None, False
+    for index, row in enumerate(read_rows(rows, spec)):
         if field is None:
             field = pick_text_field(row, spec, declared_columns(rows))
         text = document_text(row, field, spec)
         if text:
             yield text
+        elif not warned:
+            warn_no_text(spec, field, index)
+            warned = True
