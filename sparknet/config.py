@@ -174,6 +174,9 @@ def parse_config(data: Any, path: str = "<config>") -> MixConfig:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise check.fail("seed", f"expected an integer from 0 to {MAX_SEED}, got {json.dumps(data['seed'])}")
     context_length = check.positive_int(_whole(data["context_length"]), "context_length")
+    if context_length < 2:
+        raise check.fail("context_length", f"expected 2 or more tokens, got {context_length}: a block of one token "
+                         "has no next token to predict")
     # 1e9 is a whole number in JSON too, as it is on the command line
     target_tokens = check.positive_int(_whole(data["target_tokens"]), "target_tokens")
     mix = data["mix"]

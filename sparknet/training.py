@@ -120,6 +120,10 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
     world = world_size()
     target = settings.target_tokens if settings.target_tokens is not None else data.target_tokens
     max_steps, tokens_per_step = budget(target, data.block_size, settings.batch_size, settings.grad_accum, world)
+    if target < tokens_per_step:  # one step would train on more than asked, all of it inside the warmup
+        raise UserError(f"TARGET_TOKENS={target:,} is less than one optimizer step of {tokens_per_step:,} tokens "
+                        f"({settings.batch_size} blocks x {data.block_size} tokens x {settings.grad_accum} accum x "
+                        f"{world} device(s)): raise TARGET_TOKENS or lower BATCH_SIZE or GRAD_ACCUM")
     log_budget(settings, data, target, max_steps, tokens_per_step, world)
     run = open_run(settings.run_name, settings.checkpoints_dir, settings.logs_dir,
                    run_identity(settings, data, target, world), settings.allow_config_change, process_rank() == 0)
@@ -198,6 +202,9 @@ def check_settings(s: TrainSettings) -> None:
 
 def model_preset(settings: TrainSettings, data: DataPlan) -> Preset:
     preset = get_preset(settings.model_preset)
+    if data.block_size < 2:
+        raise UserError(f"blocks of {data.block_size} token: a block needs 2 tokens or more (one to predict the next "
+                        "from): use a larger BLOCK_SIZE (or context_length)")
     if data.block_size > preset.n_positions:
         raise UserError(f"blocks of {data.block_size} tokens exceed {settings.model_preset}'s context of "
                         f"{preset.n_positions}: use a smaller BLOCK_SIZE (or context_length) or a larger preset")

@@ -66,6 +66,7 @@ def _cases(data_file: str) -> list[tuple[str, object, str]]:
             "mix[0].data_files: data file '/nonexistent/x.jsonl' does not exist",
         ),
         ("ctx-zero", {**top, "context_length": 0, "mix": [good]}, "context_length: expected a positive integer, got 0"),
+        ("ctx-one", {**top, "context_length": 1, "mix": [good]}, "context_length: expected 2 or more tokens, got 1"),
         (
             "ctx-float",
             {**top, "context_length": 1.5, "mix": [good]},

@@ -128,3 +128,10 @@ def test_an_unreachable_hub_resolves_no_revision_quickly_and_says_so(tmp_path: P
     revisions, seconds = proc.stdout.rsplit(" ", 1)
     assert revisions == "{'a@v1': None, 'b': None}" and float(seconds) < 5
     assert proc.stderr.count("cannot reach the Hub") == 1
+
+
+def test_an_empty_data_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "zero.jsonl").write_text("")
+    spec = SourceSpec(name="json", prob=1, data_files=str(tmp_path / "zero.jsonl"), label="zero")
+    with pytest.raises(UserError, match=r"source 'zero': its data file .*zero\.jsonl is empty \(0 bytes\)"):
+        list(iter_texts(spec))

@@ -280,6 +280,15 @@ def test_a_different_tokenizer_than_the_datasets_is_refused(tiny_dataset: Path, 
         train_packed(_settings(tmp_path), tiny_dataset, str(other))
 
 
+def test_a_budget_below_one_step_is_refused(tiny_dataset: Path, tmp_path: Path) -> None:
+    """One step would train on more tokens than asked, all of it inside the warmup (LR 0): a mistake, not a run."""
+    from sparknet.errors import UserError
+
+    with pytest.raises(UserError, match=r"TARGET_TOKENS=100 is less than one optimizer step of 512 tokens"):
+        train_packed(_settings(tmp_path, target_tokens=100), tiny_dataset)
+    assert not (tmp_path / "ckpt" / "run").exists()
+
+
 def test_throughput_counts_each_pause_once_and_the_last_step_is_logged(tiny_dataset: Path, tmp_path: Path) -> None:
     """Sampling on an eval/save step that is not a logging step used to be subtracted twice (1.5e12 tokens/s)."""
     result = train_packed(_settings(tmp_path, logging_steps=3, eval_steps=4, save_steps=8, sample_steps=4),

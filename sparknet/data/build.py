@@ -169,8 +169,9 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
 
 def _check_spec(spec: BuildSpec) -> None:
     config = spec.config
-    if spec.block_size <= 0:
-        raise UserError(f"BLOCK_SIZE={spec.block_size}: expected a positive number of tokens")
+    if spec.block_size < 2:
+        raise UserError(f"BLOCK_SIZE={spec.block_size}: expected 2 or more tokens (a block of one token has no next "
+                        "token to predict)")
     if spec.block_size > config.context_length:
         raise UserError(
             f"BLOCK_SIZE={spec.block_size} exceeds the model's context of {config.context_length} "

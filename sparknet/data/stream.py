@@ -108,8 +108,9 @@ class TokenStream(torch.utils.data.IterableDataset):
         problems = []  # every mistake at once
         if on_exhausted not in ON_EXHAUSTED:
             problems.append(f"ON_EXHAUSTED={on_exhausted!r}: expected one of {', '.join(ON_EXHAUSTED)}")
-        if block_size <= 0:
-            problems.append(f"BLOCK_SIZE={block_size}: expected a positive number of tokens")
+        if block_size < 2:
+            problems.append(f"BLOCK_SIZE={block_size}: expected 2 or more tokens (a block of one token has no next "
+                            "token to predict)")
         if shuffle_buffer < 0:
             problems.append(f"SHUFFLE_BUFFER={shuffle_buffer}: expected 0 (no shuffling) or a number of documents")
         if num_workers < 0:
