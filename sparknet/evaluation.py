@@ -103,11 +103,21 @@ def resolve_model(spec: str) -> ModelRef:
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or not spec.strip():
         raise UserError(f"model folder {spec} not found (looked for {folder}): pass checkpoints/RUN_NAME or a Hub id")
     parent = project_path(spec.split("/")[0])
-    if "/" in spec and parent.is_dir():  # "checkpoints/dmeo": a mistyped folder, not the Hub's user "checkpoints"
+    if "/" in spec and _holds_models(parent):  # "checkpoints/dmeo": a mistyped run, not the Hub's user "checkpoints"
         held = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
         raise UserError(f"model folder {spec} not found (looked for {folder}); {parent.name}/ holds: "
                         f"{', '.join(held[:10]) or 'nothing'}")
     return ModelRef(spec, spec, spec.replace("/", "__"), None)
+
+
+def _holds_models(folder: Path) -> bool:
+    """A local folder of runs or exports (so `folder/x` names a model folder, not a Hub repository `folder/x`)."""
+    if not folder.is_dir():
+        return False
+    if folder.name in ("checkpoints", "exports"):
+        return True
+    return any((child / "config.json").is_file() or any(child.glob("checkpoint-*"))
+               for child in folder.iterdir() if child.is_dir())
 
 
 def tokenizer_source(ref: ModelRef) -> str:

@@ -71,6 +71,12 @@ LOADER_KEYS = ("is_local", "local_files_only", "_commit_hash", "cache_dir", "tok
 def save(fast: Any, out_dir: Path) -> None:
     """`save_pretrained`, with a tokenizer class every transformers version can load."""
     fast.save_pretrained(str(out_dir))
+    portable_config(out_dir)
+
+
+def portable_config(out_dir: Path) -> None:
+    """The saved tokenizer_config.json with a class every transformers version can load, and nothing about how
+    this copy was loaded (for a tokenizer saved by someone else, e.g. the Trainer)."""
     cfg_path = out_dir / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["tokenizer_class"] = TOKENIZER_CLASS

@@ -30,6 +30,7 @@ from sparknet.model import Preset, build_model, flops_per_token, get_preset, par
 from sparknet.run_folder import EVAL_START, METADATA, RunFolder, latest_complete_checkpoint, open_run
 from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic
 from sparknet.safety import SafetyCallback, stop_on_signals
+from sparknet.tokenizer import portable_config
 from sparknet.train_data import DataPlan, resolve_later
 from sparknet.trainer import SparkTrainer, compiles, training_arguments
 
@@ -331,6 +332,8 @@ def export(trainer: SparkTrainer, tokenizer: Any, out_dir: Path) -> None:
     trainer.model.config.pad_token_id = tokenizer.eos_token_id
     trainer.model.generation_config.pad_token_id = tokenizer.eos_token_id
     trainer.save_model(str(out_dir))
+    if process_rank() == 0 and (out_dir / "tokenizer_config.json").is_file():
+        portable_config(out_dir)
 
 
 def run_metadata(s: TrainSettings, data: DataPlan, run: RunFolder, parts: TrainerParts, tokens_per_step: int,

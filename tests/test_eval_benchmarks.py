@@ -49,12 +49,25 @@ def test_unknown_and_hub_tasks(random_model: Path) -> None:  # noqa: F811
 
 
 @pytest.mark.parametrize("script", ["eval_benchmarks.py", "eval_perplexity.py", "eval_generation.py"])
-def test_a_mistyped_model_folder_or_an_unreachable_hub_model_is_one_line(script: str) -> None:
-    # "scripts/" exists in the project: "scripts/dmeo" is a mistyped folder, not the Hub user "scripts"
-    proc = run_script(script, "--models", json.dumps(["scripts/dmeo"]))
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert "model folder scripts/dmeo not found" in proc.stderr and "scripts/ holds:" in proc.stderr
-    if script == "eval_benchmarks.py":  # offline, a Hub id is refused before lm-eval starts
-        proc = run_script(script, "--models", json.dumps(["no-such-user-sparknet/no-model"]))
+def test_a_mistyped_model_folder_or_an_unreachable_hub_model_is_one_line(script: str, random_model: Path,  # noqa: F811
+                                                                         ) -> None:
+    import shutil
+    import uuid
+
+    from sparknet.runtime import PROJECT_ROOT
+
+    # a project folder holding a run: "runs-x/dmeo" is a mistyped run folder, not the Hub user "runs-x"
+    runs = PROJECT_ROOT / f"test-runs-{uuid.uuid4().hex[:8]}"
+    try:
+        shutil.copytree(random_model, runs / "demo")
+        proc = run_script(script, "--models", json.dumps([f"{runs.name}/dmeo"]))
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-        assert "cannot load model 'no-such-user-sparknet/no-model'" in proc.stderr
+        assert f"model folder {runs.name}/dmeo not found" in proc.stderr and f"{runs.name}/ holds: demo" in proc.stderr
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+    # a project folder holding no runs ("scripts/") does not hide a Hub id "scripts/x"; offline it cannot load
+    if script == "eval_benchmarks.py":  # refused before lm-eval starts
+        for spec in ("no-such-user-sparknet/no-model", "scripts/no-model"):
+            proc = run_script(script, "--models", json.dumps([spec]))
+            assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+            assert f"cannot load model '{spec}'" in proc.stderr

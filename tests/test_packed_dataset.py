@@ -3,6 +3,7 @@ bad input, and the memory-mapped reader."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -285,7 +286,7 @@ def test_bad_inputs_exit_nonzero_and_leave_nothing(sources: dict, tokenizer_dir:
             "BLOCK_SIZE=256 exceeds the model's context of 128",
         ),
         (_script_args(cfg, out, tmp_path / "bigtok", "--dtype", "uint16"), "overflows uint16"),
-        (_script_args(cfg, out, tokenizer_dir, "--block_size", 0), "BLOCK_SIZE=0: expected a positive number"),
+        (_script_args(cfg, out, tokenizer_dir, "--block_size", 0), "BLOCK_SIZE=0: expected 2 or more tokens"),
         ([*_script_args(cfg, out, tokenizer_dir), "--val_tokens", 0], "VAL_TOKENS=0: expected a positive number"),
         (_script_args(cfg, out, tokenizer_dir, "--target_tokens", "lots"), "--target_tokens: expected an integer"),
     ]
@@ -446,21 +447,26 @@ def test_a_killed_encoder_or_ctrl_c_to_the_whole_group_stops_the_build_cleanly_a
     out, building = tmp_path / "ds", tmp_path / ".ds.building"
     argv = [sys.executable, "scripts/build_dataset_v5.py", *map(str, _script_args(cfg, out, tokenizer_dir, *extra))]
 
-    for kill in (lambda pid: os.kill(encoder_processes(pid)[0], signal.SIGKILL),
-                 lambda pid: os.killpg(pid, signal.SIGINT)):
+    stops = ((lambda pid: os.kill(encoder_processes(pid)[0], signal.SIGKILL), "error: an encoder process died: killed"),
+             (lambda pid: os.killpg(pid, signal.SIGINT), "interrupted"))
+    for kill, said in stops:
         start = (_position(building) or {"written": {"train": 0}})["written"]["train"]
         proc = subprocess.Popen(argv, env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
-        deadline = time.time() + 120
-        while proc.poll() is None and time.time() < deadline:
-            state = _position(building)
-            if state is not None and state["written"]["train"] > start + 500:  # a save of this run
-                kill(proc.pid)
-                break
-            time.sleep(0.02)
-        _, err = proc.communicate(timeout=60)
+        try:
+            deadline = time.time() + 120
+            while proc.poll() is None and time.time() < deadline:
+                state = _position(building)
+                if state is not None and state["written"]["train"] > start + 500:  # a save of this run
+                    kill(proc.pid)
+                    break
+                time.sleep(0.02)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # a hang must not outlive the test
         assert proc.returncode != 0 and "Traceback" not in err, err
-        assert "resumes it from its last saved position" in err, err
+        assert said in err and "resumes it from its last saved position" in err, err
     proc = run_script("build_dataset_v5.py", *_script_args(cfg, out, tokenizer_dir, *extra))
     assert proc.returncode == 0 and "resuming the interrupted build" in proc.stderr, proc.stderr
     for name in ("train.bin", "val.bin"):

@@ -147,11 +147,20 @@ def test_ctrl_c_to_the_whole_group_saves_and_a_killed_encoder_is_one_line(corpus
     proc = _start(args)
     deadline = time.time() + 60
     while not (encoders := encoder_processes(proc.pid)) and time.time() < deadline:
-        time.sleep(0.05)
-    os.kill(encoders[0], signal.SIGKILL)  # while the stream still needs it: this run reads little
+        time.sleep(0.005)
+    # as soon as it exists, while it starts: a death then used to block the main process for good
+    os.kill(encoders[0], signal.SIGKILL)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
-    assert "error: an encoder process died" in out and "run the same command again" in out
+    assert "error: an encoder process died: killed (SIGKILL)" in out and "run the same command again" in out
+
+    # SIGTERM to the whole group (timeout, systemd, Slurm) is a clean stop too
+    stopped = latest_complete_checkpoint(run_dir)
+    proc = _start(args, own_group=True)
+    _wait_for(run_dir / f"checkpoint-{int(stopped.name.split('-')[1]) // 10 * 10 + 10}" / ".complete", proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "checkpoint saved in" in out and "Traceback" not in out, out[-3000:]
     stopped = latest_complete_checkpoint(run_dir)
     out = _finish(_start(args))
     assert f"resuming from {stopped}" in out

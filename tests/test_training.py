@@ -116,6 +116,8 @@ def test_export_loads_with_automodel_and_matches_logits(finished) -> None:  # no
     assert out.shape[1] == ids.shape[1] + 5
     # padding works out of the box for batched generation and evaluation: <|endoftext|> is the pad token
     assert tok.pad_token == tok.eos_token == "<|endoftext|>" and model.config.pad_token_id == tok.eos_token_id
+    saved = json.loads((result.run_dir / "tokenizer_config.json").read_text())
+    assert saved["tokenizer_class"] == "PreTrainedTokenizerFast" and "local_files_only" not in saved
     tok.padding_side = "left"
     batch = tok(["def main():\n    return", "The"], return_tensors="pt", padding=True)
     out = model.generate(**batch, max_new_tokens=4, do_sample=False)

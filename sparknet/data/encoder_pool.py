@@ -3,47 +3,72 @@
 `concurrent.futures.ProcessPoolExecutor`, not `multiprocessing.Pool`: when a worker dies (the system's out-of-memory
 killer, a `kill -9`), Pool starts a replacement and waits forever for the batch the dead one held, so a build or a
 training run hangs with no message; the executor breaks instead, and `EncoderDied` says what happened and what to do.
-Processes are spawned, not forked: a forked tokenizer with live threads can deadlock. Workers ignore Ctrl-C: it
-reaches the whole process group, and the main process, which handles it (saving a checkpoint, the build's
-position), still needs its encoders for that. Workers exit when the main process is gone (kill -9): unlike Pool's,
-the executor's workers hold their task queue's writing end, never see it close and would wait forever, orphaned.
+
+Details that keep a stop clean:
+- Processes are spawned, not forked: a forked tokenizer with live threads can deadlock.
+- The tokenizer reaches the workers through a file, not their start-up arguments: a spawn message larger than a
+  pipe's buffer blocks the main process for good if the worker dies while reading it.
+- Workers leave the main process's process group: a Ctrl-C in the terminal, or a SIGTERM to the group (`timeout`,
+  systemd, Slurm), is for the main process, which stops cleanly (the trainer finishes its step and saves) and still
+  needs its encoders to do so. They are spawned with SIGINT blocked until they have left it. SIGTERM is not
+  blocked: it is also how the executor stops a worker, and a stop during a worker's start-up must not be lost (the
+  executor would wait for that worker for good); a group SIGTERM in the second a worker starts still ends it.
+- Workers exit when the main process is gone (kill -9): unlike Pool's, the executor's workers hold their task
+  queue's writing end, never see it close and would wait forever, orphaned.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from sparknet.data.packing import DocumentEncoder
 from sparknet.errors import UserError
 
+_BLOCKED_AT_START = {signal.SIGINT}
+
 
 class EncoderDied(UserError):
-    """An encoder process was killed from outside the pipeline."""
+    """An encoder process ended while the pipeline needed it."""
 
-    def __init__(self) -> None:
-        super().__init__(
-            "an encoder process died (killed from outside, most often by the system when memory runs out): free "
-            "memory or lower NUM_WORKERS, then run the same command again: it goes on from its last saved position"
-        )
+    def __init__(self, exit_codes: list[int]) -> None:
+        killed = [c for c in exit_codes if c is not None and c < 0]
+        if killed and -killed[0] == signal.SIGKILL:
+            cause = "killed (SIGKILL), most often by the system when memory runs out: free memory or lower NUM_WORKERS"
+        elif killed:
+            cause = f"stopped by signal {signal.Signals(-killed[0]).name}"
+        elif any(exit_codes):
+            cause = f"exited with status {next(c for c in exit_codes if c)} (its messages are above)"
+        else:
+            cause = "ended unexpectedly"
+        super().__init__(f"an encoder process died: {cause}; then run the same command again: it goes on from its "
+                         "last saved position")
 
 
 _WORKER_ENCODER: DocumentEncoder | None = None
 
 
-def _init_worker(tokenizer_json: str, eos_id: int, dtype: str) -> None:
+def _init_worker(tokenizer_file: str, eos_id: int, dtype: str, parent: int) -> None:
     global _WORKER_ENCODER
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # also discards a Ctrl-C pending since the start
+    if hasattr(os, "setpgrp"):
+        os.setpgrp()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _BLOCKED_AT_START)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the pool gives the parallelism
-    _WORKER_ENCODER = DocumentEncoder(tokenizer_json, eos_id, dtype)
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    _WORKER_ENCODER = DocumentEncoder(Path(tokenizer_file).read_text(encoding="utf-8"), eos_id, dtype)
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -57,35 +82,66 @@ def _encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return _WORKER_ENCODER(texts)
 
 
+@contextlib.contextmanager
+def _ctrl_c_blocked() -> Iterator[None]:
+    """Workers start (fork + exec) with the caller's signal mask: blocked here, a Ctrl-C cannot stop them before
+    they have left the group. Held for the microseconds of a submit; a Ctrl-C then arrives after."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED_AT_START)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class Encoding:
     """One batch being encoded; `get()` waits for `(flat tokens, lengths)`."""
 
-    def __init__(self, future: Future) -> None:
-        self._future = future
+    def __init__(self, future: Future, pool: EncoderPool) -> None:
+        self._future, self._pool = future, pool
 
     def get(self) -> tuple[np.ndarray, np.ndarray]:
         try:
             return self._future.result()
         except BrokenProcessPool as exc:
-            raise EncoderDied() from exc
+            raise self._pool.died() from exc
 
 
 class EncoderPool:
     """`workers` encoder processes; `submit(texts)` starts encoding a batch."""
 
     def __init__(self, workers: int, tokenizer_json: str, eos_id: int, dtype: np.dtype) -> None:
-        self._executor = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-                                             initargs=(tokenizer_json, eos_id, np.dtype(dtype).name))
+        handle, self._tokenizer_file = tempfile.mkstemp(prefix="sparknet-tokenizer-", suffix=".json")
+        with os.fdopen(handle, "w", encoding="utf-8") as f:
+            f.write(tokenizer_json)
+        self._executor = ProcessPoolExecutor(
+            workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+            initargs=(self._tokenizer_file, eos_id, np.dtype(dtype).name, os.getpid()))
+        self._processes: dict[int, Any] = {}
 
     def submit(self, texts: list[str]) -> Encoding:
         try:
-            return Encoding(self._executor.submit(_encode, texts))
+            with _ctrl_c_blocked():
+                future = self._executor.submit(_encode, texts)
         except BrokenProcessPool as exc:
-            raise EncoderDied() from exc
+            raise self.died() from exc
+        # the executor's process table (no public one), kept to say how a worker ended
+        self._processes.update(getattr(self._executor, "_processes", None) or {})
+        return Encoding(future, self)
+
+    def died(self) -> EncoderDied:
+        codes = []
+        for process in self._processes.values():
+            process.join(timeout=1)
+            codes.append(process.exitcode)
+        return EncoderDied([c for c in codes if c is not None])
 
     def close(self) -> None:
-        """Waits for the batches submitted, then for the processes to exit."""
-        self._executor.shutdown(wait=True)
+        """Drops the batches not yet started, waits for the processes to exit."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._remove_file()
 
     def terminate(self) -> None:
         """Stops the processes now; batches not yet encoded are dropped."""
@@ -97,3 +153,8 @@ class EncoderPool:
                 process.terminate()
         for process in processes:
             process.join(timeout=5)
+        self._remove_file()
+
+    def _remove_file(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self._tokenizer_file)

@@ -234,6 +234,7 @@ class TokenStream(torch.utils.data.IterableDataset):
     def close(self) -> None:
         """Terminates the encoding processes; the position stays readable."""
         if self._pool is not None:
+            self._pool_finalizer.detach()
             self._pool.terminate()
             self._pool = None
 
@@ -251,7 +252,7 @@ class TokenStream(torch.utils.data.IterableDataset):
             return lambda texts: Done(encoder(texts))
         if self._pool is None:
             self._pool = EncoderPool(self.num_workers, self.tokenizer_json, self.eos_id, self.dtype)
-            weakref.finalize(self, self._pool.terminate)
+            self._pool_finalizer = weakref.finalize(self, self._pool.terminate)
         return self._pool.submit
 
     def _initial_state(self) -> dict[str, Any]:
