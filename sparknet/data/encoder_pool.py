@@ -44,13 +44,16 @@ class EncoderDied(UserError):
     """An encoder process ended while the pipeline needed it."""
 
     def __init__(self, exit_codes: list[int]) -> None:
-        killed = [c for c in exit_codes if c is not None and c < 0]
-        if killed and -killed[0] == signal.SIGKILL:
+        # once one worker dies, the executor stops the others with SIGTERM: those are not the cause
+        signals = [-c for c in exit_codes if c < 0 and -c != signal.SIGTERM]
+        if signal.SIGKILL in signals:
             cause = "killed (SIGKILL), most often by the system when memory runs out: free memory or lower NUM_WORKERS"
-        elif killed:
-            cause = f"stopped by signal {signal.Signals(-killed[0]).name}"
-        elif any(exit_codes):
-            cause = f"exited with status {next(c for c in exit_codes if c)} (its messages are above)"
+        elif signals:
+            cause = f"stopped by signal {signal.Signals(signals[0]).name}"
+        elif any(c > 0 for c in exit_codes):
+            cause = f"exited with status {next(c for c in exit_codes if c > 0)} (its messages are above)"
+        elif exit_codes:
+            cause = "stopped by signal SIGTERM"
         else:
             cause = "ended unexpectedly"
         super().__init__(f"an encoder process died: {cause}; then run the same command again: it goes on from its "
@@ -132,9 +135,11 @@ class EncoderPool:
         return Encoding(future, self)
 
     def died(self) -> EncoderDied:
-        codes = []
+        codes, deadline = [], time.monotonic() + 2
         for process in self._processes.values():
-            process.join(timeout=1)
+            # the executor's thread may be reaping the same process: its exit code shows up a moment later
+            while process.exitcode is None and time.monotonic() < deadline:
+                process.join(timeout=0.05)
             codes.append(process.exitcode)
         return EncoderDied([c for c in codes if c is not None])
 
@@ -145,14 +150,16 @@ class EncoderPool:
 
     def terminate(self) -> None:
         """Stops the processes now; batches not yet encoded are dropped."""
-        # no public way to stop busy workers before Python 3.14's terminate_workers(): the executor's process table
+        # No public way to stop busy workers before Python 3.14's terminate_workers(): the executor's process table.
+        # Workers go first: an executor shut down while its workers are stopped can wait for good, its feeder thread
+        # blocked writing queued batches into a pipe nobody reads; with them gone it takes its broken-pool exit.
         processes = list((getattr(self._executor, "_processes", None) or {}).values())
-        self._executor.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             if process.is_alive():
                 process.terminate()
         for process in processes:
             process.join(timeout=5)
+        self._executor.shutdown(wait=True, cancel_futures=True)
         self._remove_file()
 
     def _remove_file(self) -> None:
