@@ -257,6 +257,11 @@ def _source_identity(source: dict[str, Any]) -> str:
                        source["text_field"]], sort_keys=True)
 
 
+def expand_pattern(path: str) -> list[str]:
+    """The files a data_files entry names: a glob pattern's matches (sorted), else the path itself."""
+    return sorted(glob.glob(path)) if glob.has_magic(path) else [path]
+
+
 def _local_files(source: dict[str, Any]) -> list[tuple[str, str]]:
     """(the file as the config names it, its real path) for every local file the entry reads, globs expanded; a
     `data_files` dict contributes its `split`'s files (all of them when the split is not among its keys)."""
@@ -267,8 +272,7 @@ def _local_files(source: dict[str, Any]) -> list[tuple[str, str]]:
         files = files.get(source["split"], [f for v in files.values() for f in ([v] if isinstance(v, str) else v)])
     out = []
     for f in [files] if isinstance(files, str) else files:
-        full = str(project_path(f))
-        for path in sorted(glob.glob(full)) if glob.has_magic(f) else [full]:
+        for path in expand_pattern(str(project_path(f))):
             if Path(path).is_file():  # a Hub repository's own data_files are not local
                 out.append((f, os.path.realpath(path)))
     return out
@@ -396,7 +400,6 @@ def describe_changes(old: dict[str, Any], new: dict[str, Any], upper: bool = Fal
 def local_files_fingerprint(config: MixConfig) -> dict[str, str]:
     """sha256 of every local data file of the mix, so that an edited file counts as another input (Hub sources
     are named by id, split and revision only)."""
-    import glob
     import hashlib
 
     out: dict[str, str] = {}
@@ -404,7 +407,7 @@ def local_files_fingerprint(config: MixConfig) -> dict[str, str]:
         files = spec.resolved_data_files()
         groups = files.values() if isinstance(files, dict) else [files or []]
         for pattern in (f for group in groups for f in group):
-            for path in sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]:
+            for path in expand_pattern(pattern):
                 digest = hashlib.sha256()
                 with open(path, "rb") as f:
                     while chunk := f.read(1 << 22):

@@ -42,8 +42,9 @@ def open_source(spec: SourceSpec) -> Any:
             spec.name, spec.subset, split=spec.split, data_files=files, revision=spec.revision, streaming=True
         )
     except Exception as exc:  # noqa: BLE001 - any failure to open is reported against the user's mix entry
-        empty = [f for f in _data_file_names(spec) if os.path.isfile(f) and os.path.getsize(f) == 0]
-        if empty and len(empty) == len(_data_file_names(spec)):  # datasets fails with a bare StopIteration
+        named = _data_file_names(spec)
+        empty = [f for f in named if os.path.isfile(f) and os.path.getsize(f) == 0]
+        if empty and len(empty) == len(named):  # datasets fails with a bare StopIteration
             raise UserError(f"source {spec.label!r}: its data file {empty[0]} is empty (0 bytes): fill it, or remove "
                             "the entry from the mix") from None
         hint = ""
