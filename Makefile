@@ -24,7 +24,7 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(OFFLINE) $(PY) scripts/demo.py
+	$(OFFLINE) $(PY) scripts/demo.py $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(PY) -m ruff check .

@@ -3,6 +3,9 @@
 Runs the real scripts one after another, printing each command so you can run them yourself: demo corpus ->
 tokenizer -> packed dataset -> training of a small model -> final eval and a sample. Every output goes to
 demo-only folders; your tokenizer-v5/, datasets/sparknet-v5-1b/ and other runs are never touched.
+
+Ctrl-C saves (the trainer a checkpoint, the build its position); the same command then resumes the interrupted demo,
+reusing the steps it finished. After a finished demo, the next one starts over. `make clean-demo` removes it all.
 """
 
 CONFIG = "configs/demo.json"  # the demo's mix: stdlib docstrings (prose) and stdlib source (code)
@@ -12,34 +15,44 @@ VOCAB_SIZE = 8192  # a small vocabulary suits the ~10 MB demo corpus
 TOKENIZER_BYTES = 4_000_000  # bytes of text sampled for the tokenizer (of the ~10 MB demo corpus)
 DATASET_DIR = "datasets/demo"  # the demo's packed dataset (never datasets/sparknet-v5-1b/)
 VAL_TOKENS = 25_000  # validation tokens held out from the demo mix
-RUN_NAME = "demo"  # checkpoints/demo and logs/demo, replaced on every demo run
+RUN_NAME = "demo"  # checkpoints/demo and logs/demo (resumed after an interruption, else replaced)
 MODEL_PRESET = "sparknet-demo"  # 4 layers, width 256: learns visibly in three minutes on two cores
 TRAIN_TOKENS = 460_000  # training tokens (about three minutes on two cores; Muon steps cost ~7% more than AdamW)
 BATCH_SIZE = 8  # blocks of 256 tokens per step
 LEARNING_RATE = 2e-3  # peak learning rate (AdamW's: embeddings, norms and biases)
 OPTIMIZER = "muon"  # muon for the hidden matrices: 1.88 bits/byte where AdamW alone gets 2.10-2.15 (bench/recipe.py)
 MUON_LEARNING_RATE = 2e-3  # Muon's peak learning rate
+EVAL_STEPS = 50  # evaluate every this many steps
+SAVE_STEPS = 100  # save a checkpoint every this many steps (Ctrl-C also saves one)
 BENCHMARK_ITEMS = 100  # items of the offline benchmark suite scored
 EXPORT_DIR = "exports/demo"  # the Hub-ready folder with the model card
 
 
 def main() -> None:
     from sparknet import runtime
-    from sparknet.demo import Chain, remove_previous_run, report
+    from sparknet.demo import Chain, demo_state, remove_previous_run, report
 
     runtime.setup()
+    state, line = demo_state(RUN_NAME, DATASET_DIR, EXPORT_DIR)
+    print(line, flush=True)
+    resume = state == "interrupted"
     chain = Chain()
     chain.step("demo corpus", "prepare_demo_corpus.py", "--output_dir", CORPUS_DIR)
-    chain.step("tokenizer", "train_tokenizer_v5.py", "--config", CONFIG, "--vocab_size", VOCAB_SIZE,
-               "--max_bytes", TOKENIZER_BYTES, "--output_dir", TOKENIZER_DIR, "--overwrite", "true")
+    if resume and (runtime.project_path(TOKENIZER_DIR) / "tokenizer.json").is_file():
+        chain.skip("tokenizer", f"{TOKENIZER_DIR} is there: reused")
+    else:
+        chain.step("tokenizer", "train_tokenizer_v5.py", "--config", CONFIG, "--vocab_size", VOCAB_SIZE,
+                   "--max_bytes", TOKENIZER_BYTES, "--output_dir", TOKENIZER_DIR, "--overwrite", "true")
+    # resuming, the build reuses the dataset or goes on from its saved position (same inputs)
     chain.step("packed dataset", "build_dataset_v5.py", "--config", CONFIG, "--tokenizer_dir", TOKENIZER_DIR,
-               "--output_dir", DATASET_DIR, "--val_tokens", VAL_TOKENS, "--overwrite", "true")
-    remove_previous_run(RUN_NAME)
+               "--output_dir", DATASET_DIR, "--val_tokens", VAL_TOKENS, "--overwrite", str(not resume).lower())
+    if not resume:
+        remove_previous_run(RUN_NAME)
     chain.step("training", "train_sparknet_v5.py", "--run_name", RUN_NAME, "--config", CONFIG,
                "--dataset_dir", DATASET_DIR, "--model_preset", MODEL_PRESET, "--target_tokens", TRAIN_TOKENS,
                "--batch_size", BATCH_SIZE, "--grad_accum", 1, "--learning_rate", LEARNING_RATE,
                "--optimizer", OPTIMIZER, "--muon_learning_rate", MUON_LEARNING_RATE,
-               "--warmup_ratio", 0.05, "--eval_steps", 50, "--save_steps", 100, "--sample_steps", 100,
+               "--warmup_ratio", 0.05, "--eval_steps", EVAL_STEPS, "--save_steps", SAVE_STEPS, "--sample_steps", 100,
                # prompts without a trailing space: a lone space is a token the model never sees before a word
                "--logging_steps", 10, "--sample_prompts", '["def", "The"]')
     model = f"checkpoints/{RUN_NAME}"

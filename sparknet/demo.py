@@ -1,14 +1,25 @@
-"""Running the demo chain: each step is one of the real scripts, started as the user would start it."""
+"""Running the demo chain: each step is one of the real scripts, started as the user would start it.
+
+A Ctrl-C (or SIGTERM) while a step runs reaches that step's script exactly once, forwarded from here: the script
+runs in its own process group, so the terminal's signal to the foreground group (make, this process) does not reach
+it a second time, which the trainers take as "abort, do not save". The script stops as it would on its own (the
+trainer saves a checkpoint, the build its position) and the demo says how to go on.
+"""
 
 from __future__ import annotations
 
 import shlex
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any, Literal
 
 from sparknet.errors import UserError
 from sparknet.runtime import PROJECT_ROOT
+
+DemoState = Literal["new", "finished", "interrupted"]
 
 
 class Chain:
@@ -23,10 +34,18 @@ class Chain:
         argv = [f"scripts/{script}", *(str(a) for a in args)]
         print(f"\n=== {title}\n$ python {shlex.join(argv)}", flush=True)
         t = time.time()
-        code = subprocess.call([sys.executable, *argv], cwd=PROJECT_ROOT)
+        code, stopped_by = run_forwarding_signals([sys.executable, *argv])
+        if stopped_by is not None or code in (130, 143, -signal.SIGINT, -signal.SIGTERM):
+            print(f"\ndemo stopped during '{title}' (what it saved is said above): run the same command (make demo)"
+                  " to resume; make clean-demo starts over", file=sys.stderr, flush=True)
+            raise SystemExit(128 + (stopped_by or signal.SIGINT))
         if code != 0:
             raise UserError(f"demo step '{title}' failed (exit status {code}); its messages are above")
         self.timings.append((title, time.time() - t))
+
+    def skip(self, title: str, reason: str) -> None:
+        """A step whose output is already there (resuming an interrupted demo)."""
+        print(f"\n=== {title}\n{reason}", flush=True)
 
     def summary(self, outputs: dict[str, str]) -> None:
         """Prints where everything went and how long each step took."""
@@ -37,6 +56,56 @@ class Chain:
         print("outputs:")
         for what, where in outputs.items():
             print(f"  {what:<20} {where}")
+
+
+def run_forwarding_signals(command: list[str]) -> tuple[int, int | None]:
+    """Runs `command` from the project root in its own process group, passing SIGINT and SIGTERM on to it (see the
+    module docstring); returns (its exit status, the first signal forwarded or None)."""
+    child = subprocess.Popen(command, cwd=PROJECT_ROOT, process_group=0)
+    received: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code, received[0] if received else None
+
+
+def demo_state(run_name: str, dataset_dir: str, export_dir: str) -> tuple[DemoState, str]:
+    """How the previous demo ended, and a line saying what this one does about it: "new" (no demo here),
+    "finished" (trained and exported: this one starts over) or "interrupted" (a run, or a dataset build, left
+    unfinished: this one resumes it)."""
+    from sparknet.run_folder import METADATA, RUN_CONFIG, latest_complete_checkpoint
+    from sparknet.runtime import project_path
+
+    run_dir = project_path("checkpoints") / run_name
+    dataset = project_path(dataset_dir)
+    building = dataset.with_name(f".{dataset.name}.building")
+    trained = (run_dir / METADATA).is_file()
+    if trained and (project_path(export_dir) / "README.md").is_file():
+        return "finished", (f"a finished demo is in {_shown(run_dir)}: starting over (its run, evaluation and export "
+                            "are replaced)")
+    if (run_dir / RUN_CONFIG).is_file() or building.is_dir():
+        checkpoint = latest_complete_checkpoint(run_dir) if run_dir.is_dir() else None
+        where = ("its training finished" if trained else f"{_shown(checkpoint)} saved" if checkpoint else
+                 "its dataset build stopped" if building.is_dir() else "no checkpoint yet")
+        return "interrupted", (f"resuming the interrupted demo ({where}): finished steps are reused; make clean-demo "
+                               "starts over")
+    return "new", "no previous demo: starting one"
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(PROJECT_ROOT))
+    except ValueError:
+        return str(path)
 
 
 def remove_previous_run(run_name: str) -> None:
@@ -76,10 +145,10 @@ def report(run_name: str, dataset_dir: str, export_dir: str) -> None:
     for name in ("perplexity.md", "benchmarks.md"):
         table = project_path("eval") / run_name / name
         if table.is_file():
-            print(f"\n{table.relative_to(project_path('.'))}:\n{table.read_text(encoding='utf-8').strip()}")
+            print(f"\n{_shown(table)}:\n{table.read_text(encoding='utf-8').strip()}")
     card = project_path(export_dir) / "README.md"
     if card.is_file():
-        print(f"\nmodel card: {card.relative_to(project_path('.'))} (Hub-ready folder: {export_dir})")
+        print(f"\nmodel card: {_shown(card)} (Hub-ready folder: {export_dir})")
     if not m["eval_loss"] < entropy - 0.5:
         raise UserError(f"the demo model did not learn: eval loss {m['eval_loss']:.3f} is not clearly below the "
                         f"unigram entropy {entropy:.3f}")
