@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import random
 from pathlib import Path
@@ -60,8 +61,15 @@ def run_benchmarks(model_source: str, tokenizer_source: str, tasks: list[str], i
                    device: str | None = None) -> dict[str, dict[str, float]]:
     """{task: {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"}} of one model. Unknown task names and Hub tasks
     offline are UserErrors."""
+    import datasets
     import torch
     from lm_eval import simple_evaluate
+
+    from sparknet.runtime import hide_library_progress_bars
+
+    hide_library_progress_bars()
+    datasets.disable_progress_bars()  # "Generating test split" of each task's data
+    logging.getLogger("transformers.modeling_utils").addFilter(_no_attention_mask_advice)
 
     # Indexing lm-eval's own task catalogue takes ~10 s: the offline suite alone skips it.
     only_suite = include_path is not None and set(tasks) == {SUITE_TASK}
@@ -90,6 +98,12 @@ def run_benchmarks(model_source: str, tokenizer_source: str, tasks: list[str], i
         results[task] = {key: float(raw[f"{key},none"]) for m in METRICS for key in (m, f"{m}_stderr")
                          if isinstance(raw.get(f"{key},none"), (int, float))}
     return results
+
+
+def _no_attention_mask_advice(record: logging.LogRecord) -> bool:
+    """lm-eval scores right-padded batches without an attention mask, which is exact for a causal LM: transformers'
+    advice to pass one would interleave with the results. (A function, so that adding it again adds nothing.)"""
+    return "attention_mask" not in record.getMessage()
 
 
 @functools.lru_cache(maxsize=4)

@@ -243,16 +243,24 @@ def apply_overrides(namespace: dict[str, Any], argv: list[str] | None = None) ->
 
 
 def run_script(namespace: dict[str, Any], main: Callable[[], Any], argv: list[str] | None = None) -> None:
-    """A script's entry point: apply the flags, run `main`; user mistakes and Ctrl-C become messages, not tracebacks."""
+    """A script's entry point: apply the flags, run `main`; user mistakes and Ctrl-C become messages, not tracebacks,
+    and a reader that goes away (`--help | head`) ends the script quietly."""
     try:
-        apply_overrides(namespace, argv)
-        main()
+        try:
+            apply_overrides(namespace, argv)
+            main()
+        finally:
+            sys.stdout.flush()  # here, so that a closed pipe is seen inside the try, not at interpreter exit
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(exc.exit_code) from None
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         raise SystemExit(130) from None
+    except BrokenPipeError:
+        # what is left in stdout's buffer would fail again at exit: point stdout at /dev/null (Python's docs' recipe)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
 
 
 def script_constants(script: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from tqdm import tqdm
+from sparknet.progress import progress
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def write_demo_corpus(
         for key, text in help_topics():
             emit("prose", f"topic:{key}", text)
         code_bytes = 0
-        for path in tqdm(stdlib_files(include_tests, max_file_bytes), desc="demo corpus", unit="file"):
+        for path in progress(stdlib_files(include_tests, max_file_bytes), desc="demo corpus", unit="file"):
             rel = path.relative_to(root).as_posix()
             try:
                 source = path.read_text(encoding="utf-8")

@@ -150,8 +150,10 @@ def load_model(ref: ModelRef, device: str | None = None) -> tuple[Any, Any, str]
     import torch
     from transformers import AutoModelForCausalLM
 
+    from sparknet.runtime import hide_library_progress_bars
     from sparknet.tokenizer import load_tokenizer
 
+    hide_library_progress_bars()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
     try:
@@ -215,7 +217,8 @@ def score_documents(model: Any, tokenizer: Any, texts: list[str], context: int, 
     (the first token is predicted from the document boundary, as in training). Bytes are the texts' UTF-8 bytes,
     so bits per byte compare across tokenizers."""
     import torch
-    from tqdm.auto import tqdm
+
+    from sparknet.progress import progress
 
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     encoded = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]  # long texts are windowed
@@ -227,7 +230,7 @@ def score_documents(model: Any, tokenizer: Any, texts: list[str], context: int, 
     jobs.sort(key=lambda job: job[2] - job[1])  # similar lengths together: little padding
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else prefix
-    with torch.inference_mode(), tqdm(total=len(jobs), desc="windows", unit="win", disable=not progress) as bar:
+    with torch.inference_mode(), progress(total=len(jobs), desc="windows", unit="win", disable=not progress) as bar:
         for start in range(0, len(jobs), batch_size):
             batch = jobs[start:start + batch_size]
             width = max(stop - 1 - begin for _, begin, stop, _ in batch)

@@ -93,6 +93,9 @@ def build_model(
     attention."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    from sparknet.runtime import hide_library_progress_bars
+
+    hide_library_progress_bars()  # the run saves and reloads it at every checkpoint
     if preset.n_embd % preset.n_head:
         raise UserError(f"width {preset.n_embd} is not divisible by {preset.n_head} heads")
     bos = eos_token_id if bos_token_id is None else bos_token_id

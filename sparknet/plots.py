@@ -9,6 +9,7 @@ with every step once (the steps the final weights actually went through).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sparknet.errors import UserError
 
@@ -58,6 +59,14 @@ def tokens_per_step(scalars: dict[str, list[tuple[int, float]]]) -> float | None
     return ratios[len(ratios) // 2]
 
 
+def short_number(value: float, _position: object = None) -> str:
+    """An axis label as people write counts: 500, 2.5k, 100k, 1M, 1.5B (a matplotlib tick formatter)."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
 def plot_runs(log_dirs: list[Path], out_dir: Path) -> list[Path]:
     """One PNG per figure that any run has data for; returns the files written."""
     import matplotlib
@@ -66,31 +75,46 @@ def plot_runs(log_dirs: list[Path], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     runs = {log_dir.name: read_scalars(log_dir) for log_dir in log_dirs}
-    scales = {name: tokens_per_step(scalars) for name, scalars in runs.items()}
-    by_tokens = all(scale is not None for scale in scales.values())
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for figure, (title, tags) in FIGURES.items():
-        if not any(tag in scalars for scalars in runs.values() for tag, _ in tags):
+    for figure in FIGURES:
+        fig = draw_figure(runs, figure)
+        if fig is None:
             continue
-        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-        for index, (name, scalars) in enumerate(runs.items()):
-            color = f"C{index % 10}"
-            for tag, style in tags:
-                if tag not in scalars:
-                    continue
-                steps, values = zip(*scalars[tag], strict=True)
-                x = [step * scales[name] for step in steps] if by_tokens else list(steps)
-                label = f"{name} ({tag.split('/')[0]})" if len(tags) > 1 else name
-                ax.plot(x, values, style, color=color, label=label, marker="o" if len(x) < 20 else None,
-                        markersize=3)
-        ax.set_xlabel("tokens seen" if by_tokens else "step")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
         path = out_dir / f"{figure}.png"
-        fig.tight_layout()
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
     return written
+
+
+def draw_figure(runs: dict[str, dict[str, list[tuple[int, float]]]], figure: str) -> Any:
+    """The matplotlib figure `figure` (a key of FIGURES) of the runs' scalars, or None when no run logged it."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    title, tags = FIGURES[figure]
+    if not any(tag in scalars for scalars in runs.values() for tag, _ in tags):
+        return None
+    scales = {name: tokens_per_step(scalars) for name, scalars in runs.items()}
+    by_tokens = all(scale is not None for scale in scales.values())
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for index, (name, scalars) in enumerate(runs.items()):
+        color = f"C{index % 10}"
+        for tag, style in tags:
+            if tag not in scalars:
+                continue
+            steps, values = zip(*scalars[tag], strict=True)
+            x = [step * scales[name] for step in steps] if by_tokens else list(steps)
+            label = f"{name} ({tag.split('/')[0]})" if len(tags) > 1 else name
+            ax.plot(x, values, style, color=color, label=label, marker="o" if len(x) < 20 else None,
+                    markersize=3)
+    ax.set_xlabel("tokens seen" if by_tokens else "step")
+    ax.xaxis.set_major_formatter(FuncFormatter(short_number))
+    if figure == "tokens_per_second":
+        ax.yaxis.set_major_formatter(FuncFormatter(short_number))
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

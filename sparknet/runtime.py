@@ -46,8 +46,22 @@ def configure_logging(level: int = logging.INFO) -> None:
         root.addHandler(handler)
     # under torchrun the other processes say only what goes wrong: one voice for progress
     root.setLevel(level if process_rank() == 0 else max(level, logging.WARNING))
-    for noisy in ("httpx", "httpcore", "urllib3", "filelock", "fsspec"):
+    # lm_eval: its INFO lines (seeds, task building, model arguments) interleave with SparkNet's own
+    for noisy in ("httpx", "httpcore", "urllib3", "filelock", "fsspec", "lm_eval"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def hide_library_progress_bars() -> None:
+    """Hides transformers' bars ("Writing model shards", "Loading weights"): they appear at every checkpoint save
+    and model load and say nothing a run's own lines do not. Hub download bars stay unless the user turned them off.
+    Imports transformers: call it where transformers is needed anyway."""
+    import huggingface_hub.utils as hub_utils
+    from transformers.utils import logging as transformers_logging
+
+    hub_bars = not hub_utils.are_progress_bars_disabled()
+    transformers_logging.disable_progress_bar()  # also switches off huggingface_hub's bars ...
+    if hub_bars:
+        hub_utils.enable_progress_bars()  # ... which stay as they were
 
 
 def seed_everything(seed: int) -> None:

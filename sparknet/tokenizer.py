@@ -16,11 +16,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from sparknet.config import MixConfig
 from sparknet.data.mixing import Mixer, mix_texts
 from sparknet.errors import UserError
+from sparknet.progress import Progress
 from sparknet.runtime import project_path
 
 log = logging.getLogger(__name__)
@@ -118,7 +117,7 @@ def train_tokenizer(
     # By bytes, not documents: a source of long documents asked at 0.2 would otherwise supply most of the text.
     mixer = mix_texts(config, utf8_bytes, shuffle_buffer=shuffle_buffer)
     log.info("sampling %d bytes from %s and training a %d-token byte-level BPE", max_bytes, config.path, vocab_size)
-    with tqdm(total=max_bytes, desc="sampling text", unit="B", unit_scale=True, unit_divisor=1024) as progress:
+    with Progress(total=max_bytes, desc="sampling text", unit="B", unit_scale=True, unit_divisor=1024) as progress:
         tok = train_bpe(_sample(mixer, max_bytes, progress), vocab_size, min_frequency)
     heldout = mixer.held_out(heldout_docs)  # the documents after the sample: text the tokenizer never saw
     _warn_about_the_sample(mixer, max_bytes, heldout, heldout_docs)
@@ -179,7 +178,7 @@ def _check_output_dir(out_dir: Path, overwrite: bool) -> None:
                         "true to replace it (datasets and runs built with the old one will then refuse it)")
 
 
-def _sample(mixer: Mixer[str], max_bytes: int, progress: tqdm) -> Iterator[str]:
+def _sample(mixer: Mixer[str], max_bytes: int, progress: Progress) -> Iterator[str]:
     """The mix's documents until `max_bytes` of text (the last document whole) or until every source is dry."""
     for _label, text in mixer:
         progress.update(utf8_bytes(text))

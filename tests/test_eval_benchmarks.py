@@ -39,6 +39,10 @@ def test_offline_suite_through_lm_eval(random_model: Path, tmp_path: Path) -> No
     scores = json.loads((tmp_path / "eval" / "randrun" / "benchmarks.json").read_text())["results"][SUITE_TASK]
     assert 0 <= scores["acc"] <= 1 and 0 <= scores["acc_norm"] <= 1 and scores["acc_stderr"] >= 0
     assert "| sparknet_continuation | acc |" in (tmp_path / "eval" / "randrun" / "benchmarks.md").read_text()
+    # SparkNet's lines only: no lm-eval INFO lines, no advice about attention masks, no per-load or split bars
+    output = proc.stdout + proc.stderr
+    for noise in ("INFO lm_eval", "attention_mask", "Loading weights", "Generating test split"):
+        assert noise not in output, noise
 
 
 def test_unknown_and_hub_tasks(random_model: Path) -> None:  # noqa: F811

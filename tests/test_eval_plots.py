@@ -51,3 +51,19 @@ def test_script(tmp_path: Path) -> None:
     assert (tmp_path / "eval" / "a" / "plots" / "loss.png").is_file()
     proc = run_script("plot_runs.py", "--runs", '["missing"]', "--logs_dir", tmp_path / "logs")
     assert proc.returncode == 1 and "no TensorBoard logs for run 'missing'" in proc.stderr
+
+
+def test_axes_read_100k_and_1m_not_raw_numbers(tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from sparknet.plots import draw_figure, short_number
+
+    assert [short_number(v) for v in (0, 500, 2500, 100_000, 1_000_000, 1.5e9)] == ["0", "500", "2.5k", "100k", "1M",
+                                                                                     "1.5B"]
+    _write_events(tmp_path / "run", range(1, 4001), 0.0, created=1000)  # 4000 steps x 512 tokens: up to 2M
+    fig = draw_figure({"run": read_scalars(tmp_path / "run")}, "loss")
+    fig.canvas.draw()
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    assert "1M" in labels and any(label.endswith("k") for label in labels), labels
+    assert not any(label.replace("−", "").replace(".", "").isdigit() and len(label) > 4 for label in labels)

@@ -189,6 +189,8 @@ def test_kill_then_resume_reproduces_lr_and_batch_order(tiny_dataset: Path, tmp_
     resumed = run_script("train_sparknet_v5.py", *args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"skipping {partial}" in resumed.stderr and f"resuming from {latest}" in resumed.stderr
+    for bar in ("Writing model shards", "Loading weights"):  # transformers' bars at every save and load: hidden
+        assert bar not in resumed.stdout + resumed.stderr, bar
     got = _steps(run_dir / "batches.jsonl")
     assert sorted(got) == sorted(expected)
     for step in expected:

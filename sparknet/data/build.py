@@ -380,7 +380,7 @@ def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, Enco
           dtype: np.dtype, saved: dict[str, Any], state: dict[str, Any] | None) -> dict[str, Any]:
     """Runs the mixed documents through the val then the train packer, saving the position (with `saved`: the
     inputs and the commits read) every CHECKPOINT_SECONDS; returns the split part of the manifest."""
-    from tqdm import tqdm
+    from sparknet.progress import progress
 
     block = spec.block_size
     want = {"val": math.ceil(spec.val_tokens / block), "train": spec.target_tokens // block}
@@ -388,8 +388,8 @@ def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, Enco
     restore_packers(packers, state)
     written = state["written"] if state is not None else {}
     writers = {split: SplitWriter(folder, split, block, dtype, blocks=written.get(split, 0)) for split in SPLITS}
-    bar = tqdm(total=(want["val"] + want["train"]) * block, unit="tok", unit_scale=True, desc="packing", smoothing=0.1,
-               initial=sum(p.tokens_added for p in packers.values()))
+    bar = progress(total=(want["val"] + want["train"]) * block, unit="tok", unit_scale=True, desc="packing",
+                   smoothing=0.1, initial=sum(p.tokens_added for p in packers.values()))
     split = state["split"] if state is not None else "val"
     cut: dict[str, int] = dict(state["val_cut"]) if state is not None else {s.label: 0 for s in spec.config.mix}
     saved_at, interval = time.monotonic(), spec.checkpoint_seconds

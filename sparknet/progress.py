@@ -1,0 +1,81 @@
+"""SparkNet's progress bars: tqdm with two changes that tqdm has no setting for.
+
+- No estimate until there is something to estimate from: the remaining time shows "?" for the first seconds and
+  the first 1% of the work, so that a slow start (encoder processes starting, the first Hub request) does not open
+  with an ETA of hours.
+- Plain lines where the output is not a terminal (a log file, CI, `| tee`): tqdm redraws its line with carriage
+  returns, which a file keeps as one garbled line. There the bar's line is written whole, once every
+  `PLAIN_INTERVAL` seconds and at the end, each on its own line.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO, Any
+
+from tqdm import tqdm
+
+WARM_SECONDS = 5.0  # no ETA before this much time has passed ...
+WARM_FRACTION = 0.01  # ... and this share of the total is done
+PLAIN_INTERVAL = 30.0  # seconds between the lines of a bar written to a file
+
+
+class _LineWriter:
+    """A file for tqdm that turns its redraws (`\\r` + line) into whole lines, at most one every `interval`
+    seconds, and the last state when the bar closes (its final `\\n`)."""
+
+    def __init__(self, out: IO[str], interval: float) -> None:
+        self.out, self.interval = out, interval
+        self.pending = ""
+        self.written = ""
+        self.last = float("-inf")
+
+    def write(self, text: str) -> None:
+        closing = text.endswith("\n")
+        line = text.replace("\r", "").replace("\n", "").rstrip()
+        if line:
+            self.pending = line
+        now = time.monotonic()
+        if self.pending and self.pending != self.written and (closing or now - self.last >= self.interval):
+            self.out.write(self.pending + "\n")
+            self.out.flush()
+            self.written, self.last = self.pending, now
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+class Progress(tqdm):
+    """tqdm as described in the module docstring; the arguments are tqdm's."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        out = kwargs.pop("file", None) or sys.stderr
+        isatty = getattr(out, "isatty", None)
+        if not (callable(isatty) and isatty()):
+            out = _LineWriter(out, PLAIN_INTERVAL)
+            kwargs.setdefault("ncols", 100)  # no terminal to measure
+        kwargs["file"] = out
+        super().__init__(*args, **kwargs)
+        if self.total:
+            self.bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{eta}, {rate_fmt}{postfix}]"
+
+    @property
+    def format_dict(self) -> dict[str, Any]:
+        values = super().format_dict
+        total, n, elapsed = values.get("total"), values["n"], values["elapsed"]
+        rate = values.get("rate") or (n - values.get("initial", 0)) / elapsed if elapsed else None
+        warm = elapsed >= WARM_SECONDS and bool(total) and n - values.get("initial", 0) >= WARM_FRACTION * total
+        if total and n >= total:
+            values["eta"] = self.format_interval(0)
+        else:
+            values["eta"] = self.format_interval((total - n) / rate) if warm and rate else "?"
+        return values
+
+
+def progress(*args: Any, **kwargs: Any) -> Progress:
+    """A progress bar (tqdm's arguments: total, desc, unit, ...)."""
+    return Progress(*args, **kwargs)
