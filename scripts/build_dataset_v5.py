@@ -32,17 +32,8 @@ def main() -> None:
     seed = config.seed if SEED is None else SEED
     runtime.setup(seed)
     from sparknet.data.build import BuildSpec, build_dataset
-    from sparknet.errors import UserError
     from sparknet.runtime import available_cores
 
-    for name, value in [
-        ("TARGET_TOKENS", TARGET_TOKENS),
-        ("BLOCK_SIZE", BLOCK_SIZE),
-        ("NUM_WORKERS", NUM_WORKERS),
-        ("SEED", SEED),
-    ]:
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise UserError(f"{name}={value!r}: expected a non-negative integer or None")
     spec = BuildSpec(
         config=config,
         tokenizer=TOKENIZER_DIR,

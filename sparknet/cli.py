@@ -247,7 +247,9 @@ def run_script(namespace: dict[str, Any], main: Callable[[], Any], argv: list[st
     and a reader that goes away (`--help | head`) ends the script quietly."""
     try:
         try:
-            apply_overrides(namespace, argv)
+            from sparknet.checks import check_values
+
+            check_values(apply_overrides(namespace, argv))  # before any work, import or data
             main()
         finally:
             sys.stdout.flush()  # here, so that a closed pipe is seen inside the try, not at interpreter exit

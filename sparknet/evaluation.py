@@ -250,6 +250,9 @@ def score_documents(model: Any, tokenizer: Any, texts: list[str], context: int, 
             result.nll_sum += float(losses[keep].double().sum())
             result.tokens += int(keep.sum())
             bar.update(len(batch))
+    if result.tokens == 0:  # a perplexity of 1.0 from no tokens would read as a perfect score
+        raise UserError(f"no tokens were scored ({len(texts)} documents, context {context}, stride {stride}): "
+                        "check DATA and CONTEXT")
     return result
 
 
@@ -317,15 +320,9 @@ class SamplingSettings:
     seed: int = 1234
 
     def __post_init__(self) -> None:
-        checks = [("TEMPERATURE", self.temperature, self.temperature >= 0, ">= 0 (0: greedy)"),
-                  ("TOP_P", self.top_p, 0 < self.top_p <= 1, "in (0, 1]"),
-                  ("TOP_K", self.top_k, self.top_k >= 0, ">= 0 (0: no limit)"),
-                  ("REPETITION_PENALTY", self.repetition_penalty, self.repetition_penalty > 0, "> 0 (1: none)"),
-                  ("MAX_NEW_TOKENS", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1"),
-                  ("NUM_SAMPLES", self.num_samples, self.num_samples >= 1, ">= 1")]
-        for name, value, ok, expected in checks:
-            if not ok:
-                raise UserError(f"{name}={value}: expected {expected}")
+        from sparknet.checks import check_values
+
+        check_values({name.upper(): value for name, value in vars(self).items()})
 
 
 def load_prompts(prompts: list[str], prompts_file: str = "") -> list[str]:

@@ -153,16 +153,10 @@ def train_tokenizer(
 
 
 def _check_settings(vocab_size: int, max_bytes: int, shuffle_buffer: int) -> None:
-    """Every bad setting at once, each named with its value and the fix."""
-    problems = []
-    if vocab_size < 257:
-        problems.append(f"VOCAB_SIZE={vocab_size} is too small: a byte-level BPE needs 256 bytes + <|endoftext|>")
-    if max_bytes <= 0:
-        problems.append(f"MAX_BYTES={max_bytes}: expected a positive number of bytes")
-    if shuffle_buffer < 0:
-        problems.append(f"SHUFFLE_BUFFER={shuffle_buffer}: expected 0 (each source's order) or a number of documents")
-    if problems:
-        raise UserError("; ".join(problems))
+    """Every bad setting at once, each named with its value and the fix (the scripts' rules, sparknet.checks)."""
+    from sparknet.checks import check_values
+
+    check_values({"VOCAB_SIZE": vocab_size, "MAX_BYTES": max_bytes, "SHUFFLE_BUFFER": shuffle_buffer})
 
 
 def _check_output_dir(out_dir: Path, overwrite: bool) -> None:

@@ -164,41 +164,11 @@ def report_outcome(result: TrainResult, logs_dir: str) -> None:
 
 
 def check_settings(s: TrainSettings) -> None:
-    """Every mistake in the settings at once, as one UserError naming the constants."""
-    problems = []
-    if not s.run_name or "/" in s.run_name or s.run_name.startswith("."):
-        problems.append(f"RUN_NAME={s.run_name!r}: expected a plain folder name such as sparknet-70m-v5")
-    for name in ("batch_size", "grad_accum", "eval_steps", "save_steps", "logging_steps", "save_total_limit"):
-        if getattr(s, name) <= 0:
-            problems.append(f"{name.upper()}={getattr(s, name)}: expected a positive integer")
-    if s.target_tokens is not None and s.target_tokens <= 0:
-        problems.append(f"TARGET_TOKENS={s.target_tokens}: expected a positive number of tokens")
-    if not (math.isfinite(s.learning_rate) and s.learning_rate > 0):
-        problems.append(f"LEARNING_RATE={s.learning_rate}: expected a positive number")
-    if s.sample_steps < 0 or s.max_grad_norm < 0 or not 0 <= s.dropout < 1:
-        problems.append(f"SAMPLE_STEPS={s.sample_steps}, MAX_GRAD_NORM={s.max_grad_norm}, DROPOUT={s.dropout}: "
-                        "expected SAMPLE_STEPS >= 0, MAX_GRAD_NORM >= 0 and DROPOUT in [0, 1)")
-    if s.eval_steps > 0 and s.save_steps % s.eval_steps:
-        problems.append(f"SAVE_STEPS={s.save_steps} must be a multiple of EVAL_STEPS={s.eval_steps} (the best "
-                        "checkpoint is chosen on eval loss)")
-    if not 0 <= s.warmup_ratio < 1:
-        problems.append(f"WARMUP_RATIO={s.warmup_ratio}: expected a fraction in [0, 1)")
-    if not 0 <= s.min_lr_ratio <= 1:
-        problems.append(f"MIN_LR_RATIO={s.min_lr_ratio}: expected a fraction in [0, 1]")
-    if s.compile not in ("auto", "on", "off"):
-        problems.append(f"COMPILE={s.compile!r}: expected auto, on or off")
-    if s.lr_schedule not in ("cosine", "wsd"):
-        problems.append(f"LR_SCHEDULE={s.lr_schedule!r}: expected cosine or wsd")
-    if s.optimizer not in ("adamw", "muon"):
-        problems.append(f"OPTIMIZER={s.optimizer!r}: expected adamw or muon")
-    if not (math.isfinite(s.muon_learning_rate) and s.muon_learning_rate > 0):
-        problems.append(f"MUON_LEARNING_RATE={s.muon_learning_rate}: expected a positive number")
-    if s.nonfinite not in ("stop", "skip"):
-        problems.append(f"NONFINITE={s.nonfinite!r}: expected stop or skip")
-    if len(s.adam_betas) != 2 or not all(0 <= b < 1 for b in s.adam_betas):
-        problems.append(f"ADAM_BETAS={list(s.adam_betas)}: expected two numbers in [0, 1)")
-    if problems:
-        raise UserError("; ".join(problems))
+    """Every mistake in the settings at once, as one UserError naming the constants (sparknet.checks' rules, the
+    ones a script's constants are checked against before it starts)."""
+    from sparknet.checks import check_values
+
+    check_values({f.name.upper(): getattr(s, f.name) for f in dataclasses.fields(s)})
 
 
 def model_preset(settings: TrainSettings, data: DataPlan) -> Preset:

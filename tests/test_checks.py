@@ -1,0 +1,53 @@
+"""The constants' rules (sparknet.checks): every numeric constant of every script has one, and a bad value stops a
+script at once, before the slow imports and before any data is opened."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from sparknet.checks import RULES, problems
+from sparknet.cli import annotated_types, script_constants
+from sparknet.runtime import PROJECT_ROOT
+from tests.conftest import OFFLINE_ENV
+
+SCRIPTS = sorted(p.name for p in (PROJECT_ROOT / "scripts").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_numeric_and_choice_constant_has_a_rule(script: str) -> None:
+    constants = script_constants(script)
+    typed = annotated_types((PROJECT_ROOT / "scripts" / script).read_text())
+    for name, value in constants.items():
+        kind = typed.get(name, value)
+        numeric = isinstance(kind, (int, float)) and not isinstance(kind, bool)
+        if numeric:
+            assert name in RULES, f"{script}: {name} has no rule in sparknet.checks.RULES"
+        if name in RULES:
+            assert not problems({name: value}), f"{script}: the default {name}={value!r} breaks its own rule"
+
+
+@pytest.mark.parametrize(("script", "args", "message"), [
+    ("train_sparknet_v5.py", ["--optimizer", "sgd"], "OPTIMIZER='sgd': expected adamw or muon"),
+    ("train_sparknet_v5.py", ["--model_preset", "sparknet-small"], "(did you mean sparknet-"),
+    ("train_sparknet.py", ["--warmup_ratio", "1.5"], "WARMUP_RATIO=1.5: expected a fraction in [0, 1)"),
+    ("eval_perplexity.py", ["--batch_size", "-4"], "BATCH_SIZE=-4: expected a positive integer"),
+    ("eval_perplexity.py", ["--batch_size", "0"], "BATCH_SIZE=0: expected a positive integer"),
+    ("eval_benchmarks.py", ["--batch_size", "-2", "--limit", "-1"],
+     "LIMIT=-1: expected an integer >= 0 (0: every item); BATCH_SIZE=-2: expected a positive integer"),
+    ("build_dataset_v5.py", ["--num_workers", "-1"], "NUM_WORKERS=-1: expected an integer >= 0"),
+    ("eval_generation.py", ["--top_p", "0"], "TOP_P=0.0: expected in (0, 1]"),
+])
+def test_a_bad_value_stops_the_script_before_imports_and_data(script: str, args: list[str], message: str) -> None:
+    # a dataset folder and a config that do not exist: the constant's error must come first
+    missing = ["--dataset_dir", "datasets/no-such-dataset"] if script == "train_sparknet_v5.py" else []
+    proc = subprocess.run([sys.executable, "-X", "importtime", f"scripts/{script}", *args, *missing],
+                          cwd=PROJECT_ROOT, env={**OFFLINE_ENV, "PATH": "/usr/bin:/bin"}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
+    assert not imported & {"torch", "transformers", "datasets", "numpy"}, imported & {"torch", "transformers"}
