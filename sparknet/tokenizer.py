@@ -6,6 +6,7 @@ special token (never the empty string, never padding) used as bos, eos and unk, 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -245,15 +246,18 @@ def load_tokenizer(name_or_path: str) -> Any:
                 "scripts/train_tokenizer_v5.py or point the script at another tokenizer folder or Hub id"
             )
         source = str(folder)
-    elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+    elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or _local_looking(name_or_path):
+        near = _nearest_tokenizer_folder(name_or_path)
+        hint = f" Did you mean {near}?" if near else ""
         raise UserError(
-            f"tokenizer folder {name_or_path} not found (looked for {folder}): train one with "
+            f"tokenizer folder {name_or_path} not found (looked for {folder}).{hint} Train one with "
             "scripts/train_tokenizer_v5.py, or pass a Hub id such as gpt2"
         )
     else:
         source = name_or_path
     try:
-        tok = AutoTokenizer.from_pretrained(source)
+        with _quiet_hub_retries():
+            tok = AutoTokenizer.from_pretrained(source)
     except Exception as exc:  # noqa: BLE001 - reported against the user's value with the library's reason
         raise UserError(
             f"cannot load tokenizer {name_or_path!r}: no folder {folder} and the Hub id failed "
@@ -272,6 +276,39 @@ def load_tokenizer(name_or_path: str) -> Any:
             name_or_path,
         )
     return tok
+
+
+def _local_looking(name: str) -> bool:
+    """A name that is not a folder here but is meant as one: a near miss of a local folder's name
+    (`tokenizr-demo`), or `folder/x` under a folder of this project or the current one. Such names fail at once
+    instead of spending a minute in Hub retries; other names (`gpt2`, `owner/name`) are Hub ids."""
+    if "/" in name:
+        first = name.split("/")[0]
+        return project_path(first).is_dir() or os.path.isdir(first)
+    return _nearest_tokenizer_folder(name) is not None
+
+
+def _nearest_tokenizer_folder(name: str) -> str | None:
+    """The local tokenizer folder (one holding tokenizer.json, in the project or the current folder) whose name is
+    nearest `name`, if one is near."""
+    import difflib
+
+    candidates = {child.name for root in (project_path("."), Path(os.getcwd())) if root.is_dir()
+                  for child in root.iterdir() if child.is_dir() and (child / "tokenizer.json").is_file()}
+    near = difflib.get_close_matches(name.rstrip("/").split("/")[-1], sorted(candidates), n=1, cutoff=0.75)
+    return near[0] if near else None
+
+
+@contextlib.contextmanager
+def _quiet_hub_retries() -> Iterator[None]:
+    """huggingface_hub logs each retry of a failing request as a raw warning; the error that follows says it all."""
+    hub = logging.getLogger("huggingface_hub")
+    level = hub.level
+    hub.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        hub.setLevel(level)
 
 
 def tokenizer_fingerprint(name_or_path: str, tok: Any) -> str:

@@ -248,3 +248,34 @@ def test_replacing_a_tokenizer_never_leaves_a_half_deleted_one(
                                            overwrite=True)
     assert load_tokenizer(str(out)).eos_token == EOT
     assert json.loads((out / "training_report.json").read_text())["vocab_size_requested"] == 310
+
+
+def test_a_mistyped_local_tokenizer_folder_fails_at_once_with_the_nearest_folder(tokenizer_dir: Path) -> None:
+    """Online (offline flags off, the Hub at a closed port here, where a lookup spends ~50 s in retries): a near
+    miss of a local folder's name is not looked up on the Hub. (Hub ids still are: test_load_tokenizer_checks.)"""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from sparknet.runtime import PROJECT_ROOT
+
+    local = PROJECT_ROOT / f"test-tokenizer-{uuid.uuid4().hex[:6]}"
+    shutil.copytree(tokenizer_dir, local)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE")}
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens: a Hub lookup could only fail (after retries)
+    code = "import sys; from sparknet.cli import run_script; from sparknet.tokenizer import load_tokenizer; " \
+           "run_script({}, lambda: load_tokenizer(sys.argv[1]), [])"
+    try:
+        for typed in (local.name.replace("tokenizer", "tokenizr"), f"{local.name}-v2"):
+            started = time.monotonic()
+            proc = subprocess.run([sys.executable, "-c", code, typed], cwd=PROJECT_ROOT, env=env,
+                                  capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+            assert f"tokenizer folder {typed} not found" in proc.stderr, proc.stderr[-2000:]
+            assert f"Did you mean {local.name}?" in proc.stderr
+            assert "huggingface_hub" not in proc.stderr and time.monotonic() - started < 30
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
