@@ -4,10 +4,16 @@ Every token is scored exactly once with a sliding window (each token after the f
 CONTEXT - STRIDE tokens before it); the mean is token-weighted. Bits per byte divide by the text's UTF-8 bytes, so
 models with different tokenizers (a SparkNet run and gpt2) compare. Results: eval/<RUN_NAME>/perplexity.json and
 perplexity.md per model, and with several models eval/<A>_vs_<B>/perplexity.md with one row per model.
+
+DATA: a packed dataset folder (its SPLIT), a streaming run's `checkpoints/RUN/val_blocks.npy`, a mix config (the
+rows a streaming run held out, or HOLDOUT_ROWS), a Hub dataset id or local folder (SPLIT, SUBSET), or JSONL/text
+files. Not set: every model is scored on the held-out data of the first model that records one (a packed run's
+val split; a streaming run's validation blocks, about its VAL_TOKENS), so one table compares like with like.
+"own": each model on its own held-out data, and the table says that its rows do not compare.
 """
 
 MODELS = ["checkpoints/demo"]  # checkpoint folders (checkpoints/RUN_NAME, or a checkpoint-N inside) or Hub ids
-DATA: str | None = None  # packed dataset folder, mix config, Hub dataset id, or JSONL/text files; None: the run's data
+DATA: str | None = None  # what to score (see above); None: the first run's held-out data; "own": each model's own
 SPLIT = "val"  # split of a packed dataset or of a Hub dataset (e.g. test)
 SUBSET: str | None = None  # subset (configuration) of a Hub dataset, e.g. wikitext-2-raw-v1
 TEXT_FIELD = "text"  # field of the text in JSONL files and Hub datasets
@@ -24,20 +30,19 @@ def main() -> None:
 
     runtime.setup(0)
     from sparknet.eval_data import DataRequest
-    from sparknet.evaluation import PERPLEXITY_HEADER, evaluate_perplexity, perplexity_row, resolve_model
-    from sparknet.reports import comparison_name, console_table, eval_dir, markdown_table
+    from sparknet.evaluation import evaluate_perplexity, perplexity_table, resolve_model
+    from sparknet.reports import comparison_name, eval_dir
 
     request = DataRequest(DATA or "", text_field=TEXT_FIELD, split=SPLIT, subset=SUBSET, max_documents=MAX_DOCUMENTS,
                           holdout_rows=HOLDOUT_ROWS)
     rows = evaluate_perplexity(MODELS, request, context=CONTEXT, stride=STRIDE, batch_size=BATCH_SIZE,
                                eval_root=EVAL_DIR)
-    table = [perplexity_row(row) for row in rows]
-    print(console_table(PERPLEXITY_HEADER, table))
+    print(perplexity_table(rows))
     names = [resolve_model(spec).name for spec in MODELS]
     if len(names) > 1:
         out = eval_dir(comparison_name(names), EVAL_DIR) / "perplexity.md"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(markdown_table(PERPLEXITY_HEADER, table))
+        out.write_text(perplexity_table(rows, markdown=True))
         print(f"table: {out}")
     else:
         print(f"results: {eval_dir(names[0], EVAL_DIR)}/perplexity.json")

@@ -2,6 +2,8 @@
 
 `DATA` may name:
 - a packed dataset folder (its `manifest.json`): a split decoded back to documents, cut at <|endoftext|>;
+- a streaming run's validation blocks (`checkpoints/RUN/val_blocks.npy`, what the run evaluated on: about its
+  VAL_TOKENS), decoded the same way with the run's tokenizer;
 - a mix config (`configs/*.json`): the rows each source held out for validation in a streaming run among the
   models (its `val_report.json`), or the first `holdout_rows` rows of each source;
 - a Hub dataset id, or a local folder of data files `datasets` can load: one split (`subset`, `split`), streamed;
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from sparknet.errors import UserError
+from sparknet.run_folder import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
 
 # `name` or `owner/name`, as the Hub spells dataset ids.
 _HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
@@ -41,10 +44,12 @@ class DataRequest:
 
 
 def data_kind(data: str) -> str:
-    """"packed", "config", "dataset" (a Hub id or a local folder of data files) or "files"."""
+    """"packed", "blocks", "config", "dataset" (a Hub id or a local folder of data files) or "files"."""
     from sparknet.runtime import project_path
 
     path = project_path(data)
+    if path.is_file() and path.suffix == ".npy":
+        return "blocks"
     if path.is_dir():
         return "packed" if (path / "manifest.json").is_file() else "dataset"
     if path.is_file() and path.suffix == ".json" and _is_mix_config(path):
@@ -67,6 +72,8 @@ def load_documents(request: DataRequest | str) -> list[str]:
     limit = request.max_documents
     if kind == "packed":
         texts = _packed_documents(request)
+    elif kind == "blocks":
+        texts = _blocks_documents(request)
     elif kind == "config":
         texts = _config_documents(request)
     elif kind == "dataset":
@@ -80,15 +87,18 @@ def load_documents(request: DataRequest | str) -> list[str]:
 
 
 def trained_on(folder: Path | None, spec: str) -> str:
-    """What a SparkNet run was trained on, as DATA would name it: its packed dataset, or (streaming) its mix
-    config, from its training_metadata.json."""
+    """The held-out data of a SparkNet run, as DATA would name it: its packed dataset (whose val split is scored),
+    or (streaming) its validation blocks in the run folder, from its training_metadata.json. UserError for a model
+    without one (a Hub id, an export)."""
     from sparknet.runtime import PROJECT_ROOT
 
     for candidate in ([folder, folder.parent] if folder is not None else []):
         path = candidate / "training_metadata.json"
         if path.is_file():
             metadata = json.loads(path.read_text())
-            named = metadata.get("dataset", {}).get("path") or metadata.get("config", {}).get("path")
+            blocks = candidate / VAL_BLOCKS
+            named = metadata.get("dataset", {}).get("path") or (str(blocks) if blocks.is_file() else None) or \
+                metadata.get("config", {}).get("path")
             if named:  # shown relative to the project, as a user would type it
                 inside = Path(named).is_relative_to(PROJECT_ROOT)
                 return str(Path(named).relative_to(PROJECT_ROOT)) if inside else str(named)
@@ -145,9 +155,25 @@ def _packed_documents(request: DataRequest) -> list[str]:
 
     dataset = PackedDataset(project_path(request.data), request.split)
     named = dataset.manifest["tokenizer"]
-    tokenizer = load_tokenizer(named["path"] if isinstance(named, dict) else named)
-    tokens = np.asarray(dataset.tokens).reshape(-1).astype(np.int64)
-    pieces = np.split(tokens, np.flatnonzero(tokens == tokenizer.eos_token_id) + 1)
+    return _decoded(np.asarray(dataset.tokens), load_tokenizer(named["path"] if isinstance(named, dict) else named))
+
+
+def _blocks_documents(request: DataRequest) -> list[str]:
+    """A streaming run's validation blocks, with the tokenizer of the run folder that holds them."""
+    from sparknet.runtime import project_path
+    from sparknet.tokenizer import load_tokenizer
+
+    path = project_path(request.data)
+    if not (path.parent / "tokenizer.json").is_file():
+        raise UserError(f"{request.data}: blocks are read with the tokenizer of the run folder beside them, and "
+                        f"{path.parent} holds none: pass checkpoints/RUN_NAME/{VAL_BLOCKS} of a finished run")
+    return _decoded(np.load(path), load_tokenizer(str(path.parent)))
+
+
+def _decoded(tokens: np.ndarray, tokenizer: Any) -> list[str]:
+    """Token blocks back to documents: the whole stream decoded, cut at <|endoftext|>."""
+    flat = np.asarray(tokens).reshape(-1).astype(np.int64)
+    pieces = np.split(flat, np.flatnonzero(flat == tokenizer.eos_token_id) + 1)
     return [tokenizer.decode(p[p != tokenizer.eos_token_id].tolist()) for p in pieces]
 
 
@@ -195,7 +221,7 @@ def _held_out_rows(config: Any, request: DataRequest) -> dict[str, int]:
     recorded = []
     for folder in request.runs:
         for run in (folder, folder.parent):
-            identity, report = run / "run_config.json", run / "val_report.json"
+            identity, report = run / RUN_CONFIG, run / VAL_REPORT
             if identity.is_file() and report.is_file():
                 if json.loads(identity.read_text()).get("mix") == mix:
                     recorded.append(json.loads(report.read_text())["rows_held_out"])

@@ -257,28 +257,60 @@ def score_documents(model: Any, tokenizer: Any, texts: list[str], context: int, 
 
 
 PERPLEXITY_HEADER = ["model", "data", "tokens", "bytes", "nll", "perplexity", "bits/byte"]
+OWN_DATA = "own"  # DATA for "each model on its own held-out data" (the table then says its rows differ)
+
+
+def data_for_models(refs: list[ModelRef], data: str) -> tuple[list[str], str]:
+    """What each model is scored on, and a line saying so. DATA given: that, for every model. DATA empty: the
+    held-out data of the first model that records one (its packed dataset's val split, or a streaming run's
+    validation blocks), for every model, so that one table compares like with like. DATA "own": each model's own."""
+    from sparknet.eval_data import trained_on
+
+    if data and data != OWN_DATA:
+        return [data] * len(refs), f"every model is scored on {data}"
+    if data == OWN_DATA:
+        return [trained_on(ref.folder, ref.spec) for ref in refs], "each model is scored on its own held-out data"
+    for ref in refs:
+        try:
+            source = trained_on(ref.folder, ref.spec)
+        except UserError:
+            continue
+        return [source] * len(refs), f"every model is scored on {source}, the held-out data of {ref.spec}"
+    raise UserError("no DATA given and no model among MODELS records the data it was trained on (a run folder's "
+                    "training_metadata.json): set DATA")
 
 
 def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int | None = None,
                         stride: int | None = None, batch_size: int = 8,
                         eval_root: str = "eval") -> list[dict[str, Any]]:
-    """Scores each model on the same documents; writes eval/<name>/perplexity.json (results keyed by data, so other
-    data's are kept) and perplexity.md; returns one result row per model. `request.data` empty: what each run was
-    trained on (its training_metadata.json)."""
+    """Scores each model on the data `data_for_models` picks; writes eval/<name>/perplexity.json (results keyed by
+    data, so other data's are kept) and perplexity.md; returns one result row per model."""
     import dataclasses
+    import logging
     import time
 
     from sparknet.eval_data import data_kind, load_documents, trained_on
-    from sparknet.reports import eval_dir, markdown_table, merge_json
+    from sparknet.reports import eval_dir, merge_json
 
     if not models:
         raise UserError("no models: set MODELS to a list of checkpoint folders or Hub ids")
     refs = [resolve_model(spec) for spec in models]  # every name checked before any is loaded
     runs = [ref.folder for ref in refs if ref.folder is not None]
+    sources, line = data_for_models(refs, request.data)
+    log = logging.getLogger("sparknet.eval")
+    if len(refs) > 1 or not request.data:
+        log.info(line)
+    for ref, source in zip(refs, sources, strict=True):
+        try:
+            own = trained_on(ref.folder, ref.spec)
+        except UserError:
+            continue  # no record of its training data (a Hub model)
+        if own != source and len(set(sources)) == 1:
+            log.warning("%s was trained on other data (%s): it may have seen parts of %s in training", ref.spec,
+                        own, source)
     documents: dict[str, list[str]] = {}
     rows = []
-    for ref in refs:
-        source = request.data or trained_on(ref.folder, ref.spec)
+    for ref, source in zip(refs, sources, strict=True):
         if source not in documents:
             documents[source] = load_documents(dataclasses.replace(request, data=source, runs=runs))
         model, tokenizer, device = load_model(ref)
@@ -295,10 +327,23 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
                "seconds": round(time.time() - started, 2)}
         out = eval_dir(ref.name, eval_root)
         merge_json(out / "perplexity.json", source, row)
-        (out / "perplexity.md").write_text(markdown_table(PERPLEXITY_HEADER, [perplexity_row(row)]))
+        (out / "perplexity.md").write_text(perplexity_table([row], markdown=True))
         rows.append(row)
         del model
     return rows
+
+
+def perplexity_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
+    """The results as a table (console or markdown); when its rows were scored on different data, a last line
+    under it says that they do not compare."""
+    from sparknet.reports import console_table, markdown_table
+
+    table = (markdown_table if markdown else console_table)(PERPLEXITY_HEADER, [perplexity_row(r) for r in rows])
+    data = sorted({row["data"] for row in rows})
+    if len(data) > 1:
+        note = f"note: these rows were scored on different data ({', '.join(data)}): their numbers do not compare"
+        table = table.rstrip("\n") + ("\n\n" if markdown else "\n") + note + ("\n" if markdown else "")
+    return table
 
 
 def perplexity_row(row: dict[str, Any]) -> list[Any]:

@@ -43,11 +43,17 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def console_table(header: list[str], rows: list[list[Any]]) -> str:
-    """The same table aligned for a terminal."""
-    cells = [[f"{v:.4f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v) for v in row]
-             for row in rows]
+    """The same table aligned for a terminal: text columns left-aligned, number columns (and their headers)
+    right-aligned."""
+    def numeric(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    cells = [[f"{v:.4f}" if isinstance(v, float) else f"{v:,}" if numeric(v) else str(v) for v in row] for row in rows]
+    right = [bool(rows) and all(numeric(row[i]) for row in rows) for i in range(len(header))]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    for row in cells:  # names left-aligned, numbers right-aligned
-        out.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
-    return "\n".join(out)
+
+    def line(values: list[str]) -> str:
+        aligned = (v.rjust(w) if r else v.ljust(w) for v, w, r in zip(values, widths, right, strict=True))
+        return "  ".join(aligned).rstrip()
+
+    return "\n".join([line(header), *(line(row) for row in cells)])

@@ -24,6 +24,8 @@ RUN_CONFIG = "run_config.json"
 METADATA = "training_metadata.json"
 EVAL_START = "eval_start.json"
 COMPLETE_MARKER = ".complete"
+VAL_BLOCKS = "val_blocks.npy"  # the streaming trainer's validation blocks (what the run evaluates on)
+VAL_REPORT = "val_report.json"  # ... and which rows of each source they came from
 
 
 def checkpoint_step(path: Path) -> int | None:

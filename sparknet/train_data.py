@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 
 from sparknet.config import MixConfig
 from sparknet.errors import UserError
+from sparknet.run_folder import VAL_BLOCKS, VAL_REPORT
 
 log = logging.getLogger("sparknet.train")
 
@@ -98,8 +99,6 @@ class BlockDataset:
         return {"input_ids": ids, "labels": ids}
 
 
-VAL_BLOCKS = "val_blocks.npy"
-VAL_REPORT = "val_report.json"
 STREAM_STATE = "stream_state.rank{rank}.json"
 
 

@@ -176,15 +176,26 @@ def test_a_mix_config_scores_the_rows_the_streaming_run_held_out(corpus_config: 
     expected = [t for spec in mix for t in _first_rows(Path(spec.data_files), held[spec.label])]
     tok = load_tokenizer(str(run))
 
-    # DATA not given: a streaming run's own config; given: the same rows
-    for data in ([], ["--data", corpus_config]):
-        proc = run_script("eval_perplexity.py", "--models", json.dumps([str(run)]), *data, "--context", 64,
-                          "--eval_dir", tmp_path / "eval")
-        assert proc.returncode == 0, proc.stderr
-        saved = _saved(tmp_path / "eval", "streamed")
-        assert saved["kind"] == "config"
-        assert saved["tokens"] == sum(len(tok.encode(t, add_special_tokens=False)) for t in expected)
-        assert saved["bytes"] == sum(len(t.encode("utf-8")) for t in expected)
+    # the mix config as DATA: every row the run held out, whole
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(run)]), "--data", corpus_config, "--context",
+                      64, "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads((tmp_path / "eval" / "streamed" / "perplexity.json").read_text())[str(corpus_config)]
+    assert saved["kind"] == "config"
+    assert saved["tokens"] == sum(len(tok.encode(t, add_special_tokens=False)) for t in expected)
+    assert saved["bytes"] == sum(len(t.encode("utf-8")) for t in expected)
+    # DATA not given: the run's own validation blocks (its VAL_TOKENS), not every row behind them
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(run)]), "--context", 64, "--eval_dir",
+                      tmp_path / "eval")
+    assert proc.returncode == 0, proc.stderr
+    blocks = np.load(run / "val_blocks.npy")
+    assert blocks.size == 2048
+    saved = json.loads((tmp_path / "eval" / "streamed" / "perplexity.json").read_text())[str(run / "val_blocks.npy")]
+    assert saved["kind"] == "blocks"
+    from sparknet.evaluation import token_byte_lengths
+
+    assert abs(saved["bytes"] - int(token_byte_lengths(tok)[blocks.reshape(-1)].sum())) <= 3  # the last cut character
+    assert abs(saved["tokens"] - (blocks.size - int((blocks == tok.eos_token_id).sum()))) < 0.02 * blocks.size
 
     # a model with no record of this config's hold-out: HOLDOUT_ROWS says how many rows, else a clear error
     proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", corpus_config,
@@ -195,3 +206,38 @@ def test_a_mix_config_scores_the_rows_the_streaming_run_held_out(corpus_config: 
     assert proc.returncode == 0, proc.stderr
     three = [t for spec in mix for t in _first_rows(Path(spec.data_files), 3)]
     assert _saved(tmp_path / "eval", "randrun")["bytes"] == sum(len(t.encode("utf-8")) for t in three)
+
+
+def test_one_table_scores_every_model_on_the_same_text_unless_told(tiny_dataset: Path, random_model: Path,
+                                                                   tmp_path: Path) -> None:
+    """A packed run and a run trained on other data, no DATA: both are scored on the first run's held-out split
+    (with a warning for the other), so the table compares like with like; DATA=own scores each on its own data and
+    the table says that its rows do not compare."""
+    packed, other = tmp_path / "checkpoints" / "packed", tmp_path / "checkpoints" / "other"
+    for folder, data in ((packed, tiny_dataset), (other, tmp_path / "elsewhere")):
+        shutil.copytree(random_model, folder)
+        (folder / "training_metadata.json").write_text(json.dumps({"dataset": {"path": str(data)}}))
+    (tmp_path / "elsewhere").mkdir()  # the other run's dataset: never opened when both score the packed split
+    models = json.dumps([str(packed), str(other)])
+    proc = run_script("eval_perplexity.py", "--models", models, "--context", 32, "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"every model is scored on {tiny_dataset}, the held-out data of {packed}" in proc.stderr
+    assert f"{other} was trained on other data" in proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    table = [line for line in lines if line.startswith(str(tmp_path))]
+    assert len(table) == 2 and all(str(tiny_dataset) in line for line in table)
+    assert len({line.split()[2:4] == table[0].split()[2:4] for line in table}) == 1  # same tokens and bytes
+    header = lines[0]
+    for name in ("tokens", "bytes", "bits/byte"):  # number columns end where their headers end
+        assert {line.rindex(cell) + len(cell) for line in table for cell in [line.split()[header.split().index(
+            name)]]} == {header.index(name) + len(name)}, name
+    assert "note:" not in proc.stdout
+
+    write_jsonl(tmp_path / "elsewhere" / "x.jsonl", TEXTS)
+    (other / "training_metadata.json").write_text(json.dumps({"dataset": {"path": str(tmp_path / "x.jsonl")}}))
+    write_jsonl(tmp_path / "x.jsonl", TEXTS)
+    proc = run_script("eval_perplexity.py", "--models", models, "--data", "own", "--context", 32, "--eval_dir",
+                      tmp_path / "eval")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "these rows were scored on different data" in proc.stdout
+    assert "do not compare" in (tmp_path / "eval" / "packed_vs_other" / "perplexity.md").read_text()
