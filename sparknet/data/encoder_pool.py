@@ -130,6 +130,12 @@ class EncoderPool:
                 future = self._executor.submit(_encode, texts)
         except BrokenProcessPool as exc:
             raise self.died() from exc
+        except (OSError, RuntimeError) as exc:
+            # A worker died while this submit was starting a replacement: the executor's thread closes its queues
+            # as the pool breaks, and the start fails on them ("handle is closed"). That is the death, not a bug.
+            if any(process.exitcode is not None for process in self._processes.values()):
+                raise self.died() from exc
+            raise
         # the executor's process table (no public one), kept to say how a worker ended
         self._processes.update(getattr(self._executor, "_processes", None) or {})
         return Encoding(future, self)
