@@ -49,13 +49,29 @@ class Chain:
 
     def summary(self, outputs: dict[str, str]) -> None:
         """Prints where everything went and how long each step took."""
-        print(f"\n=== demo finished in {time.time() - self.started:.0f} s")
+        print(f"\n=== demo finished in {time.time() - self.started:.0f} s on {machine()}")
         width = max(len(title) for title, _ in self.timings) if self.timings else 0
         for title, seconds in self.timings:
             print(f"  {title:<{width}} {seconds:6.1f} s")
         print("outputs:")
         for what, where in outputs.items():
             print(f"  {what:<20} {where}")
+
+
+def machine() -> str:
+    """The CPU the timings came from: model, cores, and whether it has native bf16 (it changes what is fast)."""
+    import os
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            info = f.read()
+    except OSError:
+        return f"{os.cpu_count()} cores"
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    native = any(flag in flags for flag in ("avx512_bf16", "amx_bf16"))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{cores} cores of {model} ({'native bf16' if native else 'no native bf16'})"
 
 
 def run_forwarding_signals(command: list[str]) -> tuple[int, int | None]:
