@@ -68,7 +68,7 @@ def main() -> None:
     runtime.setup(0)
 
     from sparknet.config import load_config
-    from sparknet.demo_corpus import write_demo_corpus
+    from sparknet.demo.corpus import write_demo_corpus
     from sparknet.runtime import available_cores
     from sparknet.tokenizer import train_tokenizer
 

@@ -34,7 +34,7 @@ def main() -> None:
 
     from sparknet.config import load_config
     from sparknet.data.stream import TokenStream
-    from sparknet.demo_corpus import write_demo_corpus
+    from sparknet.demo.corpus import write_demo_corpus
     from sparknet.tokenizer import EOT, train_bpe
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

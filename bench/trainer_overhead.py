@@ -2,7 +2,7 @@
 
 Same model (a preset built by sparknet.model), same batches (a synthetic packed dataset read in the same random
 order), same optimizer (AdamW with the Trainer's weight-decay groups, fused on CUDA), same LR schedule and gradient
-clipping, bf16 autocast and torch.compile on CUDA as the trainer does. "ours" is `sparknet.training.train` (Trainer,
+clipping, bf16 autocast and torch.compile on CUDA as the trainer does. "ours" is `sparknet.train.run.train` (Trainer,
 metrics, sampling off, safety, logging every LOGGING_STEPS); "plain" is the loop below. Each is timed from the end
 of its WARMUP-th step to the end of its last (compilation and start-up left out), rounds interleaved; the table
 gives tokens/s and the ratio ours/plain per round and its median. Target: ratio >= 0.95.
@@ -71,9 +71,9 @@ class StepClock:
 def run_ours(dataset: Path, preset: str, batch: int, out: Path) -> StepClock:
     from transformers import TrainerCallback
 
-    from sparknet import training
     from sparknet.cli import script_constants
-    from sparknet.train_data import packed_plan
+    from sparknet.train import run as training
+    from sparknet.train.data_plan import packed_plan
 
     clock = StepClock()
 

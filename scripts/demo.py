@@ -30,7 +30,7 @@ EXPORT_DIR = "exports/demo"  # the Hub-ready folder with the model card
 
 def main() -> None:
     from sparknet import runtime
-    from sparknet.demo import Chain, demo_state, remove_previous_run, report
+    from sparknet.demo.chain import Chain, demo_state, remove_previous_run, report
 
     runtime.setup()
     state, line = demo_state(RUN_NAME, DATASET_DIR, EXPORT_DIR)

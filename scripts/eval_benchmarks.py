@@ -20,11 +20,11 @@ def main() -> None:
     from sparknet import runtime
 
     runtime.setup(SEED)
-    from sparknet.benchmarks import SUITE_TASK, benchmark_table, run_benchmarks, save_results, write_offline_suite
     from sparknet.errors import UserError
-    from sparknet.eval_data import load_documents
-    from sparknet.evaluation import check_loadable, resolve_model, tokenizer_source
-    from sparknet.reports import comparison_name, console_table, eval_dir, markdown_table
+    from sparknet.eval.benchmarks import SUITE_TASK, benchmark_table, run_benchmarks, save_results, write_offline_suite
+    from sparknet.eval.data import load_documents
+    from sparknet.eval.models import check_loadable, resolve_model, tokenizer_source
+    from sparknet.eval.reports import comparison_name, console_table, eval_dir, markdown_table
 
     if not MODELS or not TASKS:
         raise UserError("set MODELS and TASKS (JSON lists)")

@@ -21,15 +21,9 @@ def main() -> None:
     from sparknet import runtime
 
     runtime.setup(SEED)
-    from sparknet.evaluation import (
-        SamplingSettings,
-        generate_samples,
-        generation_report,
-        load_model,
-        load_prompts,
-        resolve_model,
-    )
-    from sparknet.reports import comparison_name, eval_dir
+    from sparknet.eval.generation import SamplingSettings, generate_samples, generation_report, load_prompts
+    from sparknet.eval.models import load_model, resolve_model
+    from sparknet.eval.reports import comparison_name, eval_dir
 
     if not MODELS:
         from sparknet.errors import UserError

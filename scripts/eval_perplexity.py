@@ -29,9 +29,10 @@ def main() -> None:
     from sparknet import runtime
 
     runtime.setup(0)
-    from sparknet.eval_data import DataRequest
-    from sparknet.evaluation import evaluate_perplexity, perplexity_table, resolve_model
-    from sparknet.reports import comparison_name, eval_dir
+    from sparknet.eval.data import DataRequest
+    from sparknet.eval.models import resolve_model
+    from sparknet.eval.perplexity import evaluate_perplexity, perplexity_table
+    from sparknet.eval.reports import comparison_name, eval_dir
 
     request = DataRequest(DATA or "", text_field=TEXT_FIELD, split=SPLIT, subset=SUBSET, max_documents=MAX_DOCUMENTS,
                           holdout_rows=HOLDOUT_ROWS)

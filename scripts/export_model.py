@@ -18,7 +18,7 @@ def main() -> None:
     from sparknet import runtime
 
     runtime.setup(0)
-    from sparknet.evaluation import resolve_model
+    from sparknet.eval.models import resolve_model
     from sparknet.export import export_model, push_to_hub
 
     output = runtime.project_path(OUTPUT_DIR or f"exports/{resolve_model(MODEL).name.replace('/', '-')}")

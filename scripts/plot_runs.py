@@ -14,7 +14,7 @@ def main() -> None:
 
     runtime.setup(0)
     from sparknet.errors import UserError
-    from sparknet.reports import comparison_name, eval_dir
+    from sparknet.eval.reports import comparison_name, eval_dir
 
     if not RUNS:
         raise UserError("no runs: set RUNS to a list of run names")
@@ -24,7 +24,7 @@ def main() -> None:
         if not folder.is_dir():
             raise UserError(f"no TensorBoard logs for run {run!r} (looked for {folder})")
         folders.append(folder)
-    from sparknet.plots import plot_runs  # matplotlib and tensorboard: only once the input is known good
+    from sparknet.eval.plots import plot_runs  # matplotlib and tensorboard: only once the input is known good
 
     names = [folder.name for folder in folders]
     out = eval_dir(comparison_name(names) if len(names) > 1 else names[0], EVAL_DIR) / "plots"

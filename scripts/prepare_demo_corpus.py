@@ -15,7 +15,7 @@ INCLUDE_TESTS = False  # include the stdlib's own test suite (mostly boilerplate
 
 def main() -> None:
     from sparknet import runtime
-    from sparknet.demo_corpus import write_demo_corpus
+    from sparknet.demo.corpus import write_demo_corpus
 
     runtime.setup()
     write_demo_corpus(

@@ -51,8 +51,8 @@ def main() -> None:
 
     config = load_config(CONFIG)
     runtime.setup(SEED)
-    from sparknet.train_data import packed_plan
-    from sparknet.training import TrainSettings, train
+    from sparknet.train.data_plan import packed_plan
+    from sparknet.train.run import TrainSettings, train
 
     settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
     if settings.target_tokens is None:
@@ -60,8 +60,8 @@ def main() -> None:
     finish(train(settings, packed_plan(DATASET_DIR, TOKENIZER_DIR, config)))
 
 
-def finish(result) -> None:  # noqa: ANN001 - sparknet.training.TrainResult, imported late to keep --help fast
-    from sparknet.training import report_outcome
+def finish(result) -> None:  # noqa: ANN001 - sparknet.train.run.TrainResult, imported late to keep --help fast
+    from sparknet.train.run import report_outcome
 
     report_outcome(result, LOGS_DIR)
 

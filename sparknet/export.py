@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from sparknet.errors import UserError
-from sparknet.evaluation import load_model, resolve_model
-from sparknet.reports import eval_dir, markdown_table
+from sparknet.eval.models import load_model, resolve_model
+from sparknet.eval.reports import eval_dir, markdown_table
 
 CARD_IMAGE = "loss.png"  # the loss curve, copied beside the card when scripts/plot_runs.py has drawn it
 BENCHMARKS = "benchmarks.json"  # {"results": {task: {metric: value}}}, from scripts/eval_benchmarks.py

@@ -61,7 +61,7 @@ def write_config(path: Path, mix: list[dict], **top: object) -> Path:
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo corpus (prose and code from the stdlib), code capped at 2 MB to keep the tests quick."""
-    from sparknet.demo_corpus import write_demo_corpus
+    from sparknet.demo.corpus import write_demo_corpus
 
     out = tmp_path_factory.mktemp("corpus")
     write_demo_corpus(out, max_code_bytes=2 * 2**20, val_percent=5)

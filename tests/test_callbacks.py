@@ -7,7 +7,7 @@ from pathlib import Path
 
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from sparknet.callbacks import MetricsCallback
+from sparknet.train.callbacks import MetricsCallback
 from tests.test_training import _events
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.demo import demo_state
-from sparknet.run_folder import is_complete, latest_complete_checkpoint
+from sparknet.demo.chain import demo_state
 from sparknet.runtime import PROJECT_ROOT
+from sparknet.train.run_folder import is_complete, latest_complete_checkpoint
 from tests.conftest import OFFLINE_ENV
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.run_folder import COMPLETE_MARKER, latest_complete_checkpoint
+from sparknet.train.run_folder import COMPLETE_MARKER, latest_complete_checkpoint
 from tests.conftest import OFFLINE_ENV
 from tests.test_training import _events, _script_args, _steps, _wait_for
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.benchmarks import SUITE_TASK, run_benchmarks, write_offline_suite
 from sparknet.errors import UserError
+from sparknet.eval.benchmarks import SUITE_TASK, run_benchmarks, write_offline_suite
 from tests.conftest import run_script, write_jsonl
 from tests.test_eval_perplexity import random_model  # noqa: F401 - the module-scoped fixture, shared
 

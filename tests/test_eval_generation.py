@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from sparknet.errors import UserError
-from sparknet.evaluation import SamplingSettings, generate_samples, load_model, load_prompts, resolve_model
+from sparknet.eval.generation import SamplingSettings, generate_samples, load_prompts
+from sparknet.eval.models import load_model, resolve_model
 from tests.conftest import run_script
 from tests.test_eval_perplexity import random_model  # noqa: F401 - the module-scoped fixture, shared
 

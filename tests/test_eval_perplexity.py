@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparknet.evaluation import load_model, resolve_model, score_documents, sliding_windows
+from sparknet.eval.models import load_model, resolve_model
+from sparknet.eval.perplexity import score_documents, sliding_windows
 from tests.conftest import run_script, write_jsonl
 
 TEXTS = ["The quick brown fox jumps over the lazy dog. " * 9 + "Ünïcödé ✓ 日本語",
@@ -192,7 +193,7 @@ def test_a_mix_config_scores_the_rows_the_streaming_run_held_out(corpus_config: 
     assert blocks.size == 2048
     saved = json.loads((tmp_path / "eval" / "streamed" / "perplexity.json").read_text())[str(run / "val_blocks.npy")]
     assert saved["kind"] == "blocks"
-    from sparknet.evaluation import token_byte_lengths
+    from sparknet.eval.metrics import token_byte_lengths
 
     assert abs(saved["bytes"] - int(token_byte_lengths(tok)[blocks.reshape(-1)].sum())) <= 3  # the last cut character
     assert abs(saved["tokens"] - (blocks.size - int((blocks == tok.eos_token_id).sum()))) < 0.02 * blocks.size

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparknet.plots import plot_runs, read_scalars, tokens_per_step
+from sparknet.eval.plots import plot_runs, read_scalars, tokens_per_step
 from tests.conftest import run_script
 
 TOKENS_PER_STEP = 512
@@ -57,7 +57,7 @@ def test_axes_read_100k_and_1m_not_raw_numbers(tmp_path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from sparknet.plots import draw_figure, short_number
+    from sparknet.eval.plots import draw_figure, short_number
 
     assert [short_number(v) for v in (0, 500, 2500, 100_000, 1_000_000, 1.5e9)] == ["0", "500", "2.5k", "100k", "1M",
                                                                                      "1.5B"]

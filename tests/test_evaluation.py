@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sparknet.evaluation import bits_per_byte, token_byte_lengths, utf8_bytes
+from sparknet.eval.metrics import bits_per_byte, token_byte_lengths, utf8_bytes
 
 
 def test_bytes_are_exact_when_blocks_cut_multibyte_characters(tokenizer_dir: Path) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sparknet.model import build_model, flops_per_token, get_preset, parameter_count
-from sparknet.optim import is_hidden_matrix
+from sparknet.train.optim import is_hidden_matrix
 from tests.test_training import _kill_when, _popen, _script_args, _settings, _steps, train_packed
 
 

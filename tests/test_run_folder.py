@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sparknet.run_folder import COMPLETE_MARKER, latest_complete_checkpoint, mark_complete
+from sparknet.train.run_folder import COMPLETE_MARKER, latest_complete_checkpoint, mark_complete
 
 
 def _checkpoint(run_dir: Path, step: int, files: tuple[str, ...] = ("model.safetensors", "rng_state_0.pth",

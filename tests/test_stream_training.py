@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparknet.run_folder import latest_complete_checkpoint
+from sparknet.train.run_folder import latest_complete_checkpoint
 from tests.conftest import OFFLINE_ENV, encoder_processes, run_script, write_config, write_jsonl
 from tests.test_training import FAST, _events, _kill_when, _steps, _wait_for
 

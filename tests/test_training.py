@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from sparknet.cli import script_constants
-from sparknet.run_folder import latest_complete_checkpoint
-from sparknet.train_data import packed_plan
-from sparknet.training import TrainResult, TrainSettings, budget, train
+from sparknet.train.data_plan import packed_plan
+from sparknet.train.run import TrainResult, TrainSettings, budget, train
+from sparknet.train.run_folder import latest_complete_checkpoint
 from tests.conftest import OFFLINE_ENV, run_script
 
 # 40 steps of 4 blocks of 128 tokens: a few seconds with the tiny preset.
@@ -250,7 +250,7 @@ def test_sampling_leaves_rng_and_train_mode_as_they_were(finished, tmp_path: Pat
     from torch.utils.tensorboard import SummaryWriter
     from transformers import AutoTokenizer, TrainerState
 
-    from sparknet.callbacks import MetricsCallback, SamplingCallback
+    from sparknet.train.callbacks import MetricsCallback, SamplingCallback
 
     result, _ = finished
     model = result.trainer.model.train()
@@ -352,7 +352,7 @@ def test_our_code_reads_no_device_value_outside_logging_steps(tiny_dataset: Path
     from transformers import TrainerCallback
 
     import sparknet
-    from sparknet import training
+    from sparknet.train import run as training
 
     ours = str(Path(sparknet.__file__).parent)
     step = {"now": 0}

@@ -3,8 +3,8 @@
 `train(settings, data)` reads top to bottom as its steps: check the settings, size the budget, open the run folder
 (refusing a reused RUN_NAME, finding the resume point), build the Trainer, train under signal handling, then
 conclude (final eval, export, metadata) according to how training ended. Where the blocks come from is the
-`DataPlan` (sparknet.train_data), the only thing the two trainer scripts choose differently. A run lives in
-`checkpoints/<RUN_NAME>/` and `logs/<RUN_NAME>/` (sparknet.run_folder).
+`DataPlan` (sparknet.train.data_plan), the only thing the two trainer scripts choose differently. A run lives in
+`checkpoints/<RUN_NAME>/` and `logs/<RUN_NAME>/` (sparknet.train.run_folder).
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ import torch
 from transformers import default_data_collator
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from sparknet.callbacks import MetricsCallback, SamplingCallback
 from sparknet.errors import UserError
-from sparknet.evaluation import perplexity, utf8_bytes
+from sparknet.eval.metrics import perplexity, utf8_bytes
 from sparknet.model import Preset, build_model, flops_per_token, get_preset, parameter_count, peak_flops, preset_dict
-from sparknet.run_folder import EVAL_START, METADATA, RunFolder, latest_complete_checkpoint, open_run
 from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic
-from sparknet.safety import SafetyCallback, stop_on_signals
 from sparknet.tokenizer import portable_config
-from sparknet.train_data import DataPlan, resolve_later
-from sparknet.trainer import SparkTrainer, compiles, training_arguments
+from sparknet.train.callbacks import MetricsCallback, SamplingCallback
+from sparknet.train.data_plan import DataPlan, resolve_later
+from sparknet.train.hf_trainer import SparkTrainer, compiles, training_arguments
+from sparknet.train.run_folder import EVAL_START, METADATA, RunFolder, latest_complete_checkpoint, open_run
+from sparknet.train.safety import SafetyCallback, stop_on_signals
 
 log = logging.getLogger("sparknet.train")
 # Reloading the best checkpoint reports the tied lm_head.weight as "missing": it is the token embedding, not lost.

@@ -14,7 +14,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 if TYPE_CHECKING:
-    from sparknet.training import TrainSettings
+    from sparknet.train.run import TrainSettings
 
 log = logging.getLogger("sparknet.train")
 
@@ -104,7 +104,7 @@ class SparkTrainer(Trainer):
     def __init__(self, *args: Any, nonfinite: str = "stop", batch_log: Path | None = None,
                  muon_lr: float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.muon_lr = muon_lr  # set: Muon for the hidden matrices, AdamW for the rest (sparknet.optim)
+        self.muon_lr = muon_lr  # set: Muon for the hidden matrices, AdamW for the rest (sparknet.train.optim)
         self.nonfinite = nonfinite
         self.grad_norms: list[tuple[int, Any]] = []
         self._first_bad: torch.Tensor | None = None
@@ -130,7 +130,7 @@ class SparkTrainer(Trainer):
         if self.muon_lr is None:
             return super().create_optimizer(model)
         if self.optimizer is None:
-            from sparknet.optim import MuonAdamW
+            from sparknet.train.optim import MuonAdamW
 
             model = self.model if model is None else model
             self.optimizer = MuonAdamW(list(model.named_parameters()), lr=self.args.learning_rate,

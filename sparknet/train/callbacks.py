@@ -1,5 +1,5 @@
 """What the user sees during training: TensorBoard scalars and console lines (loss, perplexity, LR, grad norm,
-throughput, MFU, memory, eval loss and bits per byte) and samples. The safety net is in sparknet.safety.
+throughput, MFU, memory, eval loss and bits per byte) and samples. The safety net is in sparknet.train.safety.
 
 The TensorBoard stream is written here, not through `report_to`, so that every tag is written once, by one writer,
 into `logs/<RUN_NAME>/`. Nothing here reads a device value between logging points: per-step grad norms are kept as
@@ -16,7 +16,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from sparknet.evaluation import bits_per_byte, perplexity
+from sparknet.eval.metrics import bits_per_byte, perplexity
 from sparknet.runtime import write_json_atomic
 
 log = logging.getLogger("sparknet.train")

@@ -15,7 +15,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from sparknet.run_folder import mark_complete
+from sparknet.train.run_folder import mark_complete
 
 log = logging.getLogger("sparknet.train")
 

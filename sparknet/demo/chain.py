@@ -98,8 +98,8 @@ def demo_state(run_name: str, dataset_dir: str, export_dir: str) -> tuple[DemoSt
     """How the previous demo ended, and a line saying what this one does about it: "new" (no demo here),
     "finished" (trained and exported: this one starts over) or "interrupted" (a run, or a dataset build, left
     unfinished: this one resumes it)."""
-    from sparknet.run_folder import METADATA, RUN_CONFIG, latest_complete_checkpoint
     from sparknet.runtime import project_path
+    from sparknet.train.run_folder import METADATA, RUN_CONFIG, latest_complete_checkpoint
 
     run_dir = project_path("checkpoints") / run_name
     dataset = project_path(dataset_dir)
@@ -145,7 +145,7 @@ def report(run_name: str, dataset_dir: str, export_dir: str) -> None:
     import numpy as np
 
     from sparknet.data.packed import PackedDataset
-    from sparknet.evaluation import unigram_entropy
+    from sparknet.eval.metrics import unigram_entropy
     from sparknet.runtime import project_path
 
     run_dir = project_path("checkpoints") / run_name

@@ -17,7 +17,7 @@ from transformers import TrainerCallback
 
 from sparknet.config import MixConfig
 from sparknet.errors import UserError
-from sparknet.run_folder import VAL_BLOCKS, VAL_REPORT
+from sparknet.train.run_folder import VAL_BLOCKS, VAL_REPORT
 
 log = logging.getLogger("sparknet.train")
 

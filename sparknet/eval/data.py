@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from sparknet.errors import UserError
-from sparknet.run_folder import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
+from sparknet.train.run_folder import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
 
 # `name` or `owner/name`, as the Hub spells dataset ids.
 _HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")

@@ -116,7 +116,7 @@ def _task_manager(include_path: str | None, include_defaults: bool) -> Any:
 
 def save_results(path: Path, scores: dict[str, dict[str, float]]) -> None:
     """Adds the tasks' scores to <path> ({"results": {task: metrics}}), keeping the other tasks' results."""
-    from sparknet.reports import merge_json
+    from sparknet.eval.reports import merge_json
 
     existing = json.loads(path.read_text()).get("results", {}) if path.is_file() else {}
     merge_json(path, "results", {**existing, **scores})

@@ -1,0 +1,1 @@
+"""The demo: its chain of scripts and its corpus."""

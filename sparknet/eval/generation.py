@@ -1,0 +1,88 @@
+"""Samples from causal LMs: settings, prompts, seeded generation, and the side-by-side report
+(scripts/eval_generation.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sparknet.errors import UserError
+
+
+@dataclass
+class SamplingSettings:
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 50
+    repetition_penalty: float = 1.0
+    max_new_tokens: int = 64
+    num_samples: int = 2
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        from sparknet.checks import check_values
+
+        check_values({name.upper(): value for name, value in vars(self).items()})
+
+
+def load_prompts(prompts: list[str], prompts_file: str = "") -> list[str]:
+    """The prompts: one per line of `prompts_file` (blank lines skipped; `\\n` stands for a newline), else `prompts`."""
+    from sparknet.runtime import project_path
+
+    if prompts_file:
+        path = project_path(prompts_file)
+        if not path.is_file():
+            raise UserError(f"prompts file {prompts_file} not found (looked for {path})")
+        prompts = [line.replace("\\n", "\n") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not prompts:
+        raise UserError("no prompts: set PROMPTS or PROMPTS_FILE")
+    return prompts
+
+
+def generate_samples(model: Any, tokenizer: Any, prompts: list[str], settings: SamplingSettings) -> list[list[str]]:
+    """`num_samples` continuations per prompt (the generated text only). The seed is set again before each prompt,
+    so a prompt's samples depend only on the model, the prompt and the settings, not on what ran before."""
+    import torch
+    from transformers import set_seed
+
+    sample = settings.temperature > 0
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    options = dict(max_new_tokens=settings.max_new_tokens, do_sample=sample, pad_token_id=pad,
+                   repetition_penalty=settings.repetition_penalty, num_return_sequences=settings.num_samples)
+    if sample:
+        options.update(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
+    else:
+        options["num_return_sequences"] = 1  # greedy: every sample would be the same
+    device = next(model.parameters()).device
+    out = []
+    for prompt in prompts:
+        set_seed(settings.seed)
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
+        with torch.inference_mode():
+            generated = model.generate(ids, attention_mask=torch.ones_like(ids), **options)
+        out.append([tokenizer.decode(row[ids.shape[1]:], skip_special_tokens=True) for row in generated])
+    return out
+
+
+def generation_report(names: list[str], prompts: list[str], samples: list[list[list[str]]],
+                      settings: SamplingSettings) -> str:
+    """Markdown: the settings, then per prompt each model's samples side by side (one column per model)."""
+    from sparknet.eval.reports import markdown_table
+
+    lines = ["# Samples", "", "settings: " + ", ".join(f"{k}={v}" for k, v in vars(settings).items()), ""]
+    for index, prompt in enumerate(prompts):
+        lines += [f"## Prompt {index + 1}", "", "```", prompt, "```", ""]
+        rows = []
+        for number in range(max(len(per_model[index]) for per_model in samples)):
+            rows.append([number + 1] + [_cell(prompt, per_model[index][number]) if number < len(per_model[index])
+                                        else "" for per_model in samples])
+        lines.append(markdown_table(["#", *names], rows))
+    return "\n".join(lines)
+
+
+def _cell(prompt: str, text: str) -> str:
+    """Prompt in bold, then the continuation, on one table line (newlines as <br>)."""
+    def flat(s: str) -> str:
+        return s.replace("|", "\\|").replace("\n", "<br>")
+
+    return f"**{flat(prompt)}**{flat(text)}"

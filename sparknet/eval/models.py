@@ -1,0 +1,109 @@
+"""The models an evaluation takes: a run folder, a checkpoint-N inside it, or a Hub id; resolved, checked and loaded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparknet.errors import UserError
+
+WEIGHT_FILES = (
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """What the user named (`spec`), what `from_pretrained` loads (`source`), and the results folder name."""
+
+    spec: str
+    source: str
+    name: str  # eval/<name>/: RUN_NAME, RUN_NAME/checkpoint-N, or the Hub id with "/" as "__"
+    folder: Path | None  # None for a Hub id
+
+
+def resolve_model(spec: str) -> ModelRef:
+    """A model folder (relative to the project root) or a Hub id; a folder that holds no model is a UserError."""
+    from sparknet.runtime import project_path
+
+    folder = project_path(spec)
+    if folder.exists():
+        if not (folder / "config.json").is_file() or not any((folder / w).is_file() for w in WEIGHT_FILES):
+            checkpoints = sorted(folder.glob("checkpoint-*")) if folder.is_dir() else []
+            held = ", ".join(c.name for c in checkpoints[-3:])
+            hint = (f"; it holds {held}: pass one of those, or let the run finish" if checkpoints else
+                    ": pass checkpoints/RUN_NAME of a finished run, a checkpoint-N inside it, or a Hub id such as gpt2")
+            raise UserError(f"{folder} is not a model folder (no config.json and weights){hint}")
+        run = folder.parent.name if folder.name.startswith("checkpoint-") else None
+        return ModelRef(spec, str(folder), f"{run}/{folder.name}" if run else folder.name, folder)
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or not spec.strip():
+        raise UserError(f"model folder {spec} not found (looked for {folder}): pass checkpoints/RUN_NAME or a Hub id")
+    parent = project_path(spec.split("/")[0])
+    if "/" in spec and _holds_models(parent):  # "checkpoints/dmeo": a mistyped run, not the Hub's user "checkpoints"
+        held = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
+        raise UserError(f"model folder {spec} not found (looked for {folder}); {parent.name}/ holds: "
+                        f"{', '.join(held[:10]) or 'nothing'}")
+    return ModelRef(spec, spec, spec.replace("/", "__"), None)
+
+
+def _holds_models(folder: Path) -> bool:
+    """A local folder of runs or exports (so `folder/x` names a model folder, not a Hub repository `folder/x`)."""
+    if not folder.is_dir():
+        return False
+    if folder.name in ("checkpoints", "exports"):
+        return True
+    return any((child / "config.json").is_file() or any(child.glob("checkpoint-*"))
+               for child in folder.iterdir() if child.is_dir())
+
+
+def tokenizer_source(ref: ModelRef) -> str:
+    """The model's own tokenizer: its folder, else (a Trainer checkpoint saved without one) the run folder's."""
+    if ref.folder is not None and not (ref.folder / "tokenizer.json").is_file():
+        parent = ref.folder.parent
+        if (parent / "tokenizer.json").is_file():
+            return str(parent)
+    return ref.source
+
+
+def _cannot_load(ref: ModelRef, exc: Exception) -> UserError:
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return UserError(f"cannot load model {ref.spec!r} ({type(exc).__name__}: {first}); Hub ids need network access "
+                     "or a cached copy")
+
+
+def check_loadable(ref: ModelRef) -> None:
+    """Reads the model's config (cheap), so that a model that cannot be loaded is one line before any work starts."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(ref.source)
+    except Exception as exc:  # noqa: BLE001 - reported against the user's value with the library's reason
+        raise _cannot_load(ref, exc) from None
+
+
+def load_model(ref: ModelRef, device: str | None = None) -> tuple[Any, Any, str]:
+    """(model in eval mode, tokenizer, device): bf16 on a CUDA GPU that has it, fp32 elsewhere."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sparknet.runtime import hide_library_progress_bars
+    from sparknet.tokenizer import load_tokenizer
+
+    hide_library_progress_bars()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
+    try:
+        model = AutoModelForCausalLM.from_pretrained(ref.source, dtype=dtype)
+    except Exception as exc:  # noqa: BLE001 - reported against the user's value with the library's reason
+        raise _cannot_load(ref, exc) from None
+    tokenizer = load_tokenizer(tokenizer_source(ref))
+    return model.to(device).eval(), tokenizer, device
+
+
+def model_context(model: Any) -> int:
+    """The longest input the model takes (its position table)."""
+    config = model.config
+    for key in ("n_positions", "max_position_embeddings"):
+        if getattr(config, key, None):
+            return int(getattr(config, key))
+    raise UserError(f"cannot tell the context length of {type(model).__name__}: set CONTEXT")

@@ -1,0 +1,188 @@
+"""Sliding-window negative log-likelihood of documents by any causal LM, and the perplexity evaluation of one or
+several models on the same text (scripts/eval_perplexity.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sparknet.errors import UserError
+from sparknet.eval.metrics import bits_per_byte, perplexity
+from sparknet.eval.models import ModelRef, load_model, model_context, resolve_model
+
+if TYPE_CHECKING:
+    from sparknet.eval.data import DataRequest
+
+def sliding_windows(length: int, context: int, stride: int) -> list[tuple[int, int, int]]:
+    """Windows `(begin, stop, first)` over a sequence of `length` tokens whose token 0 is a prefix (<|endoftext|>)
+    that is never a target: a window reads the tokens [begin, stop - 1) (at most `context`; every position predicts
+    the next token) and scores the targets [first, stop). Every target 1..length-1 is scored exactly once; after
+    the first window each target sees at least context - stride + 1 tokens of its window before it (so disjoint
+    windows, stride = context, still give each target one token of context)."""
+    if not 0 < stride <= context:
+        raise UserError(f"STRIDE must be in 1..CONTEXT ({context}), got {stride}")
+    windows, begin, scored_to = [], 0, 1
+    while scored_to < length:
+        stop = min(begin + context + 1, length)
+        windows.append((begin, stop, scored_to))
+        scored_to = stop
+        begin += stride
+    return windows
+
+
+@dataclass
+class NllResult:
+    """Token-weighted totals over every document."""
+
+    nll_sum: float = 0.0  # nats
+    tokens: int = 0
+    bytes: int = 0
+    documents: int = 0
+
+    @property
+    def nll(self) -> float:
+        return self.nll_sum / max(self.tokens, 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"nll": self.nll, "perplexity": perplexity(self.nll), "bits_per_byte": bits_per_byte(
+            self.nll, self.tokens, self.bytes), "tokens": self.tokens, "bytes": self.bytes, "documents": self.documents}
+
+
+def score_documents(model: Any, tokenizer: Any, texts: list[str], context: int, stride: int, batch_size: int = 8,
+                    progress: bool = True) -> NllResult:
+    """Sliding-window NLL of every token of every document, each document on its own after a <|endoftext|> prefix
+    (the first token is predicted from the document boundary, as in training). Bytes are the texts' UTF-8 bytes,
+    so bits per byte compare across tokenizers."""
+    import torch
+
+    from sparknet.progress import progress
+
+    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    encoded = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]  # long texts are windowed
+    jobs = []  # (document, begin, stop, first_target)
+    result = NllResult(documents=len(texts), bytes=sum(len(t.encode("utf-8")) for t in texts))
+    sequences = [[prefix, *ids] for ids in encoded]
+    for doc, ids in enumerate(sequences):
+        jobs += [(doc, *window) for window in sliding_windows(len(ids), context, stride)]
+    jobs.sort(key=lambda job: job[2] - job[1])  # similar lengths together: little padding
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else prefix
+    with torch.inference_mode(), progress(total=len(jobs), desc="windows", unit="win", disable=not progress) as bar:
+        for start in range(0, len(jobs), batch_size):
+            batch = jobs[start:start + batch_size]
+            width = max(stop - 1 - begin for _, begin, stop, _ in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            labels = torch.full((len(batch), width), pad, dtype=torch.long)  # labels[j] = the token after ids[j]
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            keep = torch.zeros((len(batch), width), dtype=torch.bool)  # the labels this window scores
+            for row, (doc, begin, stop, first) in enumerate(batch):
+                sequence = sequences[doc]
+                ids[row, : stop - 1 - begin] = torch.tensor(sequence[begin: stop - 1])
+                labels[row, : stop - 1 - begin] = torch.tensor(sequence[begin + 1: stop])
+                mask[row, : stop - 1 - begin] = 1
+                keep[row, first - 1 - begin: stop - 1 - begin] = True
+            ids, labels, mask, keep = ids.to(device), labels.to(device), mask.to(device), keep.to(device)
+            logits = model(input_ids=ids, attention_mask=mask).logits.float()
+            losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
+            result.nll_sum += float(losses[keep].double().sum())
+            result.tokens += int(keep.sum())
+            bar.update(len(batch))
+    if result.tokens == 0:  # a perplexity of 1.0 from no tokens would read as a perfect score
+        raise UserError(f"no tokens were scored ({len(texts)} documents, context {context}, stride {stride}): "
+                        "check DATA and CONTEXT")
+    return result
+
+
+PERPLEXITY_HEADER = ["model", "data", "tokens", "bytes", "nll", "perplexity", "bits/byte"]
+OWN_DATA = "own"  # DATA for "each model on its own held-out data" (the table then says its rows differ)
+
+
+def data_for_models(refs: list[ModelRef], data: str) -> tuple[list[str], str]:
+    """What each model is scored on, and a line saying so. DATA given: that, for every model. DATA empty: the
+    held-out data of the first model that records one (its packed dataset's val split, or a streaming run's
+    validation blocks), for every model, so that one table compares like with like. DATA "own": each model's own."""
+    from sparknet.eval.data import trained_on
+
+    if data and data != OWN_DATA:
+        return [data] * len(refs), f"every model is scored on {data}"
+    if data == OWN_DATA:
+        return [trained_on(ref.folder, ref.spec) for ref in refs], "each model is scored on its own held-out data"
+    for ref in refs:
+        try:
+            source = trained_on(ref.folder, ref.spec)
+        except UserError:
+            continue
+        return [source] * len(refs), f"every model is scored on {source}, the held-out data of {ref.spec}"
+    raise UserError("no DATA given and no model among MODELS records the data it was trained on (a run folder's "
+                    "training_metadata.json): set DATA")
+
+
+def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int | None = None,
+                        stride: int | None = None, batch_size: int = 8,
+                        eval_root: str = "eval") -> list[dict[str, Any]]:
+    """Scores each model on the data `data_for_models` picks; writes eval/<name>/perplexity.json (results keyed by
+    data, so other data's are kept) and perplexity.md; returns one result row per model."""
+    import dataclasses
+    import logging
+    import time
+
+    from sparknet.eval.data import data_kind, load_documents, trained_on
+    from sparknet.eval.reports import eval_dir, merge_json
+
+    if not models:
+        raise UserError("no models: set MODELS to a list of checkpoint folders or Hub ids")
+    refs = [resolve_model(spec) for spec in models]  # every name checked before any is loaded
+    runs = [ref.folder for ref in refs if ref.folder is not None]
+    sources, line = data_for_models(refs, request.data)
+    log = logging.getLogger("sparknet.eval")
+    if len(refs) > 1 or not request.data:
+        log.info(line)
+    for ref, source in zip(refs, sources, strict=True):
+        try:
+            own = trained_on(ref.folder, ref.spec)
+        except UserError:
+            continue  # no record of its training data (a Hub model)
+        if own != source and len(set(sources)) == 1:
+            log.warning("%s was trained on other data (%s): it may have seen parts of %s in training", ref.spec,
+                        own, source)
+    documents: dict[str, list[str]] = {}
+    rows = []
+    for ref, source in zip(refs, sources, strict=True):
+        if source not in documents:
+            documents[source] = load_documents(dataclasses.replace(request, data=source, runs=runs))
+        model, tokenizer, device = load_model(ref)
+        window = model_context(model) if context is None else context
+        if not 0 < window <= model_context(model):
+            raise UserError(f"CONTEXT must be in 1..{model_context(model)} ({ref.spec}'s context), got {window}")
+        step = window // 2 if stride is None else stride
+        started = time.time()
+        result = score_documents(model, tokenizer, documents[source], window, step, batch_size)
+        kind = data_kind(source)
+        row = {"model": ref.spec, "data": source, "kind": kind,
+               "split": request.split if kind in ("packed", "dataset") else None,
+               "context": window, "stride": step, **result.as_dict(), "device": device,
+               "seconds": round(time.time() - started, 2)}
+        out = eval_dir(ref.name, eval_root)
+        merge_json(out / "perplexity.json", source, row)
+        (out / "perplexity.md").write_text(perplexity_table([row], markdown=True))
+        rows.append(row)
+        del model
+    return rows
+
+
+def perplexity_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
+    """The results as a table (console or markdown); when its rows were scored on different data, a last line
+    under it says that they do not compare."""
+    from sparknet.eval.reports import console_table, markdown_table
+
+    table = (markdown_table if markdown else console_table)(PERPLEXITY_HEADER, [perplexity_row(r) for r in rows])
+    data = sorted({row["data"] for row in rows})
+    if len(data) > 1:
+        note = f"note: these rows were scored on different data ({', '.join(data)}): their numbers do not compare"
+        table = table.rstrip("\n") + ("\n\n" if markdown else "\n") + note + ("\n" if markdown else "")
+    return table
+
+
+def perplexity_row(row: dict[str, Any]) -> list[Any]:
+    return [row["model"], row["data"], row["tokens"], row["bytes"], row["nll"], row["perplexity"],
+            row["bits_per_byte"]]
