@@ -74,6 +74,7 @@ def run_ours(dataset: Path, preset: str, batch: int, out: Path) -> StepClock:
     from sparknet.cli import script_constants
     from sparknet.train import run as training
     from sparknet.train.data_plan import packed_plan
+    from sparknet.train.settings import TrainSettings
 
     clock = StepClock()
 
@@ -90,7 +91,7 @@ def run_ours(dataset: Path, preset: str, batch: int, out: Path) -> StepClock:
 
     training.build_trainer = with_clock
     try:
-        settings = training.TrainSettings.from_constants(
+        settings = TrainSettings.from_constants(
             script_constants("train_sparknet_v5.py"), run_name="overhead", model_preset=preset, target_tokens=None,
             batch_size=batch, grad_accum=1, eval_steps=10**6, save_steps=10**6, sample_steps=0, sample_prompts=[],
             logging_steps=LOGGING_STEPS, checkpoints_dir=str(out / "ckpt"), logs_dir=str(out / "logs"))

@@ -60,7 +60,8 @@ def main() -> None:
     config = load_config(CONFIG)
     runtime.setup(SEED)
     from sparknet.train.data_plan import StreamSpec, stream_plan
-    from sparknet.train.run import TrainSettings, report_outcome, train
+    from sparknet.train.run import report_outcome, train
+    from sparknet.train.settings import TrainSettings
 
     settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
     if settings.target_tokens is None:

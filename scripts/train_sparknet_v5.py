@@ -52,7 +52,8 @@ def main() -> None:
     config = load_config(CONFIG)
     runtime.setup(SEED)
     from sparknet.train.data_plan import packed_plan
-    from sparknet.train.run import TrainSettings, train
+    from sparknet.train.run import train
+    from sparknet.train.settings import TrainSettings
 
     settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
     if settings.target_tokens is None:

@@ -16,8 +16,9 @@ import torch
 
 from sparknet.cli import script_constants
 from sparknet.train.data_plan import packed_plan
-from sparknet.train.run import TrainResult, TrainSettings, budget, train
+from sparknet.train.run import TrainResult, budget, train
 from sparknet.train.run_folder import latest_complete_checkpoint
+from sparknet.train.settings import TrainSettings
 from tests.conftest import OFFLINE_ENV, run_script
 
 # 40 steps of 4 blocks of 128 tokens: a few seconds with the tiny preset.

@@ -8,13 +8,12 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers import Trainer, TrainingArguments
 
-if TYPE_CHECKING:
-    from sparknet.train.run import TrainSettings
+from sparknet.train.settings import TrainSettings
 
 log = logging.getLogger("sparknet.train")
 

@@ -33,66 +33,13 @@ from sparknet.train.data_plan import DataPlan, resolve_later
 from sparknet.train.hf_trainer import SparkTrainer, compiles, training_arguments
 from sparknet.train.run_folder import EVAL_START, METADATA, RunFolder, latest_complete_checkpoint, open_run
 from sparknet.train.safety import SafetyCallback, stop_on_signals
+from sparknet.train.settings import TrainSettings, check_settings
 
 log = logging.getLogger("sparknet.train")
 # Reloading the best checkpoint reports the tied lm_head.weight as "missing": it is the token embedding, not lost.
 logging.getLogger("transformers.trainer").addFilter(lambda record: "lm_head.weight" not in record.getMessage())
 BATCH_LOG = "batches.jsonl"
-# Settings that change neither the model nor the order of the data nor the optimisation: they may differ on resume.
-NON_IDENTITY = {"run_name", "eval_steps", "save_steps", "save_total_limit", "sample_steps", "sample_prompts",
-                "sample_max_new_tokens", "sample_temperature", "sample_top_k", "sample_seed", "logging_steps",
-                "compile", "allow_config_change", "record_batches", "peak_tflops", "nonfinite", "checkpoints_dir",
-                "logs_dir"}
 Status = Literal["finished", "interrupted", "diverged", "already_finished"]
-
-
-@dataclass
-class TrainSettings:
-    """A trainer script's training constants, lower-cased. No defaults here: the script's constants are the one
-    source of them (`sparknet.cli.script_constants` reads them for code that has no script)."""
-
-    run_name: str
-    model_preset: str
-    target_tokens: int | None  # None: the data's own budget (the config's target_tokens)
-    batch_size: int  # blocks per device per micro-step
-    grad_accum: int
-    learning_rate: float
-    optimizer: str  # adamw, or muon (Muon for the hidden matrices, AdamW at LEARNING_RATE for the rest)
-    muon_learning_rate: float
-    lr_schedule: str  # cosine, or wsd (warmup, stable, decay over the last fifth)
-    min_lr_ratio: float
-    warmup_ratio: float
-    weight_decay: float
-    adam_betas: tuple[float, float]
-    max_grad_norm: float
-    dropout: float
-    eval_steps: int
-    save_steps: int
-    save_total_limit: int
-    sample_steps: int
-    sample_prompts: list[str]
-    sample_max_new_tokens: int
-    sample_temperature: float
-    sample_top_k: int
-    sample_seed: int
-    logging_steps: int
-    compile: str
-    seed: int
-    peak_tflops: float
-    nonfinite: str
-    allow_config_change: bool
-    record_batches: bool
-    checkpoints_dir: str
-    logs_dir: str
-
-    @classmethod
-    def from_constants(cls, constants: dict[str, Any], **overrides: Any) -> TrainSettings:
-        """The settings among a script's constants (other constants, e.g. the data's, are ignored)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {k.lower(): v for k, v in constants.items() if k.lower() in names}
-        values.update(overrides)
-        values["adam_betas"] = tuple(values["adam_betas"])
-        return cls(**values)
 
 
 @dataclass
@@ -163,14 +110,6 @@ def report_outcome(result: TrainResult, logs_dir: str) -> None:
           f"tensorboard --logdir {logs_dir}/{result.run_dir.name})")
 
 
-def check_settings(s: TrainSettings) -> None:
-    """Every mistake in the settings at once, as one UserError naming the constants (sparknet.checks' rules, the
-    ones a script's constants are checked against before it starts)."""
-    from sparknet.checks import check_values
-
-    check_values({f.name.upper(): getattr(s, f.name) for f in dataclasses.fields(s)})
-
-
 def model_preset(settings: TrainSettings, data: DataPlan) -> Preset:
     preset = get_preset(settings.model_preset)
     if data.block_size < 2:
@@ -192,8 +131,8 @@ def log_budget(s: TrainSettings, data: DataPlan, target: int, max_steps: int, pe
 
 def run_identity(s: TrainSettings, data: DataPlan, target: int, world: int) -> dict[str, Any]:
     """What makes a run this run: settings that change the model, the data order or the optimisation."""
-    identity = {k: v for k, v in dataclasses.asdict(s).items() if k not in NON_IDENTITY}
-    identity.update({"adam_betas": list(s.adam_betas), **data.identity, "target_tokens": target, "world_size": world})
+    identity = s.identity()
+    identity.update({**data.identity, "target_tokens": target, "world_size": world})
     return identity
 
 

@@ -1,0 +1,67 @@
+"""The package's shape: no import circle between SparkNet's modules (type-only imports and imports inside
+functions included), and every training setting declared once with its doc, identity flag and rule."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+from sparknet.checks import RULES
+from sparknet.runtime import PROJECT_ROOT
+from sparknet.train.settings import TrainSettings, non_identity
+
+PACKAGE = PROJECT_ROOT / "sparknet"
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(("sparknet", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
+        found[name] = path
+    return found
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The SparkNet modules `path` imports anywhere in it (`from sparknet.x import y` counts sparknet.x.y when that
+    is a module)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sparknet"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                out.add(full if full in modules else node.module)
+        elif isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names if alias.name.startswith("sparknet")}
+    return {name for name in out if name in modules}
+
+
+def test_no_import_circle() -> None:
+    modules = _modules()
+    graph = {name: _imports(path, modules) - {name} for name, path in modules.items()}
+    state: dict[str, str] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = "open"
+        for target in sorted(graph[name]):
+            assert state.get(target) != "open", "import circle: " + " -> ".join([*trail, target])
+            if target not in state:
+                visit(target, [*trail, target])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_every_training_setting_is_declared_once_with_doc_identity_and_rule() -> None:
+    for field in dataclasses.fields(TrainSettings):
+        assert field.metadata["doc"], field.name
+        if field.type not in ("str", "bool", "list[str]") or field.name.upper() in ("RUN_NAME", "MODEL_PRESET"):
+            assert field.name.upper() in RULES, f"{field.name}: no rule in sparknet.checks.RULES"
+    # what may change between attempts of one run: logging, saving, sampling, paths (pinned: a change here changes
+    # which runs resume)
+    assert non_identity() == {
+        "run_name", "eval_steps", "save_steps", "save_total_limit", "sample_steps", "sample_prompts",
+        "sample_max_new_tokens", "sample_temperature", "sample_top_k", "sample_seed", "logging_steps", "compile",
+        "allow_config_change", "record_batches", "peak_tflops", "nonfinite", "checkpoints_dir", "logs_dir"}
