@@ -53,11 +53,9 @@ def export_model(spec: str, output_dir: Path, *, license: str = "apache-2.0", la
 
 def _training_metadata(folder: Path) -> dict[str, Any]:
     """The run's training_metadata.json (a checkpoint-N reads its run's); {} for a folder trained elsewhere."""
-    for candidate in (folder, folder.parent):
-        data = _read_json(candidate / "training_metadata.json")
-        if data:
-            return data
-    return {}
+    from sparknet.train.run_folder import read_metadata
+
+    return read_metadata(folder) or {}
 
 
 def _read_json(path: Path) -> dict[str, Any]:

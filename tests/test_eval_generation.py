@@ -54,3 +54,16 @@ def test_out_of_range_sampling_settings_are_one_line(flag: str, value: float, ra
     proc = run_script("eval_generation.py", "--models", json.dumps([str(random_model)]), f"--{flag}", value)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert f"{flag.upper()}={value}" in proc.stderr and ": expected" in proc.stderr
+
+
+def test_a_prompt_longer_than_the_context_keeps_its_end(random_model: Path, tmp_path: Path) -> None:  # noqa: F811
+    prompts = tmp_path / "long.txt"
+    prompts.write_text("the quick brown fox jumps over the lazy dog " * 20 + "\n")  # far more than 32 tokens
+    proc = run_script("eval_generation.py", "--models", json.dumps([str(random_model)]), "--prompts_file", prompts,
+                      "--max_new_tokens", 8, "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "only its last 24 are used (the model's context is 32, 8 of them for new tokens)" in proc.stderr
+    proc = run_script("eval_generation.py", "--models", json.dumps([str(random_model)]), "--max_new_tokens", 32,
+                      "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "MAX_NEW_TOKENS=32 leaves no room for a prompt in the model's context of 32 tokens" in proc.stderr

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sparknet.eval.metrics import bits_per_byte, token_byte_lengths, utf8_bytes
+from sparknet.eval.metrics import bits_per_byte, bytes_of_tokens, token_byte_lengths
 
 
 def test_bytes_are_exact_when_blocks_cut_multibyte_characters(tokenizer_dir: Path) -> None:
@@ -21,8 +21,8 @@ def test_bytes_are_exact_when_blocks_cut_multibyte_characters(tokenizer_dir: Pat
     expected = len(tok.decode(ids[:n].tolist(), skip_special_tokens=True).encode("utf-8"))
     cut_decoding = sum(len(tok.decode(b.tolist(), skip_special_tokens=True).encode("utf-8")) for b in blocks)
     assert cut_decoding > expected  # decoding block by block adds replacement characters
-    assert utf8_bytes(tok, blocks) == expected
-    assert utf8_bytes(tok, ids[:-1]) == len(text.encode("utf-8"))
+    assert bytes_of_tokens(tok, blocks) == expected
+    assert bytes_of_tokens(tok, ids[:-1]) == len(text.encode("utf-8"))
     assert token_byte_lengths(tok)[tok.eos_token_id] == 0  # special tokens stand for no text
 
 

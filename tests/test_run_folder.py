@@ -37,3 +37,23 @@ def test_an_old_style_marker_without_a_file_list_is_not_trusted(tmp_path: Path) 
     folder = _checkpoint(tmp_path, 5)
     (folder / COMPLETE_MARKER).write_text("5\n")
     assert latest_complete_checkpoint(tmp_path) is None
+
+
+def test_one_reader_of_a_runs_metadata_for_run_and_checkpoint_folders(tmp_path: Path) -> None:
+    import json
+
+    import pytest
+
+    from sparknet.errors import UserError
+    from sparknet.train.run_folder import METADATA, RUN_CONFIG, read_metadata, run_of
+
+    run = tmp_path / "run"
+    (run / "checkpoint-20").mkdir(parents=True)
+    (run / RUN_CONFIG).write_text("{}")
+    assert read_metadata(run) is None and read_metadata(run / "checkpoint-20") is None  # not finished
+    (run / METADATA).write_text(json.dumps({"steps": 40}))
+    assert run_of(run / "checkpoint-20") == run and run_of(run) == run
+    assert read_metadata(run / "checkpoint-20") == read_metadata(run) == {"steps": 40}
+    (run / METADATA).write_text('{"steps": 4')  # damaged
+    with pytest.raises(UserError, match=r"training_metadata.json is not valid JSON .*rerun the training command"):
+        read_metadata(run / "checkpoint-20")

@@ -140,16 +140,17 @@ def report(run_name: str, dataset_dir: str, export_dir: str) -> None:
     """Prints eval loss at start and end against the corpus's unigram entropy, the final sample, the perplexity and
     benchmark tables and where the model card is; fails the demo when the model did not learn more than token
     frequencies."""
-    import json
-
     import numpy as np
 
     from sparknet.data.packed import PackedDataset
     from sparknet.eval.metrics import unigram_entropy
     from sparknet.runtime import project_path
+    from sparknet.train.run_folder import read_metadata
 
     run_dir = project_path("checkpoints") / run_name
-    metadata = json.loads((run_dir / "training_metadata.json").read_text())
+    metadata = read_metadata(run_dir)
+    if metadata is None:
+        raise UserError(f"{run_dir} holds no training_metadata.json: the training step did not finish")
     train = PackedDataset(dataset_dir, "train")
     entropy = unigram_entropy(np.asarray(train.tokens), train.manifest["tokenizer"]["vocab_size"])
     m = metadata["metrics"]

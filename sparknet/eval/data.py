@@ -91,17 +91,16 @@ def trained_on(folder: Path | None, spec: str) -> str:
     or (streaming) its validation blocks in the run folder, from its training_metadata.json. UserError for a model
     without one (a Hub id, an export)."""
     from sparknet.runtime import PROJECT_ROOT
+    from sparknet.train.run_folder import read_metadata, run_of
 
-    for candidate in ([folder, folder.parent] if folder is not None else []):
-        path = candidate / "training_metadata.json"
-        if path.is_file():
-            metadata = json.loads(path.read_text())
-            blocks = candidate / VAL_BLOCKS
-            named = metadata.get("dataset", {}).get("path") or (str(blocks) if blocks.is_file() else None) or \
-                metadata.get("config", {}).get("path")
-            if named:  # shown relative to the project, as a user would type it
-                inside = Path(named).is_relative_to(PROJECT_ROOT)
-                return str(Path(named).relative_to(PROJECT_ROOT)) if inside else str(named)
+    metadata = read_metadata(folder) if folder is not None else None
+    if metadata is not None:
+        blocks = run_of(folder) / VAL_BLOCKS
+        named = metadata.get("dataset", {}).get("path") or (str(blocks) if blocks.is_file() else None) or \
+            metadata.get("config", {}).get("path")
+        if named:  # shown relative to the project, as a user would type it
+            inside = Path(named).is_relative_to(PROJECT_ROOT)
+            return str(Path(named).relative_to(PROJECT_ROOT)) if inside else str(named)
     raise UserError(f"{spec}: no DATA given and no training_metadata.json naming its data: set DATA")
 
 

@@ -43,7 +43,7 @@ def token_byte_lengths(tokenizer: Any) -> np.ndarray:
     return lengths
 
 
-def utf8_bytes(tokenizer: Any, tokens: np.ndarray) -> int:
+def bytes_of_tokens(tokenizer: Any, tokens: np.ndarray) -> int:
     """UTF-8 bytes of the text the tokens stand for, counted per token id (special tokens count as none)."""
     lengths = token_byte_lengths(tokenizer)
     return int(lengths[np.asarray(tokens).reshape(-1).astype(np.int64)].sum())

@@ -207,6 +207,8 @@ class MetricsCallback(TrainerCallback):
         from tensorboard.compat.proto.summary_pb2 import Summary
         from tensorboard.plugins.scalar import metadata
 
+        # SummaryWriter's add_scalar takes no description; its file writer (private, no public accessor) takes a
+        # summary with one. tests/test_hf_private_apis.py pins it; without it the tag is written plainly.
         file_writer = self.writer._get_file_writer() if hasattr(self.writer, "_get_file_writer") else None
         if file_writer is None:
             return False
@@ -241,17 +243,13 @@ class SamplingCallback(TrainerCallback):
         if (self.every > 0 and state.global_step % self.every == 0) or last:
             self.sample(kw["model"], state)
 
-    def _generate(self, model: Any, prompt: str, device: Any) -> str:
-        import torch
+    def _generate(self, model: Any, prompt: str) -> str:
+        from sparknet.eval.generation import continuations
 
-        ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
-        if ids.shape[1] == 0:
-            ids = torch.tensor([[self.tokenizer.eos_token_id]], device=device)
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                 temperature=self.temperature, top_k=self.top_k, max_new_tokens=self.max_new_tokens,
-                                 use_cache=True, pad_token_id=self.tokenizer.eos_token_id)
-        return prompt + self.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=False)
+        text = continuations(model, self.tokenizer, prompt, skip_special_tokens=False, do_sample=True,
+                             temperature=self.temperature, top_k=self.top_k, max_new_tokens=self.max_new_tokens,
+                             use_cache=True, pad_token_id=self.tokenizer.eos_token_id)[0]
+        return prompt + text
 
     def sample(self, model: Any, state: TrainerState) -> str:
         """Writes one sample file for the current step and returns its text."""
@@ -261,7 +259,6 @@ class SamplingCallback(TrainerCallback):
 
         model = getattr(model, "module", model)  # DDP
         model = getattr(model, "_orig_mod", model)  # torch.compile
-        device = next(model.parameters()).device
         cpu_rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         was_training = model.training
@@ -270,7 +267,7 @@ class SamplingCallback(TrainerCallback):
         try:
             torch.manual_seed(self.seed)
             for prompt in self.prompts:
-                texts.append(self._generate(model, prompt, device))
+                texts.append(self._generate(model, prompt))
         except RuntimeError as exc:  # e.g. a diverged model's NaN probabilities: a sample is not worth a crash
             log.warning("sampling at step %d failed: %s", state.global_step, str(exc).splitlines()[0])
             return ""

@@ -31,6 +31,8 @@ def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: 
         gradient_accumulation_steps=settings.grad_accum,
         learning_rate=settings.learning_rate,
         **lr_schedule(settings, max_steps),
+        # not a mix-up: transformers 5 reads a float in [0, 1) as a fraction of the steps (`warmup_ratio` is gone);
+        # tests/test_hf_private_apis.py pins it
         warmup_steps=settings.warmup_ratio,
         weight_decay=settings.weight_decay,
         adam_beta1=settings.adam_betas[0],
@@ -147,6 +149,10 @@ class SparkTrainer(Trainer):
                                            collate_fn=self.data_collator, num_workers=0,
                                            pin_memory=self.args.dataloader_pin_memory)
 
+    # Private Trainer methods overridden or called below, each because no public hook gives the same: the input
+    # copy to the device (_prepare_input), the per-step pre-clip grad norm as a device tensor (_get_grad_norm: the
+    # `on_pre_optimizer_step` callback sees no norm), the best model's reload at a finished run's last step
+    # (_load_best_model, _load_from_checkpoint). tests/test_hf_private_apis.py fails when transformers changes them.
     def _prepare_input(self, data: Any) -> Any:
         # the stream's batches (not moved by accelerate): pinned, so copied without waiting, as above
         if isinstance(data, torch.Tensor) and data.device.type == "cpu" and self.args.device.type == "cuda":

@@ -24,7 +24,7 @@ from transformers import default_data_collator
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from sparknet.errors import UserError
-from sparknet.eval.metrics import perplexity, utf8_bytes
+from sparknet.eval.metrics import bytes_of_tokens, perplexity
 from sparknet.model import Preset, build_model, flops_per_token, get_preset, parameter_count, peak_flops, preset_dict
 from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic
 from sparknet.tokenizer import portable_config
@@ -118,6 +118,9 @@ def model_preset(settings: TrainSettings, data: DataPlan) -> Preset:
     if data.block_size > preset.n_positions:
         raise UserError(f"blocks of {data.block_size} tokens exceed {settings.model_preset}'s context of "
                         f"{preset.n_positions}: use a smaller BLOCK_SIZE (or context_length) or a larger preset")
+    if settings.sample_prompts and settings.sample_max_new_tokens >= preset.n_positions:
+        raise UserError(f"SAMPLE_MAX_NEW_TOKENS={settings.sample_max_new_tokens} leaves no room for a prompt in "
+                        f"{settings.model_preset}'s context of {preset.n_positions} tokens: lower it")
     return preset
 
 
@@ -194,7 +197,7 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
         writer=writer, tokens_per_step=tokens_per_step, block_size=data.block_size,
         flops_per_token=flops_per_token(preset, len(tokenizer), data.block_size), peak_flops=peak,
         world_size=world_size(), grad_norms=trainer.grad_norms, eval_tokens=int(predicted.size),
-        eval_bytes=utf8_bytes(tokenizer, predicted), device_kind=str(device["kind"]),
+        eval_bytes=bytes_of_tokens(tokenizer, predicted), device_kind=str(device["kind"]),
         compile_warmup=compiles(s, device), start_file=run.run_dir / EVAL_START if main_process else None,
         logged_eval_steps={run.resume_step} if run.resume else None)
     sampler = SamplingCallback(tokenizer, list(s.sample_prompts), s.sample_steps, run.run_dir, writer, metrics,

@@ -28,6 +28,29 @@ VAL_BLOCKS = "val_blocks.npy"  # the streaming trainer's validation blocks (what
 VAL_REPORT = "val_report.json"  # ... and which rows of each source they came from
 
 
+def run_of(folder: Path) -> Path:
+    """The run folder a model folder belongs to: itself, or for a `checkpoint-N` inside a run, that run."""
+    return folder.parent if checkpoint_step(folder) is not None and (folder.parent / RUN_CONFIG).is_file() else folder
+
+
+def read_metadata(folder: Path) -> dict[str, Any] | None:
+    """The training_metadata.json of the run `folder` is (or, a checkpoint-N, belongs to); None when it has none
+    (a model trained elsewhere, a run that did not finish). The one reader of it for evaluation, export and the
+    demo; a damaged file is one line naming it."""
+    path = run_of(folder) / METADATA
+    if not path.is_file():
+        path = folder / METADATA  # a copied model folder that keeps its metadata beside it
+        if not path.is_file():
+            return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path} is not valid JSON ({exc}): rerun the training command, which rewrites it") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} holds no JSON object: rerun the training command, which rewrites it")
+    return data
+
+
 def checkpoint_step(path: Path) -> int | None:
     """The step of a `checkpoint-N` folder, or None for anything else."""
     suffix = path.name.split("-", 1)[1] if path.name.startswith("checkpoint-") else ""

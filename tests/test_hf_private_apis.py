@@ -1,0 +1,42 @@
+"""The private library APIs SparkNet relies on, each where no public one does the same (the reasons are written
+where they are used): these tests fail when a new transformers or torch changes them, before a run misbehaves."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+from transformers import Trainer, TrainingArguments
+
+
+def _source(function: object) -> str:
+    return inspect.getsource(function)  # type: ignore[arg-type]
+
+
+def test_trainer_private_methods_sparknet_overrides_or_calls() -> None:
+    assert list(inspect.signature(Trainer._get_grad_norm).parameters) == ["self", "model", "grad_norm"]
+    # the training loop takes the norm through it, once per optimizer step, before the optimizer steps
+    loop = inspect.getsource(Trainer)
+    call, step = loop.find("grad_norm = self._get_grad_norm(model"), loop.find("self.optimizer.step()")
+    assert 0 < call < step, "Trainer no longer takes the grad norm through _get_grad_norm before optimizer.step()"
+    assert list(inspect.signature(Trainer._prepare_input).parameters) == ["self", "data"]
+    assert "self._prepare_input(" in _source(Trainer._prepare_inputs)
+    assert list(inspect.signature(Trainer._load_best_model).parameters) == ["self"]
+    assert list(inspect.signature(Trainer._load_from_checkpoint).parameters)[:2] == ["self", "resume_from_checkpoint"]
+
+
+def test_warmup_steps_below_one_is_a_fraction_of_the_steps(tmp_path) -> None:  # noqa: ANN001
+    args = TrainingArguments(output_dir=str(tmp_path), warmup_steps=0.05, max_steps=200, report_to="none",
+                             use_cpu=True)
+    assert args.get_warmup_steps(200) == math.ceil(0.05 * 200)
+    assert args.get_warmup_steps(200) == 10
+
+
+def test_summary_writer_file_writer_takes_a_described_summary(tmp_path) -> None:  # noqa: ANN001
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(tmp_path)) as writer:
+        file_writer = writer._get_file_writer()
+        assert callable(file_writer.add_summary)
+        file_writer.add_summary(Summary(value=[Summary.Value(tag="t", simple_value=1.0)]), 1)
