@@ -30,6 +30,9 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(OFFLINE) $(PY) -m pytest
 
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
 # every benchmark, the recipe bench in its short mode (the full table: make bench-recipe, about 20 minutes)
 bench: $(STAMP)
 	@for b in bench/[!_]*.py; do echo "== $$b"; $(OFFLINE) $(PY) $$b $$( [ $$b = bench/recipe.py ] && echo --short true ) || exit 1; done

@@ -23,7 +23,7 @@ work=$(mktemp -d)
  "mix": [{"name": "json", "data_files": "$work/corpus/prose.train.jsonl", "prob": 0.4},
          {"name": "json", "data_files": "$work/corpus/code.train.jsonl", "prob": 0.6}]}
 JSON
-  python3 scripts/train_tokenizer_v5.py --config "$work/mix.json" --vocab_size 16384 --max_docs 2000 \
+  python3 scripts/train_tokenizer_v5.py --config "$work/mix.json" --vocab_size 16384 --max_bytes 8000000 \
     --output_dir "$work/tok" 2>&1 | tail -2
   echo "== scripts/train_sparknet.py, sparknet-70m compiled, streamed"
   timeout 300 python3 scripts/train_sparknet.py --run_name stream-gpu --config "$work/mix.json" \

@@ -259,6 +259,11 @@ def load_tokenizer(name_or_path: str) -> Any:
         with _quiet_hub_retries():
             tok = AutoTokenizer.from_pretrained(source)
     except Exception as exc:  # noqa: BLE001 - reported against the user's value with the library's reason
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if source == str(folder):
+            raise UserError(f"the tokenizer in {folder} cannot be read ({reason}): a file of it is damaged or "
+                            "truncated; train it again with scripts/train_tokenizer_v5.py (--overwrite true) or "
+                            "restore the folder") from None
         raise UserError(
             f"cannot load tokenizer {name_or_path!r}: no folder {folder} and the Hub id failed "
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). Train one with "

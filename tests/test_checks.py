@@ -39,6 +39,10 @@ def test_every_numeric_and_choice_constant_has_a_rule(script: str) -> None:
      "LIMIT=-1: expected an integer >= 0 (0: every item); BATCH_SIZE=-2: expected a positive integer"),
     ("build_dataset_v5.py", ["--num_workers", "-1"], "NUM_WORKERS=-1: expected an integer >= 0"),
     ("eval_generation.py", ["--top_p", "0"], "TOP_P=0.0: expected in (0, 1]"),
+    ("train_tokenizer_v5.py", ["--vocab_size", "100"], "VOCAB_SIZE=100: expected 257 or more"),
+    ("prepare_demo_corpus.py", ["--val_percent", "0"], "VAL_PERCENT=0: expected a percentage in (0, 100)"),
+    ("demo.py", ["--train_tokens", "0", "--save_steps", "75"],
+     "TRAIN_TOKENS=0: expected a positive integer; SAVE_STEPS=75 must be a multiple of EVAL_STEPS=50"),
 ])
 def test_a_bad_value_stops_the_script_before_imports_and_data(script: str, args: list[str], message: str) -> None:
     # a dataset folder and a config that do not exist: the constant's error must come first

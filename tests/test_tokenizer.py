@@ -279,3 +279,15 @@ def test_a_mistyped_local_tokenizer_folder_fails_at_once_with_the_nearest_folder
             assert "huggingface_hub" not in proc.stderr and time.monotonic() - started < 30
     finally:
         shutil.rmtree(local, ignore_errors=True)
+
+
+def test_a_damaged_tokenizer_folder_is_named_as_damaged(tokenizer_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    damaged = tmp_path / "tok"
+    shutil.copytree(tokenizer_dir, damaged)
+    data = (damaged / "tokenizer.json").read_bytes()
+    (damaged / "tokenizer.json").write_bytes(data[: len(data) // 2])  # truncated, as by a full disk
+    with pytest.raises(UserError, match=r"the tokenizer in .*tok cannot be read .*damaged or truncated") as info:
+        load_tokenizer(str(damaged))
+    assert "Hub" not in str(info.value)
