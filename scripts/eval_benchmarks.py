@@ -24,13 +24,14 @@ def main() -> None:
     from sparknet.eval.benchmarks import SUITE_TASK, benchmark_table, run_benchmarks, save_results, write_offline_suite
     from sparknet.eval.data import load_documents
     from sparknet.eval.models import check_loadable, resolve_model, tokenizer_source
-    from sparknet.eval.reports import comparison_name, console_table, eval_dir, markdown_table
+    from sparknet.eval.reports import check_results, comparison_name, console_table, eval_dir, markdown_table
 
     if not MODELS or not TASKS:
         raise UserError("set MODELS and TASKS (JSON lists)")
     refs = [resolve_model(spec) for spec in MODELS]
     for ref in refs:
         check_loadable(ref)
+    check_results([eval_dir(ref.name, EVAL_DIR) / "benchmarks.json" for ref in refs])
     include = None
     if SUITE_TASK in TASKS:
         include = write_offline_suite(load_documents(SUITE_DATA), runtime.project_path(SUITE_DIR), SUITE_ITEMS, SEED)

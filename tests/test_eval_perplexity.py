@@ -242,3 +242,21 @@ def test_one_table_scores_every_model_on_the_same_text_unless_told(tiny_dataset:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "these rows were scored on different data" in proc.stdout
     assert "do not compare" in (tmp_path / "eval" / "packed_vs_other" / "perplexity.md").read_text()
+
+
+def test_a_damaged_results_file_stops_before_the_work_and_results_are_never_dropped(random_model: Path,
+                                                                                     tmp_path: Path) -> None:
+    from sparknet.eval.reports import merge_json
+
+    data = write_jsonl(tmp_path / "val.jsonl", TEXTS)
+    results = tmp_path / "eval" / "randrun" / "perplexity.json"
+    results.parent.mkdir(parents=True)
+    results.write_text('{"earlier": {"nll": 1.0')  # cut short
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", data,
+                      "--context", 16, "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"{results} is damaged" in proc.stderr and "windows" not in proc.stderr  # nothing was scored
+    # damaged between the check and the write (another process): the new results are kept, the old file set aside
+    merge_json(results, "new", {"nll": 2.0})
+    assert json.loads(results.read_text()) == {"new": {"nll": 2.0}}
+    assert (results.parent / "perplexity.json.damaged").read_text() == '{"earlier": {"nll": 1.0'

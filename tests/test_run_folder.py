@@ -57,3 +57,21 @@ def test_one_reader_of_a_runs_metadata_for_run_and_checkpoint_folders(tmp_path: 
     (run / METADATA).write_text('{"steps": 4')  # damaged
     with pytest.raises(UserError, match=r"training_metadata.json is not valid JSON .*rerun the training command"):
         read_metadata(run / "checkpoint-20")
+
+
+def test_damaged_state_files_are_named_before_training(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+    import pytest
+
+    from sparknet.errors import UserError
+    from sparknet.train.run_folder import EVAL_START, RUN_CONFIG, open_run
+
+    run = tmp_path / "ckpt" / "run"
+    run.mkdir(parents=True)
+    (run / RUN_CONFIG).write_text('{"seed": 4')  # cut short by a full disk
+    with pytest.raises(UserError, match=r"run_config.json is damaged .*another RUN_NAME"):
+        open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), {"seed": 4}, False, True)
+    (run / RUN_CONFIG).write_text('{"seed": 4}')
+    (run / EVAL_START).write_text("\x00\x00\x00")  # same size as before, garbage
+    folder = open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), {"seed": 4}, False, True)
+    assert "eval_start.json is damaged" in caplog.text
+    assert folder.initial_eval() is None  # the metadata is written without it, hours later, without a crash

@@ -116,10 +116,13 @@ def _task_manager(include_path: str | None, include_defaults: bool) -> Any:
 
 def save_results(path: Path, scores: dict[str, dict[str, float]]) -> None:
     """Adds the tasks' scores to <path> ({"results": {task: metrics}}), keeping the other tasks' results."""
-    from sparknet.eval.reports import merge_json
+    from sparknet.eval.reports import merge_json, read_results
 
-    existing = json.loads(path.read_text()).get("results", {}) if path.is_file() else {}
-    merge_json(path, "results", {**existing, **scores})
+    try:
+        existing = read_results(path).get("results", {})
+    except UserError:
+        existing = {}  # merge_json moves the damaged file aside
+    merge_json(path, "results", {**(existing if isinstance(existing, dict) else {}), **scores})
 
 
 def benchmark_table(names: list[str], results: list[dict[str, dict[str, float]]]) -> tuple[list[str], list[list]]:

@@ -127,12 +127,13 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
     import time
 
     from sparknet.eval.data import data_kind, load_documents, trained_on
-    from sparknet.eval.reports import eval_dir, merge_json
+    from sparknet.eval.reports import check_results, eval_dir, merge_json
 
     if not models:
         raise UserError("no models: set MODELS to a list of checkpoint folders or Hub ids")
     refs = [resolve_model(spec) for spec in models]  # every name checked before any is loaded
     runs = [ref.folder for ref in refs if ref.folder is not None]
+    check_results([eval_dir(ref.name, eval_root) / "perplexity.json" for ref in refs])
     sources, line = data_for_models(refs, request.data)
     log = logging.getLogger("sparknet.eval")
     if len(refs) > 1 or not request.data:

@@ -19,9 +19,47 @@ def comparison_name(names: list[str]) -> str:
     return "_vs_".join(n.replace("/", "-") for n in names)
 
 
+def read_results(path: Path) -> dict[str, Any]:
+    """The JSON object of results at `path` ({} when there is none yet); one line naming a damaged file."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        data, reason = None, str(exc)
+    else:
+        reason = "not a JSON object"
+    if not isinstance(data, dict):
+        from sparknet.errors import UserError
+
+        raise UserError(f"{path} is damaged ({reason}): the results it held are lost; delete or move it away, and the "
+                        "evaluation writes it anew")
+    return data
+
+
+def check_results(paths: list[Path]) -> None:
+    """Reads every results file an evaluation will add to, before the evaluation runs: a damaged one stops it at
+    once, not after the work."""
+    for path in paths:
+        read_results(path)
+
+
 def merge_json(path: Path, key: str, value: Any) -> dict[str, Any]:
-    """Adds `value` under `key` to the JSON object at `path` (kept: results on other data), written atomically."""
-    data = json.loads(path.read_text()) if path.is_file() else {}
+    """Adds `value` under `key` to the JSON object at `path` (kept: results on other data), written atomically.
+    Computed results are never dropped: should the file have been damaged since `check_results`, it is moved aside
+    (`<name>.damaged`, with a warning) and a new one is written."""
+    import logging
+
+    from sparknet.errors import UserError
+
+    try:
+        data = read_results(path)
+    except UserError as exc:
+        aside = path.with_name(path.name + ".damaged")
+        path.replace(aside)
+        logging.getLogger("sparknet.eval").warning("%s; moved to %s, the new results are written to %s", exc, aside,
+                                                   path)
+        data = {}
     data[key] = value
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, data)

@@ -100,8 +100,32 @@ class RunFolder:
         return checkpoint_step(self.resume) or 0 if self.resume else 0
 
     def initial_eval(self) -> float | None:
-        path = self.run_dir / EVAL_START
-        return json.loads(path.read_text())["eval_loss"] if path.is_file() else None
+        """The step-0 eval loss the run recorded (eval_start.json), or None; checked by `open_run` at the start."""
+        return _eval_start(self.run_dir / EVAL_START)
+
+
+def _eval_start(path: Path) -> float | None:
+    if not path.is_file():
+        return None
+    try:
+        loss = json.loads(path.read_text(encoding="utf-8"))["eval_loss"]
+        return float(loss)
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    """A run's JSON state file, or one line naming it and the fix."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        data, reason = None, str(exc)
+    else:
+        reason = "not a JSON object"
+    if not isinstance(data, dict):
+        raise UserError(f"{path} is damaged ({reason}): it records the run's settings, compared on every resume. "
+                        f"Restore it from a backup, or start again with another RUN_NAME")
+    return data
 
 
 def open_run(run_name: str, checkpoints_dir: str, logs_dir: str, identity: dict[str, Any],
@@ -111,8 +135,13 @@ def open_run(run_name: str, checkpoints_dir: str, logs_dir: str, identity: dict[
     run_dir = project_path(checkpoints_dir) / run_name
     log_dir = project_path(logs_dir) / run_name
     resume = None
+    start = run_dir / EVAL_START
+    if start.is_file() and _eval_start(start) is None:  # checked now, not when the metadata is written hours later
+        log.warning("%s is damaged: the step-0 eval loss is not known and is left out of the metadata", start)
+        if main_process:
+            start.unlink()
     if (run_dir / RUN_CONFIG).is_file():
-        previous = json.loads((run_dir / RUN_CONFIG).read_text())
+        previous = _read_state(run_dir / RUN_CONFIG)
         changes = describe_changes(previous, identity, upper=True)
         if changes and not allow_config_change:
             raise UserError(f"run {run_name} exists with other settings ({'; '.join(changes)}). Choose a new "
