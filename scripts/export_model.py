@@ -10,6 +10,7 @@ LICENSE = "apache-2.0"  # the card's license (a Hub license id)
 LANGUAGE = ["en"]  # the card's languages (ISO 639-1 codes)
 EVAL_DIR = "eval"  # eval results and plots are read from EVAL_DIR/<RUN_NAME>/
 OVERWRITE = False  # replace a non-empty OUTPUT_DIR
+UNFINISHED = False  # export a run folder whose training did not finish (no training_metadata.json) as it is
 PUSH_TO_HUB = ""  # Hub repository (user/name) to upload to ("": don't)
 PRIVATE = False  # create the Hub repository as private
 
@@ -23,7 +24,7 @@ def main() -> None:
 
     output = runtime.project_path(OUTPUT_DIR or f"exports/{resolve_model(MODEL).name.replace('/', '-')}")
     card = export_model(MODEL, output, license=LICENSE, language=LANGUAGE, eval_root=EVAL_DIR, overwrite=OVERWRITE,
-                        repo_id=PUSH_TO_HUB)
+                        repo_id=PUSH_TO_HUB, unfinished=UNFINISHED)
     print(f"exported: {output} (card: {card})")
     if PUSH_TO_HUB:
         print(f"pushed: {push_to_hub(output, PUSH_TO_HUB, PRIVATE)}")

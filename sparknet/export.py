@@ -21,10 +21,13 @@ BENCHMARKS = "benchmarks.json"  # {"results": {task: {metric: value}}}, from scr
 
 
 def export_model(spec: str, output_dir: Path, *, license: str = "apache-2.0", language: list[str] | None = None,
-                 eval_root: str = "eval", overwrite: bool = False, repo_id: str = "") -> Path:
+                 eval_root: str = "eval", overwrite: bool = False, repo_id: str = "", unfinished: bool = False) -> Path:
     """Writes the folder and returns the card's path. `spec`: checkpoints/RUN_NAME or a checkpoint-N inside it;
-    `repo_id`: the Hub repository the card's usage example loads (default: the folder's name)."""
+    `repo_id`: the Hub repository the card's usage example loads (default: the folder's name). The folder is
+    written beside OUTPUT_DIR and put in place by renames, so an interrupted export leaves the old one whole."""
+    from sparknet.runtime import replace_folder
     from sparknet.tokenizer import save as save_tokenizer
+    from sparknet.train.run_folder import RUN_CONFIG
 
     ref = resolve_model(spec)
     if ref.folder is None:
@@ -32,23 +35,27 @@ def export_model(spec: str, output_dir: Path, *, license: str = "apache-2.0", la
     if output_dir.exists() and any(output_dir.iterdir()) and not overwrite:
         raise UserError(f"{output_dir} is not empty: choose another OUTPUT_DIR or pass --overwrite true")
     metadata = _training_metadata(ref.folder)
+    if not metadata and (ref.folder / RUN_CONFIG).is_file() and not unfinished:
+        raise UserError(f"{spec} has no training_metadata.json: its training did not finish (stopped while it wrote "
+                        "the final model?). Run the same training command again, which completes it, or pass "
+                        "--unfinished true to export the folder as it is")
     model, tokenizer, _ = load_model(ref, device="cpu")
     tokenizer.pad_token = tokenizer.eos_token  # batched generation pads with <|endoftext|>, as the trainer exports
-    if output_dir.exists():
-        shutil.rmtree(output_dir)
-    output_dir.mkdir(parents=True)
-    model.save_pretrained(output_dir)  # safetensors, config.json, generation_config.json
-    save_tokenizer(tokenizer, output_dir)
     results = eval_dir(ref.name, eval_root)
+    perplexities, benchmarks = _read_json(results / "perplexity.json"), _read_json(results / BENCHMARKS)
+    building = output_dir.with_name(f".{output_dir.name}.building")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True)
+    model.save_pretrained(building)  # safetensors, config.json, generation_config.json
+    save_tokenizer(tokenizer, building)
     image = results / "plots" / CARD_IMAGE
     if image.is_file():
-        shutil.copy(image, output_dir / CARD_IMAGE)
-    card = model_card(ref.name, model, metadata, _read_json(results / "perplexity.json"),
-                      _read_json(results / BENCHMARKS), has_image=image.is_file(), license=license,
-                      language=language or ["en"], repo_id=repo_id or output_dir.name)
-    path = output_dir / "README.md"
-    path.write_text(card, encoding="utf-8")
-    return path
+        shutil.copy(image, building / CARD_IMAGE)
+    card = model_card(ref.name, model, metadata, perplexities, benchmarks, has_image=image.is_file(),
+                      license=license, language=language or ["en"], repo_id=repo_id or output_dir.name)
+    (building / "README.md").write_text(card, encoding="utf-8")
+    replace_folder(building, output_dir)
+    return output_dir / "README.md"
 
 
 def _training_metadata(folder: Path) -> dict[str, Any]:

@@ -117,6 +117,22 @@ def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
     os.replace(tmp, path)
 
 
+def replace_folder(new: Path, out_dir: Path) -> None:
+    """Puts the finished folder `new` at `out_dir` by renames only: the old folder is moved aside whole and deleted
+    only once the new one is in place, so a crash at any point leaves either the old or the new folder at
+    `out_dir`, never a half-written or half-deleted one. (The tokenizer, the packed dataset and the export.)"""
+    import shutil
+
+    if not out_dir.exists():
+        os.replace(new, out_dir)
+        return
+    old = out_dir.with_name(f".{out_dir.name}.replaced")
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(out_dir, old)
+    os.replace(new, out_dir)
+    shutil.rmtree(old)
+
+
 def world_size() -> int:
     """Processes training together (torchrun/accelerate set WORLD_SIZE); 1 for a plain `python` run."""
     return int(os.environ.get("WORLD_SIZE", "1"))

@@ -21,7 +21,7 @@ from sparknet.config import MixConfig
 from sparknet.data.mixing import Mixer, mix_texts
 from sparknet.errors import UserError
 from sparknet.progress import Progress
-from sparknet.runtime import project_path
+from sparknet.runtime import project_path, replace_folder
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def train_tokenizer(
         "seconds": round(time.time() - started, 2),
     }
     (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
-    _replace_folder(tmp, out_dir)
+    replace_folder(tmp, out_dir)
     if report["vocab_size"] < vocab_size:
         log.warning(
             "the sample only supports %d tokens (asked for %d): sample more text (MAX_BYTES) or lower MIN_FREQUENCY",
@@ -217,20 +217,6 @@ def _source_report(mixer: Mixer[str], tok: Any, heldout: dict[str, list[str]]) -
         }
         for label, c in mixer.report().items()
     }
-
-
-def _replace_folder(new: Path, out_dir: Path) -> None:
-    """Puts the finished folder `new` at `out_dir` by renames only, as the dataset builder does: the old tokenizer is
-    moved aside whole and deleted only once the new one is in place, so a crash at any point leaves either the old
-    or the new tokenizer at `out_dir`, never a half-deleted one."""
-    if not out_dir.exists():
-        os.replace(new, out_dir)
-        return
-    old = out_dir.with_name(f".{out_dir.name}.replaced")
-    shutil.rmtree(old, ignore_errors=True)
-    os.replace(out_dir, old)
-    os.replace(new, out_dir)
-    shutil.rmtree(old)
 
 
 def load_tokenizer(name_or_path: str) -> Any:

@@ -92,3 +92,38 @@ def test_not_a_run(tmp_path: Path) -> None:
         export_model(str(tmp_path), tmp_path / "out")
     with pytest.raises(UserError, match="not a Hub id"):
         export_model("gpt2", tmp_path / "out")
+
+
+def test_an_interrupted_overwrite_leaves_the_old_export_whole(run: tuple[Path, Path],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import sparknet.export as export_module
+    import sparknet.tokenizer as tokenizer_module
+
+    folder, tmp = run
+    out = tmp / "exported"
+    export_module.export_model(str(folder), out, eval_root=str(tmp / "eval"))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def killed(*_args: object, **_kwargs: object) -> None:  # the process dies half way through the new folder
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tokenizer_module, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        export_module.export_model(str(folder), out, eval_root=str(tmp / "eval"), overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    monkeypatch.undo()
+    export_module.export_model(str(folder), out, eval_root=str(tmp / "eval"), overwrite=True)  # the same command
+    assert sorted(p.name for p in out.iterdir()) == sorted(before)
+    assert not list(tmp.glob(".exported.*"))  # nothing left beside it
+
+
+def test_a_run_that_did_not_finish_is_not_exported_unless_asked(run: tuple[Path, Path]) -> None:
+    folder, tmp = run
+    (folder / "training_metadata.json").unlink()  # stopped while writing the final model
+    (folder / "run_config.json").write_text("{}")
+    proc = run_script("export_model.py", "--model", folder, "--output_dir", tmp / "a", "--eval_dir", tmp / "eval")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "its training did not finish" in proc.stderr and "--unfinished true" in proc.stderr
+    proc = run_script("export_model.py", "--model", folder, "--output_dir", tmp / "a", "--eval_dir", tmp / "eval",
+                      "--unfinished", "true")
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -343,6 +343,28 @@ def test_resume_from_a_checkpoint_at_the_last_step_exports_without_training(tiny
         first.metadata["metrics"]["eval_loss"], abs=1e-6)
 
 
+def test_sigterm_while_the_final_model_is_written_says_so_and_the_same_command_completes(
+        tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sparknet.train import run as run_module
+
+    real_export = run_module.export
+
+    def export_then_sigterm(*args: object, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # systemd/Slurm stopping the job in the last seconds
+        real_export(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "export", export_then_sigterm)
+    settings = _settings(tmp_path, eval_steps=8, save_steps=8, sample_steps=0)
+    stopped = train_packed(settings, tiny_dataset)
+    assert stopped.status == "interrupted" and stopped.signal == signal.SIGTERM
+    assert "while writing the final model" in stopped.message and "run the same command" in stopped.message
+    assert not (stopped.run_dir / "training_metadata.json").exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are put back
+    monkeypatch.undo()
+    again = train_packed(settings, tiny_dataset)
+    assert again.status == "finished" and again.metadata["steps"] == 40
+
+
 def test_our_code_reads_no_device_value_outside_logging_steps(tiny_dataset: Path, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A device read (.item(), .cpu(), .tolist(), bool(), ...) stalls the GPU's queue: SparkNet's own code does one

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -43,7 +42,7 @@ from sparknet.data.prefetch import Done, EncodedDocuments
 from sparknet.data.reader import SourceReader
 from sparknet.data.sources import is_hub_source, resolve_revisions
 from sparknet.errors import UserError
-from sparknet.runtime import write_json_atomic
+from sparknet.runtime import replace_folder, write_json_atomic
 from sparknet.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
@@ -163,7 +162,7 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
     manifest.update(_description(spec, tok, dtype, inputs, commits, trained_for))
     manifest["build_seconds"] = round(time.time() - started, 2)
     write_json_atomic(tmp / MANIFEST, manifest)
-    _publish(tmp, spec.output_dir)
+    replace_folder(tmp, spec.output_dir)
     return manifest
 
 
@@ -294,18 +293,6 @@ def _description(spec: BuildSpec, tok: Any, dtype: np.dtype, inputs: dict[str, A
         "block_size": spec.block_size,
         "dtype": dtype.name,
     }
-
-
-def _publish(tmp: Path, output_dir: Path) -> None:
-    """Renames the finished `tmp` to OUTPUT_DIR, replacing what was there only once the new dataset is whole."""
-    if output_dir.exists():
-        old = output_dir.with_name(f".{output_dir.name}.replaced")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(output_dir, old)
-        os.replace(tmp, output_dir)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, output_dir)
 
 
 class _ValCost:

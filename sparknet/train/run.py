@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import signal
 import subprocess
 import time
 from contextlib import closing
@@ -32,7 +33,7 @@ from sparknet.train.callbacks import MetricsCallback, SamplingCallback
 from sparknet.train.data_plan import DataPlan, resolve_later
 from sparknet.train.hf_trainer import SparkTrainer, compiles, training_arguments
 from sparknet.train.run_folder import EVAL_START, METADATA, RunFolder, latest_complete_checkpoint, open_run
-from sparknet.train.safety import SafetyCallback, stop_on_signals
+from sparknet.train.safety import Interrupted, SafetyCallback, signals_interrupt, stop_on_signals
 from sparknet.train.settings import TrainSettings, check_settings
 
 log = logging.getLogger("sparknet.train")
@@ -90,7 +91,13 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
             with stop_on_signals(parts.safety):
                 output = parts.trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
             runtime_seconds = output.metrics.get("train_runtime", 0.0)
-        return conclude(settings, data, run, parts, tokens_per_step, started, runtime_seconds)
+        try:
+            with signals_interrupt():
+                return conclude(settings, data, run, parts, tokens_per_step, started, runtime_seconds)
+        except Interrupted as stop:  # the training is done and saved; only the final eval and export are lost
+            return TrainResult("interrupted", run.run_dir, parts.trainer, signal=stop.signum, message=(
+                f"stopped by {signal.Signals(stop.signum).name} while writing the final model: the training itself is "
+                f"saved; run the same command to write the final model and metadata (it trains no more steps)"))
 
 
 def report_outcome(result: TrainResult, logs_dir: str) -> None:

@@ -142,3 +142,32 @@ def stop_on_signals(safety: SafetyCallback) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM during work that cannot stop half way cleanly (the final eval and export)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """While the final model is written: SIGINT/SIGTERM raise `Interrupted`, so the run ends with a line saying
+    what happened and what to do (the default SIGTERM ends the process without a word)."""
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        for sig, handler in previous.items():  # a second signal acts as it would have
+            signal.signal(sig, handler)
+        raise Interrupted(signum)
+
+    for sig in signals:
+        signal.signal(sig, on_signal)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
