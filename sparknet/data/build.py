@@ -42,6 +42,7 @@ from sparknet.data.prefetch import Done, EncodedDocuments
 from sparknet.data.reader import SourceReader
 from sparknet.data.sources import is_hub_source, resolve_revisions
 from sparknet.errors import UserError
+from sparknet.locks import exclusive
 from sparknet.runtime import replace_folder, write_json_atomic
 from sparknet.tokenizer import tokenizer_fingerprint
 
@@ -150,20 +151,25 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
     trained_for = _trained_context(spec, tok)
     dtype = token_dtype(len(tok), spec.dtype)
     inputs = _inputs(spec, tok, dtype)
-    existing = _check_existing(spec, inputs)
-    if existing is not None:
-        log.info("%s already holds this dataset (same inputs): nothing to do", spec.output_dir)
-        return existing
-    tmp = spec.output_dir.with_name(f".{spec.output_dir.name}.building")
-    state = _resume_point(tmp, inputs, spec.block_size * dtype.itemsize)
-    # read at the commit recorded in the manifest (a resumed build at its first run's), even if a branch moves
-    commits = state["commits"] if state is not None else resolve_revisions(spec.config)
-    manifest = _build(spec, tok, dtype, tmp, {"inputs": inputs, "commits": commits}, state)
-    manifest.update(_description(spec, tok, dtype, inputs, commits, trained_for))
-    manifest["build_seconds"] = round(time.time() - started, 2)
-    write_json_atomic(tmp / MANIFEST, manifest)
-    replace_folder(tmp, spec.output_dir)
-    return manifest
+    with exclusive(spec.output_dir, "a dataset build"):  # a second build at once would write the same files
+        existing = _check_existing(spec, inputs)
+        if existing is not None:
+            log.info("%s already holds this dataset (same inputs): nothing to do", spec.output_dir)
+            return existing
+        tmp = spec.output_dir.with_name(f".{spec.output_dir.name}.building")
+        state = _resume_point(tmp, inputs, spec.block_size * dtype.itemsize)
+        # read at the commit recorded in the manifest (a resumed build at its first run's), even if a branch moves
+        commits = state["commits"] if state is not None else resolve_revisions(spec.config)
+        manifest = _build(spec, tok, dtype, tmp, {"inputs": inputs, "commits": commits}, state)
+        manifest.update(_description(spec, tok, dtype, inputs, commits, trained_for))
+        manifest["build_seconds"] = round(time.time() - started, 2)
+        write_json_atomic(tmp / MANIFEST, manifest)
+        damage = _damage(tmp, manifest)  # what is published is what the manifest says, byte for byte in size
+        if damage is not None:
+            raise UserError(f"the build's own files do not match its manifest ({damage}): something else wrote into "
+                            f"{tmp} (or the disk is full); run the same command again")
+        replace_folder(tmp, spec.output_dir)
+        return manifest
 
 
 def _check_spec(spec: BuildSpec) -> None:

@@ -15,7 +15,7 @@ import math
 import signal
 import subprocess
 import time
-from contextlib import closing
+from contextlib import closing, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +26,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from sparknet.errors import UserError
 from sparknet.eval.metrics import bytes_of_tokens, perplexity
+from sparknet.locks import exclusive
 from sparknet.model import Preset, build_model, flops_per_token, get_preset, parameter_count, peak_flops, preset_dict
 from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic
 from sparknet.tokenizer import portable_config
@@ -74,30 +75,38 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
                         f"({settings.batch_size} blocks x {data.block_size} tokens x {settings.grad_accum} accum x "
                         f"{world} device(s)): raise TARGET_TOKENS or lower BATCH_SIZE or GRAD_ACCUM")
     log_budget(settings, data, target, max_steps, tokens_per_step, world)
-    run = open_run(settings.run_name, settings.checkpoints_dir, settings.logs_dir,
-                   run_identity(settings, data, target, world), settings.allow_config_change, process_rank() == 0)
-    if run.finished_metadata is not None:
-        return TrainResult("already_finished", run.run_dir, metadata=run.finished_metadata)
-    data.prepare_run(run.run_dir, run.resume)
-    parts = build_trainer(settings, data, run, preset, max_steps, tokens_per_step)
-    with parts.writer, closing(data):
-        if run.resume_step >= max_steps:  # died after the last save, before the export: nothing left to train
-            log.info("%s is the run's last step: going straight to the final eval and export", run.resume)
-            parts.trainer.restore_finished(run.resume)
-            runtime_seconds = 0.0
-        else:
-            if run.resume:
-                log.info("resuming from %s", run.resume)
-            with stop_on_signals(parts.safety):
-                output = parts.trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
-            runtime_seconds = output.metrics.get("train_runtime", 0.0)
-        try:
-            with signals_interrupt():
-                return conclude(settings, data, run, parts, tokens_per_step, started, runtime_seconds)
-        except Interrupted as stop:  # the training is done and saved; only the final eval and export are lost
-            return TrainResult("interrupted", run.run_dir, parts.trainer, signal=stop.signum, message=(
-                f"stopped by {signal.Signals(stop.signum).name} while writing the final model: the training itself is "
-                f"saved; run the same command to write the final model and metadata (it trains no more steps)"))
+    # one training of a RUN_NAME at a time (the main process holds the lock; the others are its own ranks)
+    run_dir = project_path(settings.checkpoints_dir) / settings.run_name
+    with exclusive(run_dir, "a training run") if process_rank() == 0 else nullcontext():
+        run = open_run(settings.run_name, settings.checkpoints_dir, settings.logs_dir,
+                       run_identity(settings, data, target, world), settings.allow_config_change, process_rank() == 0)
+        if run.finished_metadata is not None:
+            return TrainResult("already_finished", run.run_dir, metadata=run.finished_metadata)
+        data.prepare_run(run.run_dir, run.resume)
+        parts = build_trainer(settings, data, run, preset, max_steps, tokens_per_step)
+        with parts.writer, closing(data):
+            runtime_seconds = train_steps(run, parts, max_steps)
+            try:
+                with signals_interrupt():
+                    return conclude(settings, data, run, parts, tokens_per_step, started, runtime_seconds)
+            except Interrupted as stop:  # the training is done and saved; only the final eval and export are lost
+                return TrainResult("interrupted", run.run_dir, parts.trainer, signal=stop.signum, message=(
+                    f"stopped by {signal.Signals(stop.signum).name} while writing the final model: the training "
+                    "itself is saved; run the same command to write the final model and metadata (it trains no "
+                    "more steps)"))
+
+
+def train_steps(run: RunFolder, parts: TrainerParts, max_steps: int) -> float:
+    """The Trainer's training from the resume point, under the signal handlers that save and stop; its seconds."""
+    if run.resume_step >= max_steps:  # died after the last save, before the export: nothing left to train
+        log.info("%s is the run's last step: going straight to the final eval and export", run.resume)
+        parts.trainer.restore_finished(run.resume)
+        return 0.0
+    if run.resume:
+        log.info("resuming from %s", run.resume)
+    with stop_on_signals(parts.safety):
+        output = parts.trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
+    return output.metrics.get("train_runtime", 0.0)
 
 
 def report_outcome(result: TrainResult, logs_dir: str) -> None:

@@ -1,0 +1,50 @@
+"""One writer per target: a dataset build into an OUTPUT_DIR, a training run of a RUN_NAME.
+
+The lock is `filelock`'s (an OS file lock, the one huggingface_hub uses for its cache), held for the whole job:
+the operating system releases it when the process ends, however it ends, so a lock left by a killed process is
+simply taken by the next command. Beside the lock file the holder writes its pid and command, so that a refused
+second command can name the process it is waiting for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sparknet.errors import UserError
+from sparknet.runtime import write_json_atomic
+
+
+def _holder(info: Path) -> str:
+    try:
+        data = json.loads(info.read_text(encoding="utf-8"))
+        return f"process {data['pid']} ({data['command']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+@contextmanager
+def exclusive(target: Path, what: str) -> Iterator[None]:
+    """Holds the lock of `target` (a folder, locked through `.<name>.lock` beside it) or raises UserError at once
+    naming the process that holds it. `what` names the job in that message ("a build", "a training run")."""
+    from filelock import FileLock, Timeout
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock_file = target.with_name(f".{target.name}.lock")
+    info = target.with_name(f".{target.name}.lock.json")
+    lock = FileLock(str(lock_file), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise UserError(f"{target} is in use: {what} into it is running as {_holder(info)}. Wait for it to end, "
+                        "or stop it; two at once would write the same files") from None
+    try:
+        write_json_atomic(info, {"pid": os.getpid(), "command": " ".join(sys.argv)[:200]})  # readers see it whole
+        yield
+    finally:
+        info.unlink(missing_ok=True)
+        lock.release()
