@@ -260,3 +260,41 @@ def test_a_damaged_results_file_stops_before_the_work_and_results_are_never_drop
     merge_json(results, "new", {"nll": 2.0})
     assert json.loads(results.read_text()) == {"new": {"nll": 2.0}}
     assert (results.parent / "perplexity.json.damaged").read_text() == '{"earlier": {"nll": 1.0'
+
+
+def test_the_runs_own_dataset_rebuilt_with_other_inputs_is_refused(corpus_config: Path, tokenizer_dir: Path,
+                                                                    random_model: Path, tmp_path: Path) -> None:
+    from sparknet.config import load_config
+    from sparknet.data.build import BuildSpec, build_dataset
+
+    def build(seed: int) -> dict:
+        return build_dataset(BuildSpec(config=load_config(corpus_config), tokenizer=str(tokenizer_dir),
+                                       output_dir=tmp_path / "ds", target_tokens=20_000, val_tokens=2_000,
+                                       block_size=128, seed=seed, num_workers=0, overwrite=True))
+
+    manifest = build(0)
+    run = tmp_path / "checkpoints" / "packed"
+    shutil.copytree(random_model, run)
+    (run / "training_metadata.json").write_text(json.dumps(
+        {"dataset": {"path": str(tmp_path / "ds"), "inputs": manifest["inputs"]}}))
+    args = ["--models", json.dumps([str(run)]), "--context", 32, "--eval_dir", tmp_path / "eval"]
+    assert run_script("eval_perplexity.py", *args).returncode == 0
+    build(7)  # `build_dataset_v5.py --overwrite true --seed 7` into the run's dataset folder
+    proc = run_script("eval_perplexity.py", *args)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "was rebuilt since packed was trained on it (seed: 0 -> 7)" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_token_ids_beyond_the_vocabulary_are_one_line(tiny_dataset: Path, random_model: Path,
+                                                      tmp_path: Path) -> None:
+    import numpy as np
+
+    damaged = tmp_path / "ds"
+    shutil.copytree(tiny_dataset, damaged)
+    tokens = np.memmap(damaged / "val.bin", dtype=np.uint16, mode="r+")
+    tokens[100] = 60_000  # the right size, a wrong byte
+    tokens.flush()
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", damaged,
+                      "--context", 32, "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "val.bin holds token id 60000" in proc.stderr and "outside the tokenizer's vocabulary" in proc.stderr

@@ -412,3 +412,19 @@ def test_our_code_reads_no_device_value_outside_logging_steps(tiny_dataset: Path
     sync_points = {5, 8, 10, 12}  # logging every 5 and at the last step (12), eval and save at 8
     assert set(reads) <= sync_points, {s: r for s, r in reads.items() if s not in sync_points}
     assert reads  # the counting works: logging does read the device
+
+
+def test_a_train_bin_with_ids_beyond_the_vocabulary_is_one_line(tiny_dataset: Path, tmp_path: Path) -> None:
+    import shutil
+
+    import numpy as np
+
+    from sparknet.errors import UserError
+
+    damaged = tmp_path / "ds"
+    shutil.copytree(tiny_dataset, damaged)
+    tokens = np.memmap(damaged / "train.bin", dtype=np.uint16, mode="r+")
+    tokens[-1] = 65_535  # same size: only the ids can tell
+    tokens.flush()
+    with pytest.raises(UserError, match=r"train.bin holds token id 65535 .*rebuild the dataset"):
+        packed_plan(str(damaged), None, None)

@@ -88,7 +88,7 @@ class PackedDataset:
         self.block_size = int(manifest["block_size"])
         self.dtype = np.dtype(manifest["dtype"])
         self.blocks = int(info["blocks"])
-        path = self.folder / info["file"]
+        path = self.path = self.folder / info["file"]
         expected = self.blocks * self.block_size * self.dtype.itemsize
         if not path.is_file() or path.stat().st_size != expected:
             size = path.stat().st_size if path.is_file() else "missing"
@@ -98,6 +98,19 @@ class PackedDataset:
             if self.blocks
             else np.zeros((0, self.block_size), dtype=self.dtype)
         )
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Every token id below `vocab_size`, read in chunks (about 1 s per GB from the page cache): a file of the
+        right size with other bytes in it (damage, another tokenizer's build) is one line, not an IndexError deep
+        in the embedding."""
+        flat = self.tokens.reshape(-1)
+        chunk = 1 << 26
+        for start in range(0, flat.size, chunk):
+            top = int(flat[start:start + chunk].max(initial=0))
+            if top >= vocab_size:
+                raise UserError(f"{self.path} holds token id {top} at or after position "
+                                f"{start:,}, outside the tokenizer's vocabulary of {vocab_size}: the file is damaged "
+                                "or from another build; rebuild the dataset with --overwrite true")
 
     def __len__(self) -> int:
         return self.blocks

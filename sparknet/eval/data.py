@@ -104,6 +104,26 @@ def trained_on(folder: Path | None, spec: str) -> str:
     raise UserError(f"{spec}: no DATA given and no training_metadata.json naming its data: set DATA")
 
 
+def check_unchanged(folder: Path | None, source: str) -> None:
+    """When `source` is the packed dataset the run in `folder` was trained on, it must still be that dataset: a
+    folder rebuilt since with other inputs holds another validation split (and other training data)."""
+    from sparknet.config import describe_changes
+    from sparknet.data.packed import read_manifest
+    from sparknet.runtime import project_path
+    from sparknet.train.run_folder import read_metadata
+
+    metadata = read_metadata(folder) if folder is not None else None
+    recorded = (metadata or {}).get("dataset", {})
+    if not recorded.get("path") or Path(recorded["path"]).resolve() != project_path(source).resolve():
+        return
+    manifest = read_manifest(project_path(source)) or {}
+    if recorded.get("inputs") is not None and manifest.get("inputs") != recorded["inputs"]:
+        changes = "; ".join(describe_changes(recorded["inputs"], manifest.get("inputs") or {})) or "inputs differ"
+        raise UserError(f"{source} was rebuilt since {folder.name} was trained on it ({changes}): its validation "
+                        "split is not the text the run held out. Rebuild it with the run's inputs, or pass DATA to "
+                        "score other data knowingly")
+
+
 def _is_mix_config(path: Path) -> bool:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -154,7 +174,9 @@ def _packed_documents(request: DataRequest) -> list[str]:
 
     dataset = PackedDataset(project_path(request.data), request.split)
     named = dataset.manifest["tokenizer"]
-    return _decoded(np.asarray(dataset.tokens), load_tokenizer(named["path"] if isinstance(named, dict) else named))
+    tokenizer = load_tokenizer(named["path"] if isinstance(named, dict) else named)
+    dataset.check_vocabulary(len(tokenizer))
+    return _decoded(np.asarray(dataset.tokens), tokenizer)
 
 
 def _blocks_documents(request: DataRequest) -> list[str]:

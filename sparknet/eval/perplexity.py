@@ -126,7 +126,7 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
     import logging
     import time
 
-    from sparknet.eval.data import data_kind, load_documents, trained_on
+    from sparknet.eval.data import check_unchanged, data_kind, load_documents, trained_on
     from sparknet.eval.reports import check_results, eval_dir, merge_json
 
     if not models:
@@ -135,6 +135,8 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
     runs = [ref.folder for ref in refs if ref.folder is not None]
     check_results([eval_dir(ref.name, eval_root) / "perplexity.json" for ref in refs])
     sources, line = data_for_models(refs, request.data)
+    for ref, source in zip(refs, sources, strict=True):
+        check_unchanged(ref.folder, source)
     log = logging.getLogger("sparknet.eval")
     if len(refs) > 1 or not request.data:
         log.info(line)
