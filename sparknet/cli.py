@@ -263,6 +263,16 @@ def run_script(namespace: dict[str, Any], main: Callable[[], Any], argv: list[st
         # what is left in stdout's buffer would fail again at exit: point stdout at /dev/null (Python's docs' recipe)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(1) from None
+    except Exception as exc:
+        from sparknet.runtime import disk_full
+
+        where = disk_full(exc)
+        if where is None:
+            raise
+        # the runs and builds are written to resume from their last save: nothing else to do but make room
+        print(f"error: no space left on the device writing {where}: free space, then run the same command again",
+              file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def script_constants(script: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ def export_model(spec: str, output_dir: Path, *, license: str = "apache-2.0", la
     """Writes the folder and returns the card's path. `spec`: checkpoints/RUN_NAME or a checkpoint-N inside it;
     `repo_id`: the Hub repository the card's usage example loads (default: the folder's name). The folder is
     written beside OUTPUT_DIR and put in place by renames, so an interrupted export leaves the old one whole."""
-    from sparknet.runtime import replace_folder
+    from sparknet.runtime import replace_folder, writes_to
     from sparknet.tokenizer import save as save_tokenizer
     from sparknet.train.run_folder import RUN_CONFIG
 
@@ -43,6 +43,7 @@ def export_model(spec: str, output_dir: Path, *, license: str = "apache-2.0", la
     tokenizer.pad_token = tokenizer.eos_token  # batched generation pads with <|endoftext|>, as the trainer exports
     results = eval_dir(ref.name, eval_root)
     perplexities, benchmarks = _read_json(results / "perplexity.json"), _read_json(results / BENCHMARKS)
+    writes_to(output_dir.parent)
     building = output_dir.with_name(f".{output_dir.name}.building")
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)

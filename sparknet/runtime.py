@@ -133,6 +133,51 @@ def replace_folder(new: Path, out_dir: Path) -> None:
     shutil.rmtree(old)
 
 
+LOW_SPACE = 64 * 2**20  # bytes: a disk with less free space than this is taken as full
+_OUTPUTS: list[Path] = []  # where this process writes (writes_to), the first places a full disk is looked for
+
+
+def writes_to(*folders: Path) -> None:
+    """Records folders this process writes into, so that a full disk there is named by `disk_full`."""
+    _OUTPUTS.extend(Path(f) for f in folders)
+
+
+def disk_full(exc: BaseException, folders: tuple[Path, ...] = ()) -> str | None:
+    """Where a write failed for want of space, when `exc` (or what caused it) is that; else None. Besides ENOSPC
+    itself, libraries that write through their own code report a full disk in their own words (safetensors'
+    SafetensorError, torch.save's "unexpected pos"): those count when a disk involved is nearly full (the
+    project's, the current folder's, the temp folder's, `folders`, or a path the message names)."""
+    import errno
+
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        if isinstance(current, OSError) and current.errno == errno.ENOSPC and current.filename:
+            return str(current.filename)
+        current = current.__cause__ or current.__context__
+    words = " ".join(str(e) for e in chain)
+    enospc = any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in chain)
+    library = any(type(e).__name__ == "SafetensorError" for e in chain) or "unexpected pos" in words
+    if enospc or "No space left on device" in words or library:
+        import re
+        import shutil
+        import tempfile
+
+        named = [Path(p) for p in re.findall(r"(/[^\s'\"]+)", words)]
+        for folder in (*folders, *_OUTPUTS, *named, Path.cwd(), PROJECT_ROOT, Path(tempfile.gettempdir())):
+            while not folder.exists() and folder != folder.parent:
+                folder = folder.parent
+            try:
+                if shutil.disk_usage(folder).free < LOW_SPACE:
+                    return str(folder)
+            except OSError:
+                continue
+        if not library:
+            return "a file"
+    return None
+
+
 def world_size() -> int:
     """Processes training together (torchrun/accelerate set WORLD_SIZE); 1 for a plain `python` run."""
     return int(os.environ.get("WORLD_SIZE", "1"))

@@ -43,7 +43,7 @@ from sparknet.data.reader import SourceReader
 from sparknet.data.sources import is_hub_source, resolve_revisions
 from sparknet.errors import UserError
 from sparknet.locks import exclusive
-from sparknet.runtime import replace_folder, write_json_atomic
+from sparknet.runtime import replace_folder, write_json_atomic, writes_to
 from sparknet.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
@@ -151,6 +151,7 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
     trained_for = _trained_context(spec, tok)
     dtype = token_dtype(len(tok), spec.dtype)
     inputs = _inputs(spec, tok, dtype)
+    writes_to(spec.output_dir.parent)
     with exclusive(spec.output_dir, "a dataset build"):  # a second build at once would write the same files
         existing = _check_existing(spec, inputs)
         if existing is not None:

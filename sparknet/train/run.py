@@ -28,7 +28,7 @@ from sparknet.errors import UserError
 from sparknet.eval.metrics import bytes_of_tokens, perplexity
 from sparknet.locks import exclusive
 from sparknet.model import Preset, build_model, flops_per_token, get_preset, parameter_count, peak_flops, preset_dict
-from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic
+from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic, writes_to
 from sparknet.tokenizer import portable_config
 from sparknet.train.callbacks import MetricsCallback, SamplingCallback
 from sparknet.train.data_plan import DataPlan, resolve_later
@@ -77,6 +77,7 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
     log_budget(settings, data, target, max_steps, tokens_per_step, world)
     # one training of a RUN_NAME at a time (the main process holds the lock; the others are its own ranks)
     run_dir = project_path(settings.checkpoints_dir) / settings.run_name
+    writes_to(run_dir.parent, project_path(settings.logs_dir))
     with exclusive(run_dir, "a training run") if process_rank() == 0 else nullcontext():
         run = open_run(settings.run_name, settings.checkpoints_dir, settings.logs_dir,
                        run_identity(settings, data, target, world), settings.allow_config_change, process_rank() == 0)
