@@ -428,3 +428,44 @@ def test_a_train_bin_with_ids_beyond_the_vocabulary_is_one_line(tiny_dataset: Pa
     tokens.flush()
     with pytest.raises(UserError, match=r"train.bin holds token id 65535 .*rebuild the dataset"):
         packed_plan(str(damaged), None, None)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"])
+def test_a_checkpoint_damaged_in_place_is_skipped_naming_the_file(finished, name: str, tmp_path: Path,  # noqa: ANN001
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    import shutil
+
+    result, _ = finished
+    run_dir = tmp_path / "run"
+    shutil.copytree(result.run_dir, run_dir)
+    latest = latest_complete_checkpoint(run_dir, verify=True)
+    path = latest / name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2: len(data) // 2 + 64] = bytes(64)  # zeroed in place: the same size
+    path.write_bytes(bytes(data))
+    fallback = latest_complete_checkpoint(run_dir, verify=True)
+    from sparknet.train.run_folder import checkpoint_step
+
+    assert fallback is not None and checkpoint_step(fallback) < checkpoint_step(latest)  # the one before
+    assert f"skipping {latest}: its {name} is not the file that was saved" in caplog.text
+
+
+def test_resume_skips_a_damaged_checkpoint_and_matches_the_uninterrupted_run(tiny_dataset: Path,
+                                                                             tmp_path: Path) -> None:
+    long = dict(target_tokens=60 * 4 * 128, eval_steps=10, save_steps=10, sample_steps=0, record_batches=True,
+                save_total_limit=5)
+    expected = _steps(train_packed(_settings(tmp_path / "a", **long), tiny_dataset).run_dir / "batches.jsonl")
+    args = _script_args(tmp_path / "b", tiny_dataset, **long)
+    run_dir = tmp_path / "b" / "ckpt" / "run"
+    _kill_when(run_dir / "checkpoint-30" / ".complete", _popen(args))
+    weights = run_dir / "checkpoint-30" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-4000:] = bytes(4000)  # 4 kB of weights zeroed in place (a size check cannot see it)
+    weights.write_bytes(bytes(data))
+    resumed = run_script("train_sparknet_v5.py", *args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "its model.safetensors is not the file that was saved" in resumed.stderr
+    assert f"resuming from {run_dir / 'checkpoint-20'}" in resumed.stderr
+    got = _steps(run_dir / "batches.jsonl")
+    assert all((got[s]["lr"], got[s]["blocks"], got[s]["weights"]) == (
+        expected[s]["lr"], expected[s]["blocks"], expected[s]["weights"]) for s in expected)

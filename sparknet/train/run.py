@@ -236,7 +236,7 @@ def conclude(s: TrainSettings, data: DataPlan, run: RunFolder, parts: TrainerPar
     trainer, safety = parts.trainer, parts.safety
     step = trainer.state.global_step
     if safety.diverged_at is not None:
-        good = latest_complete_checkpoint(run.run_dir)
+        good = latest_complete_checkpoint(run.run_dir, verify=True)
         return TrainResult("diverged", run.run_dir, trainer, message=(
             f"training stopped: non-finite loss or grad norm at step {safety.diverged_at}; the last good checkpoint "
             f"is {good or 'none'}. Start a new RUN_NAME with a lower LEARNING_RATE or MAX_GRAD_NORM, or set "

@@ -2,12 +2,14 @@
 `logs/<RUN_NAME>/` (TensorBoard), the guard against reusing a RUN_NAME with other settings, and the resume point.
 
 A checkpoint counts only once its completion marker is written, and the marker lists every file the checkpoint
-must hold (each rank's RNG state included), so a checkpoint that lost a file, or whose marker was written before
-another rank finished, is skipped on resume.
+must hold (each rank's RNG state included, sub-folders too) with its size and sha256, so a checkpoint that lost a
+file, whose marker was written before another rank finished, or whose bytes were damaged since, is skipped on
+resume, naming the file, and the run goes on from the checkpoint before it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -57,32 +59,76 @@ def checkpoint_step(path: Path) -> int | None:
     return int(suffix) if suffix.isdigit() else None
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _checkpoint_files(folder: Path) -> list[Path]:
+    """Every file of a checkpoint, in sub-folders too (FSDP's sharded state), the marker aside."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
+
+
 def mark_complete(folder: Path, step: int) -> None:
-    """Writes the completion marker, listing the checkpoint's files and sizes as they are now."""
-    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != COMPLETE_MARKER}
+    """Writes the completion marker: every file of the checkpoint with its size and sha256 as they are now (about
+    0.5 s per GB; bench/checkpoint_checksum.py), so that damage that keeps a file's size is found on resume."""
+    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+             for p in _checkpoint_files(folder)}
     write_json_atomic(folder / COMPLETE_MARKER, {"step": step, "files": files})
 
 
-def is_complete(folder: Path) -> bool:
-    """Whether the marker exists and every file it lists is there with its size."""
+def _marker_files(folder: Path) -> dict[str, Any] | None:
     try:
-        marker = json.loads((folder / COMPLETE_MARKER).read_text())
-        files = marker["files"]
+        files = json.loads((folder / COMPLETE_MARKER).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return all((folder / name).is_file() and (folder / name).stat().st_size == size for name, size in files.items())
+        return None
+    return files if isinstance(files, dict) else None
 
 
-def latest_complete_checkpoint(run_dir: Path) -> Path | None:
-    """The highest-step checkpoint that was fully written; half-written ones are skipped with a warning."""
+def _size(entry: Any) -> Any:
+    return entry.get("size") if isinstance(entry, dict) else entry  # markers before checksums held sizes only
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether the marker exists and every file it lists is there with its size (cheap: no reading)."""
+    files = _marker_files(folder)
+    return files is not None and all((folder / name).is_file() and (folder / name).stat().st_size == _size(entry)
+                                     for name, entry in files.items())
+
+
+def damaged_file(folder: Path) -> str | None:
+    """The first file of a complete checkpoint whose bytes are not those its marker recorded (same size, other
+    content: a bad disk, a stray write), or None when all are (markers without checksums are taken as they are)."""
+    for name, entry in (_marker_files(folder) or {}).items():
+        if isinstance(entry, dict) and entry.get("sha256"):
+            try:
+                if _sha256(folder / name) != entry["sha256"]:
+                    return name
+            except OSError:
+                return name
+    return None
+
+
+def latest_complete_checkpoint(run_dir: Path, verify: bool = False) -> Path | None:
+    """The highest-step checkpoint that was fully written; half-written ones are skipped with a warning. With
+    `verify` (the resume point), every file's checksum is checked too, and a damaged checkpoint is skipped naming
+    the file, so the run falls back to the one before."""
     found = sorted(((checkpoint_step(p), p) for p in run_dir.glob("checkpoint-*") if p.is_dir()),
                    key=lambda item: -1 if item[0] is None else item[0], reverse=True)
     for step, path in found:
         if step is None:
             continue
-        if is_complete(path):
+        if not is_complete(path):
+            log.warning("skipping %s: it was not completely written (the process died while saving)", path)
+            continue
+        damaged = damaged_file(path) if verify else None
+        if damaged is None:
             return path
-        log.warning("skipping %s: it was not completely written (the process died while saving)", path)
+        log.warning("skipping %s: its %s is not the file that was saved (checksum mismatch: damaged on disk); "
+                    "falling back to an earlier checkpoint", path, damaged)
     return None
 
 
@@ -154,7 +200,7 @@ def open_run(run_name: str, checkpoints_dir: str, logs_dir: str, identity: dict[
             log.info("run %s already finished (%s): choose a new RUN_NAME to train again", run_name,
                      run_dir / METADATA)
             return RunFolder(run_dir, log_dir, None, json.loads((run_dir / METADATA).read_text()))
-        resume = latest_complete_checkpoint(run_dir)
+        resume = latest_complete_checkpoint(run_dir, verify=True)
     elif main_process and run_dir.exists() and any(run_dir.iterdir()):  # other ranks may see it being created
         raise UserError(f"{run_dir} exists but is not a SparkNet run (no {RUN_CONFIG}): choose another RUN_NAME")
     if main_process:
