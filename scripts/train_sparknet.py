@@ -69,7 +69,8 @@ def main() -> None:
     workers = max(1, runtime.available_cores() // runtime.world_size()) if NUM_WORKERS is None else NUM_WORKERS
     spec = StreamSpec(config=config, tokenizer_dir=TOKENIZER_DIR, block_size=BLOCK_SIZE or config.context_length,
                       val_tokens=VAL_TOKENS, seed=config.seed if DATA_SEED is None else DATA_SEED,
-                      shuffle_buffer=SHUFFLE_BUFFER, on_exhausted=ON_EXHAUSTED, num_workers=workers)
+                      shuffle_buffer=SHUFFLE_BUFFER, on_exhausted=ON_EXHAUSTED, num_workers=workers,
+                      target_tokens=settings.target_tokens)
     run_dir = runtime.project_path(CHECKPOINTS_DIR) / RUN_NAME
     report_outcome(train(settings, stream_plan(spec, run_dir)), LOGS_DIR)
 

@@ -248,3 +248,31 @@ def test_training_on_a_1gb_file_starts_fast_in_bounded_memory(tokenizer_dir: Pat
     print(f"\n[streaming trainer on a large file] {json.dumps(figures)}")
     assert figures["big"]["first_step_s"] is not None and figures["big"]["first_step_s"] < 30
     assert figures["big"]["peak_rss_mb"] - figures["small"]["peak_rss_mb"] < 300
+
+
+def test_a_small_source_the_hold_out_would_use_up_is_refused_at_the_start(tokenizer_dir: Path,
+                                                                           tmp_path: Path) -> None:
+    """Two local sources asked 0.3/0.7, the 0.7 one of 325 documents: with a shuffle buffer larger than it, the
+    hold-out would leave it (almost) nothing and the run would train on the other alone behind a warning. Now an
+    error at the start names it; with a small buffer the same mix trains, and its realised mix is reported."""
+    many = [f"short document {i}: " + "plain words here " * 20 for i in range(3000)]
+    few = [f"long document {i}: " + "longer text with other words " * 60 for i in range(325)]
+    config = write_config(tmp_path / "mix.json", [
+        {"name": "json", "data_files": str(write_jsonl(tmp_path / "short.jsonl", many)), "prob": 0.3},
+        {"name": "json", "data_files": str(write_jsonl(tmp_path / "long.jsonl", few)), "prob": 0.7}])
+    settings = dict(val_tokens=40_000, target_tokens=60 * 4 * 128)
+    proc = run_script("train_sparknet.py", *_args(tmp_path / "a", config, tokenizer_dir, shuffle_buffer=1000,
+                                                  **settings))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")][0]
+    assert "source 'long' (325 rows)" in error and "SHUFFLE_BUFFER=1,000" in error, error
+    assert not (tmp_path / "a" / "ckpt" / "run" / "checkpoint-10").exists()  # refused before training
+
+    proc = run_script("train_sparknet.py", *_args(tmp_path / "b", config, tokenizer_dir, shuffle_buffer=8,
+                                                  **settings))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "training mix (this process's stream):" in proc.stderr and "(asked 70.00%)" in proc.stderr
+    meta = json.loads((tmp_path / "b" / "ckpt" / "run" / "training_metadata.json").read_text())
+    training = meta["stream"]["training"]
+    assert training["requested_shares"] == pytest.approx({"short": 0.3, "long": 0.7})
+    assert training["shares"]["long"] == pytest.approx(0.7, abs=0.05)

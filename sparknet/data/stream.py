@@ -461,6 +461,9 @@ def hold_out_validation(
         rows = pipeline.rows_used()
         stats = stream.stats()
         cut = dict(pipeline.documents_cut)
+        # a source read to its end while holding out (small, or a shuffle buffer larger than it): its size is known
+        sizes = {label: source.reader.rows if source.reader.draining or source.reader.passes else None
+                 for label, source in pipeline.sources.items()}
     finally:
         stream.close()
     if len(blocks) < wanted:
@@ -478,6 +481,7 @@ def hold_out_validation(
                 "share": stats["shares"][label],
                 "requested_share": requested[label],
                 "rows_held_out": rows[label],
+                "rows_in_source": sizes[label],  # None: not read to its end
                 "exhausted": label in stats["exhausted"],
                 "document_cap_tokens": caps[label],
                 "documents_cut": cut.get(label, 0),

@@ -116,6 +116,7 @@ class StreamSpec:
     shuffle_buffer: int
     on_exhausted: str
     num_workers: int
+    target_tokens: int | None = None  # the run's budget, for the check that each source can give its share
 
 
 def stream_plan(spec: StreamSpec, run_dir: Path) -> DataPlan:
@@ -141,6 +142,7 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> DataPlan:
         report = {**report, "rows_held_out": rows}
     if len(val_tokens) == 0:
         raise UserError("the mix gave no validation block: add data, or lower VAL_TOKENS")
+    _check_training_left(report, spec)
     stream = TokenStream(**common, on_exhausted=spec.on_exhausted, num_workers=spec.num_workers,
                          rank=process_rank(), world_size=world_size(), skip_documents=report["rows_held_out"])
 
@@ -187,6 +189,37 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> DataPlan:
     )
 
 
+def _check_training_left(report: dict[str, Any], spec: StreamSpec) -> None:
+    """Refuses, at the start, a source the validation hold-out used up or nearly so: it would give no training
+    tokens, or far less than its share, and the run would train on the other sources behind a warning. Known when
+    the hold-out read a source to its end (a small source, or a shuffle buffer larger than it): its rows left for
+    training, times its tokens per document, against its share of the budget. ON_EXHAUSTED=stop or restart says
+    the user expects a source to run dry, and then only an empty one is refused."""
+    total_prob = sum(s.prob for s in spec.config.mix)
+    budget = spec.target_tokens or spec.config.target_tokens
+    problems = []
+    for source_spec in spec.config.mix:
+        source = report.get("sources", {}).get(source_spec.label, {})
+        total = source.get("rows_in_source")
+        if total is None:
+            continue
+        left = total - source["rows_held_out"]
+        per_doc = source["tokens"] / max(source["documents"], 1)
+        share = budget * source_spec.prob / total_prob
+        if left <= 0:
+            problems.append(f"{source_spec.label!r} ({total} rows) would give no training tokens: all its rows "
+                            "held out for validation or left in the shuffle buffer")
+        elif spec.on_exhausted == "renormalise" and left * per_doc < 0.5 * share:
+            problems.append(f"{source_spec.label!r} ({total} rows) would give about {left * per_doc:,.0f} training "
+                            f"tokens after the rows held out for validation, far less than its share of "
+                            f"{share:,.0f}")
+    if problems:
+        raise UserError(f"source {'; source '.join(problems)} (VAL_TOKENS={spec.val_tokens:,}, SHUFFLE_BUFFER="
+                        f"{spec.shuffle_buffer:,}): lower SHUFFLE_BUFFER well below the source's rows (or to 0), lower "
+                        "VAL_TOKENS, give the source more data or a lower prob, or set ON_EXHAUSTED=restart to "
+                        "reuse it")
+
+
 class _Later:
     """A metadata value read when the metadata is written (the stream's realised mix at the end of training)."""
 
@@ -195,7 +228,13 @@ class _Later:
 
     def resolve(self) -> dict[str, Any]:
         stats = self.stream.stats()
-        return {k: stats[k] for k in ("shares", "tokens", "documents", "blocks", "restarts", "exhausted", "end")}
+        realised = {k: stats[k] for k in ("shares", "tokens", "documents", "blocks", "restarts", "exhausted", "end")}
+        return {**realised, "requested_shares": requested_shares(self.stream.config)}
+
+
+def requested_shares(config: MixConfig) -> dict[str, float]:
+    total = sum(s.prob for s in config.mix)
+    return {s.label: s.prob / total for s in config.mix}
 
 
 def resolve_later(data: Any) -> Any:
@@ -228,6 +267,17 @@ class StreamCallback(TrainerCallback):
                                "trained on: the checkpoint would not resume exactly")
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         write_json_atomic(folder / STREAM_STATE.format(rank=process_rank()), position)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        """The realised training mix against the one asked, as the packed build reports it (this rank's stream;
+        every rank reads its own share of each source)."""
+        if not state.is_world_process_zero:
+            return
+        stats, asked = self.stream.stats(), requested_shares(self.stream.config)
+        log.info("training mix (this process's stream):")
+        for label, share in asked.items():
+            log.info("  %-24s %14s tokens  %6.2f%% (asked %.2f%%)%s", label, f"{stats['tokens'][label]:,}",
+                     100 * stats["shares"][label], 100 * share, "  ran dry" if label in stats["exhausted"] else "")
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any) -> None:
         if not logs or "loss" not in logs or not state.is_world_process_zero:
