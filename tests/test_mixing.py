@@ -6,6 +6,8 @@ import itertools
 import random
 from pathlib import Path
 
+import pytest
+
 from sparknet.config import load_config
 from sparknet.data.mixing import Mixer, mix_texts
 from tests.conftest import write_config, write_jsonl
@@ -117,3 +119,27 @@ def test_a_validation_sized_prefix_carries_the_mix_within_two_points() -> None:
             assert abs(taken["long"] / val_tokens - 0.2) <= 0.02, (val_tokens, taken)
         else:  # too short for 20 long documents: the long source is still in it, not left out
             assert taken["long"] > 0, (val_tokens, taken)
+
+
+def test_a_huge_document_is_encoded_in_pieces_with_the_same_tokens(tokenizer_dir: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from sparknet.data import packing
+
+    tokenizer_json = (tokenizer_dir / "tokenizer.json").read_text()
+    whole = Tokenizer.from_str(tokenizer_json)
+    whole.encode_special_tokens = True
+    rng = random.Random(0)
+    words = "the quick brown fox jumps over a lazy dog, while 42 rivers (of stone) carry   light\n".split(" ")
+    huge = " ".join(rng.choice(words) for _ in range(40_000))  # ~200 kB on one line, runs of spaces and newlines
+    ordinary = ["a short document", "another one\nwith two lines"]
+    monkeypatch.setattr(packing, "PIECE_CHARS", 5_000)  # pieces of 5 kB instead of 1 MB, to test it quickly
+    encoder = packing.DocumentEncoder(tokenizer_json, eos_id=0, dtype="uint16")
+    flat, lengths = encoder([ordinary[0], huge, ordinary[1]])
+    docs = np.split(flat, np.cumsum(lengths)[:-1])
+    for doc, text in zip(docs, [ordinary[0], huge, ordinary[1]], strict=True):
+        assert doc[-1] == 0 and doc[:-1].tolist() == whole.encode(text, add_special_tokens=False).ids

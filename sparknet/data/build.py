@@ -425,9 +425,14 @@ def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, Enco
     splits = _split_report(spec, mixer, packers, writers, cut)
     exhausted = [label for label, c in mixer.counts.items() if c.exhausted]
     if writers["train"].blocks == 0:
+        read = ", ".join(f"{label} {c.documents} document(s)" + (f", {cut[label]} cut at the validation cap of "
+                                                                   f"{cost.caps[label]:,} tokens" if cut.get(label)
+                                                                   else "")
+                         for label, c in mixer.counts.items())
         raise UserError(
             f"the sources hold too few tokens for even one training block of {block} tokens after "
-            f"{writers['val'].blocks} validation blocks: add data, or lower VAL_TOKENS or BLOCK_SIZE"
+            f"{writers['val'].blocks} validation blocks (read: {read}; the rest of a validation document longer "
+            "than its cap is dropped, never trained on): add data, or lower VAL_TOKENS or BLOCK_SIZE"
         )
     short = writers["train"].blocks < want["train"] or writers["val"].blocks < want["val"]
     if exhausted:

@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 
+PIECE_CHARS = 1 << 20  # characters: longer documents are encoded in pieces of about this size
+CUT_WINDOW = 1 << 16  # characters searched after a piece's end for a space to cut at
+
 
 def token_dtype(vocab_size: int, requested: str = "auto") -> np.dtype:
     """uint16 when every id fits, else uint32; a requested dtype too small for the vocabulary is refused."""
@@ -66,15 +69,40 @@ class DocumentEncoder:
         self.dtype = np.dtype(dtype)
 
     def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        encodings = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
-        lengths = np.fromiter((len(e.ids) + 1 for e in encodings), dtype=np.int64, count=len(encodings))
+        if any(len(t) > PIECE_CHARS for t in texts):
+            ids = [self._encode_long(t) if len(t) > PIECE_CHARS else None for t in texts]
+            short = [t for t, i in zip(texts, ids, strict=True) if i is None]
+            encoded = iter(self.tokenizer.encode_batch_fast(short, add_special_tokens=False))
+            ids = [next(encoded).ids if i is None else i for i in ids]
+        else:
+            ids = [e.ids for e in self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)]
+        lengths = np.fromiter((len(i) + 1 for i in ids), dtype=np.int64, count=len(ids))
         flat = np.empty(int(lengths.sum()), dtype=self.dtype)
         ends = np.cumsum(lengths)
         starts = ends - lengths
-        for enc, start, end in zip(encodings, starts, ends, strict=True):
-            flat[start : end - 1] = enc.ids
+        for doc, start, end in zip(ids, starts, ends, strict=True):
+            flat[start : end - 1] = doc
         flat[ends - 1] = self.eos_id
         return flat, lengths
+
+    def _encode_long(self, text: str) -> np.ndarray:
+        """A document longer than PIECE_CHARS, encoded in pieces so that memory stays bounded (one 50 MB line took
+        6.5 GB encoded whole). Pieces are cut before a single space between two non-space characters, where the
+        byte-level pre-tokenizer starts a new word anyway, so the tokens equal those of the whole; a piece with no
+        such space in reach (a blob without spaces) is cut where it is, which may change the tokens at that cut."""
+        pieces, start = [], 0
+        while len(text) - start > PIECE_CHARS:
+            cut = start + PIECE_CHARS
+            window = text[cut: cut + CUT_WINDOW]
+            offset = next((i for i in range(1, len(window) - 1) if window[i] == " " and not window[i - 1].isspace()
+                           and not window[i + 1].isspace()), None)
+            cut = cut + offset if offset is not None else cut
+            pieces.append(text[start:cut])
+            start = cut
+        pieces.append(text[start:])
+        parts = [np.asarray(e.ids, dtype=np.int64) for e in self.tokenizer.encode_batch_fast(pieces,
+                                                                                              add_special_tokens=False)]
+        return np.concatenate(parts)
 
 
 @dataclass
