@@ -40,3 +40,19 @@ def test_summary_writer_file_writer_takes_a_described_summary(tmp_path) -> None:
         file_writer = writer._get_file_writer()
         assert callable(file_writer.add_summary)
         file_writer.add_summary(Summary(value=[Summary.Value(tag="t", simple_value=1.0)]), 1)
+
+
+def test_process_pool_starts_every_worker_first_when_told_it_cannot_spawn_later() -> None:
+    """sparknet.data.encoder_pool sets the executor's fork flag so that all workers start before its manager
+    thread (a later start races that thread's reading of its process table)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    executor = ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"))
+    assert executor._safe_to_dynamically_spawn_children is True  # the default for spawn: one per submit
+    executor._safe_to_dynamically_spawn_children = False
+    try:
+        assert executor.submit(abs, -3).result(timeout=60) == 3
+        assert len(executor._processes) == 2  # both started with the first task
+    finally:
+        executor.shutdown()

@@ -122,6 +122,12 @@ class EncoderPool:
         self._executor = ProcessPoolExecutor(
             workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
             initargs=(self._tokenizer_file, eos_id, np.dtype(dtype).name, os.getpid()))
+        # Every worker starts at the first submit, before the executor's manager thread does. By default (spawn)
+        # the executor starts one per submit while that thread runs, and a start can race the thread's reading of
+        # its process table: "RuntimeError: dictionary changed size during iteration" from get_n_children_alive, a
+        # traceback seen on a loaded machine. No public setting: this is the executor's own flag for fork, under
+        # which it starts them all first (tests/test_hf_private_apis.py pins it).
+        self._executor._safe_to_dynamically_spawn_children = False
         self._processes: dict[int, Any] = {}
 
     def submit(self, texts: list[str]) -> Encoding:
