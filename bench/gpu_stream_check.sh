@@ -28,7 +28,7 @@ JSON
   echo "== scripts/train_sparknet.py, sparknet-70m compiled, streamed"
   timeout 300 python3 scripts/train_sparknet.py --run_name stream-gpu --config "$work/mix.json" \
     --tokenizer_dir "$work/tok" --checkpoints_dir "$work/ckpt" --logs_dir "$work/logs" --model_preset sparknet-70m \
-    --batch_size 64 --grad_accum 1 --compile on --on_exhausted restart --shuffle_buffer 100 --val_tokens 65536 --eval_steps 1000 \
+    --batch_size 64 --global_batch_size 64 --compile on --on_exhausted restart --shuffle_buffer 100 --val_tokens 65536 --eval_steps 1000 \
     --save_steps 1000 --sample_steps 0 --logging_steps 10 2>&1 | grep -v "Writing model shards"
   python3 - "$work/logs/stream-gpu" <<'PY'
 import sys

@@ -2,7 +2,7 @@
 
 What: `sparknet-70m` (12 layers, width 512, 8 heads, context 1024, vocab 50257) trained by
 `scripts/train_sparknet_v5.py`, run as a subprocess with its own flags, eager and compiled (`--compile off/on`) at a
-few micro-batch sizes (grad_accum 1), on a synthetic packed dataset of random tokens (bench/_synthetic.py: a
+few micro-batch sizes (no accumulation), on a synthetic packed dataset of random tokens (bench/_synthetic.py: a
 50257-token byte-level BPE made without training, blocks in the packed format). Prints one table (Markdown).
 
 How: each run writes TensorBoard events into its own logs folder; two figures side by side:
@@ -41,7 +41,7 @@ DRY_RUN = False  # print the planned dataset and commands, run nothing
 MODEL_PRESET = "sparknet-70m"  # model of the GPU runs
 VOCAB_SIZE = 50257  # synthetic tokenizer's size (GPT-2's)
 RUNS = [["off", 32], ["on", 32], ["on", 64], ["off", 16]]  # [--compile, blocks per micro-step], run in this order
-STEPS = 80  # optimizer steps per run (grad_accum 1)
+STEPS = 80  # optimizer steps per run (no accumulation)
 LOGGING_STEPS = 10  # the trainer's logging interval: the first window (warm-up) is excluded
 VAL_BLOCKS = 8  # validation blocks (the trainer evaluates at start and end)
 TIME_BUDGET_S = 290.0  # skip a run whose estimated duration would end past this many seconds from the start
@@ -76,7 +76,7 @@ def trainer_command(work: Path, run_name: str, preset: str, compile_: str, batch
                     block: int) -> list[str]:
     return [sys.executable, str(ROOT / "scripts/train_sparknet_v5.py"), "--run_name", run_name, "--config", CONFIG,
             "--dataset_dir", str(work / "data"), "--model_preset", preset, "--batch_size", str(batch),
-            "--grad_accum", "1", "--target_tokens", str(steps * batch * block), "--compile", compile_,
+            "--global_batch_size", str(batch), "--target_tokens", str(steps * batch * block), "--compile", compile_,
             "--logging_steps", str(LOGGING_STEPS), "--eval_steps", str(_NEVER), "--save_steps", str(_NEVER),
             "--sample_steps", "0", "--sample_prompts", "[]", "--checkpoints_dir", str(work / "checkpoints"),
             "--logs_dir", str(work / "logs")]

@@ -35,7 +35,7 @@ RECIPES: dict = {
     "llama + muon": {"model_preset": "sparknet-llama-demo", "optimizer": "muon", "muon_learning_rate": 2e-3},
 }
 SEEDS = [0]  # seeds of the other recipes
-BASELINE = {"model_preset": "sparknet-demo", "learning_rate": 2e-3, "warmup_ratio": 0.05, "grad_accum": 1}
+BASELINE = {"model_preset": "sparknet-demo", "learning_rate": 2e-3, "warmup_ratio": 0.05}
 
 
 def run(name: str, flags: dict, seed: int, work: Path, short: bool) -> dict:
@@ -43,7 +43,8 @@ def run(name: str, flags: dict, seed: int, work: Path, short: bool) -> dict:
     run_name = f"{name.replace(' ', '_').replace('+', 'and')}-{seed}"
     values = {**BASELINE, **flags, "config": manifest["config"]["path"], "seed": seed, "run_name": run_name,
               "dataset_dir": DATASET_DIR, "target_tokens": TARGET_TOKENS // 50 if short else TARGET_TOKENS,
-              "batch_size": BATCH_SIZE, "eval_steps": EVAL_STEPS // 10 if short else EVAL_STEPS,
+              "global_batch_size": BATCH_SIZE, "batch_size": BATCH_SIZE,
+              "eval_steps": EVAL_STEPS // 10 if short else EVAL_STEPS,
               "save_steps": 10**6, "sample_steps": 0, "sample_prompts": [], "logging_steps": 10,
               "checkpoints_dir": str(work / "ckpt"), "logs_dir": str(work / "logs")}
     args = [a for k, v in values.items() for a in (f"--{k}", json.dumps(v) if isinstance(v, list) else str(v))]

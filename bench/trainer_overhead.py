@@ -93,8 +93,9 @@ def run_ours(dataset: Path, preset: str, batch: int, out: Path) -> StepClock:
     try:
         settings = TrainSettings.from_constants(
             script_constants("train_sparknet_v5.py"), run_name="overhead", model_preset=preset, target_tokens=None,
-            batch_size=batch, grad_accum=1, eval_steps=10**6, save_steps=10**6, sample_steps=0, sample_prompts=[],
-            logging_steps=LOGGING_STEPS, checkpoints_dir=str(out / "ckpt"), logs_dir=str(out / "logs"))
+            batch_size=batch, global_batch_size=batch, eval_steps=10**6, save_steps=10**6, sample_steps=0,
+            sample_prompts=[], logging_steps=LOGGING_STEPS, checkpoints_dir=str(out / "ckpt"),
+            logs_dir=str(out / "logs"))
         settings.target_tokens = STEPS * batch * get_context(preset)
         training.train(settings, packed_plan(str(dataset), None, None))
     finally:

@@ -50,7 +50,7 @@ def main() -> None:
         remove_previous_run(RUN_NAME)
     chain.step("training", "train_sparknet_v5.py", "--run_name", RUN_NAME, "--config", CONFIG,
                "--dataset_dir", DATASET_DIR, "--model_preset", MODEL_PRESET, "--target_tokens", TRAIN_TOKENS,
-               "--batch_size", BATCH_SIZE, "--grad_accum", 1, "--learning_rate", LEARNING_RATE,
+               "--global_batch_size", BATCH_SIZE, "--batch_size", BATCH_SIZE, "--learning_rate", LEARNING_RATE,
                "--optimizer", OPTIMIZER, "--muon_learning_rate", MUON_LEARNING_RATE,
                "--warmup_ratio", 0.05, "--eval_steps", EVAL_STEPS, "--save_steps", SAVE_STEPS, "--sample_steps", 100,
                # prompts without a trailing space: a lone space is a token the model never sees before a word

@@ -15,12 +15,12 @@ BLOCK_SIZE: int | None = None  # tokens per training block (None: the config's c
 VAL_TOKENS = 1_000_000  # validation tokens held out from the start of the mix (rounded up to whole blocks)
 SHUFFLE_BUFFER = 10_000  # documents shuffled per source through a buffer (0: keep each source's order)
 ON_EXHAUSTED = "renormalise"  # a source runs dry: renormalise (the others fill in, a warning), stop, or restart it
-NUM_WORKERS: int | None = None  # tokenizer processes per training process (None: the cores shared among processes)
+NUM_WORKERS: int | None = None  # tokenizer processes per training process (None: the cores / processes on this node)
 DATA_SEED: int | None = None  # seed of the per-source shuffle (None: the config's seed)
 MODEL_PRESET = "sparknet-70m"  # sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each
 TARGET_TOKENS: int | None = None  # training tokens (None: the config's target_tokens)
-BATCH_SIZE = 32  # blocks per device per micro-step
-GRAD_ACCUM = 4  # micro-steps per optimizer step
+GLOBAL_BATCH_SIZE = 128  # blocks per optimizer step over all devices: the same steps on any number of GPUs
+BATCH_SIZE = 32  # blocks per device per micro-step, at most: sizes memory (accumulation makes up the rest)
 LEARNING_RATE = 1e-3  # peak learning rate (AdamW's; with OPTIMIZER=muon, that of embeddings, norms and biases)
 OPTIMIZER = "adamw"  # adamw, or muon: Muon for the hidden weight matrices, AdamW for the rest
 MUON_LEARNING_RATE = 1e-3  # Muon's peak learning rate (its update scaled to AdamW's size), when OPTIMIZER=muon
@@ -66,7 +66,7 @@ def main() -> None:
     settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
     if settings.target_tokens is None:
         settings.target_tokens = config.target_tokens
-    workers = max(1, runtime.available_cores() // runtime.world_size()) if NUM_WORKERS is None else NUM_WORKERS
+    workers = max(1, runtime.available_cores() // runtime.local_world_size()) if NUM_WORKERS is None else NUM_WORKERS
     spec = StreamSpec(config=config, tokenizer_dir=TOKENIZER_DIR, block_size=BLOCK_SIZE or config.context_length,
                       val_tokens=VAL_TOKENS, seed=config.seed if DATA_SEED is None else DATA_SEED,
                       shuffle_buffer=SHUFFLE_BUFFER, on_exhausted=ON_EXHAUSTED, num_workers=workers,

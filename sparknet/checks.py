@@ -80,7 +80,7 @@ RULES: dict[str, Rule] = {
     "MODEL_PRESET": choice(*PRESETS),
     "TARGET_TOKENS": integer(1, expected="a positive number of tokens", none=True),
     "BATCH_SIZE": POSITIVE,
-    "GRAD_ACCUM": POSITIVE,
+    "GLOBAL_BATCH_SIZE": POSITIVE,
     "LEARNING_RATE": LR,
     "OPTIMIZER": choice("adamw", "muon"),
     "MUON_LEARNING_RATE": LR,

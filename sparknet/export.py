@@ -144,7 +144,7 @@ def _training_section(metadata: dict[str, Any], settings: dict[str, Any], metric
                  f"{info.get('requested_share', 0):.2%}"] for source, info in mix.items()]
         out += [markdown_table(["source", "tokens", "documents", "share", "requested"], rows)]
     out += [f"Mix config: `{metadata.get('config', {}).get('path', '-')}`.", "", "## Training", ""]
-    keys = ["target_tokens", "batch_size", "grad_accum", "optimizer", "learning_rate", "muon_learning_rate",
+    keys = ["target_tokens", "global_batch_size", "batch_size", "optimizer", "learning_rate", "muon_learning_rate",
             "min_lr_ratio", "warmup_ratio", "weight_decay", "adam_betas", "max_grad_norm", "dropout", "seed"]
     # as written in the settings (0.002, not 0.0020): str() keeps the table from reformatting them
     rows = [[key, json.dumps(settings[key]) if isinstance(settings[key], list) else str(settings[key])]

@@ -183,6 +183,12 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def local_world_size() -> int:
+    """Processes training together on this machine (torchrun/accelerate set LOCAL_WORLD_SIZE): what shares its
+    cores. 1 for a plain `python` run."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 def process_rank() -> int:
     """This process's global rank (0 for a plain run): rank 0 alone writes the run's shared files."""
     return int(os.environ.get("RANK", "0"))

@@ -39,8 +39,8 @@ def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
 def runs(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """An uninterrupted 2-process run, and one stopped by SIGINT to torchrun then resumed."""
     tmp = tmp_path_factory.mktemp("ddp")
-    settings = dict(target_tokens=STEPS * 2 * 4 * 128, eval_steps=40, save_steps=40, sample_steps=0,
-                    logging_steps=1000, record_batches=True)
+    settings = dict(target_tokens=STEPS * 2 * 4 * 128, global_batch_size=8, eval_steps=40, save_steps=40,
+                    sample_steps=0, logging_steps=1000, record_batches=True)
     reference = _torchrun(_script_args(tmp / "a", tiny_dataset, **settings))
     out = _finish(reference)
     assert reference.returncode == 0, out[-3000:]
@@ -136,8 +136,8 @@ def test_accelerate_launch_trains_both_trainers_data_parallel(trainer: str, tiny
 
     from tests.test_stream_training import _args
 
-    settings = dict(target_tokens=20 * 2 * 4 * 128, eval_steps=10, save_steps=10, sample_steps=0,
-                    logging_steps=5, record_batches=True)
+    settings = dict(target_tokens=20 * 2 * 4 * 128, global_batch_size=8, eval_steps=10, save_steps=10,
+                    sample_steps=0, logging_steps=5, record_batches=True)
     if trainer == "train_sparknet.py":
         args = _args(tmp_path, corpus_config, tokenizer_dir, **settings)
     else:

@@ -56,3 +56,14 @@ def test_process_pool_starts_every_worker_first_when_told_it_cannot_spawn_later(
         assert len(executor._processes) == 2  # both started with the first task
     finally:
         executor.shutdown()
+
+
+def test_trainer_takes_its_training_sampler_from_get_train_sampler() -> None:
+    """sparknet.train.hf_trainer overrides Trainer._get_train_sampler(train_dataset) to draw whole global batches
+    (sparknet.train.batch.GlobalBatchSampler); the Trainer must still build its training loader through it."""
+    import inspect
+
+    from transformers import Trainer
+
+    assert "train_dataset" in inspect.signature(Trainer._get_train_sampler).parameters
+    assert "_get_train_sampler" in inspect.getsource(Trainer.get_train_dataloader)

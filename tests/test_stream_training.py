@@ -37,6 +37,11 @@ def _start(args: list[str], processes: int = 1, own_group: bool = False) -> subp
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=own_group)
 
 
+def _files(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `folder` with its size and modification time."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
 def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
     out, _ = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, out[-3000:]
@@ -94,8 +99,8 @@ def test_two_processes_train_one_model_on_disjoint_documents_and_resume_exactly(
                                                                                 tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    settings = dict(target_tokens=60 * 2 * 4 * 128, eval_steps=10, save_steps=10, logging_steps=1000,
-                    record_batches=True, num_workers=1)
+    settings = dict(target_tokens=60 * 2 * 4 * 128, global_batch_size=8, eval_steps=10, save_steps=10,
+                    logging_steps=1000, record_batches=True, num_workers=1)
     _finish(_start(_args(tmp_path / "a", corpus_config, tokenizer_dir, **settings), processes=2))
     args = _args(tmp_path / "b", corpus_config, tokenizer_dir, **settings)
     run_dir = tmp_path / "b" / "ckpt" / "run"
@@ -106,6 +111,15 @@ def test_two_processes_train_one_model_on_disjoint_documents_and_resume_exactly(
     assert "checkpoint saved in" in out, out[-3000:]
     stopped = latest_complete_checkpoint(run_dir)
     assert stopped is not None and int(stopped.name.split("-")[1]) < 60
+    # on one process the per-process stream positions cannot continue: refused in one line, even with the flag,
+    # and the refused attempt changes nothing on disk, so the original command still resumes
+    folders = (run_dir, tmp_path / "b" / "logs" / "run")
+    before = [_files(folder) for folder in folders]
+    refused = subprocess.run([sys.executable, "scripts/train_sparknet.py", *args, "--allow_config_change", "true"],
+                             env={**os.environ, **OFFLINE_ENV}, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "stream processes 2 -> 1" in refused.stderr and "--nproc_per_node" in refused.stderr, refused.stderr
+    assert [_files(folder) for folder in folders] == before
     out = _finish(_start(args, processes=2))
     assert f"resuming from {stopped}" in out
 

@@ -15,14 +15,15 @@ import pytest
 import torch
 
 from sparknet.cli import script_constants
+from sparknet.train.batch import budget
 from sparknet.train.data_plan import packed_plan
-from sparknet.train.run import TrainResult, budget, train
+from sparknet.train.run import TrainResult, train
 from sparknet.train.run_folder import latest_complete_checkpoint
 from sparknet.train.settings import TrainSettings
 from tests.conftest import OFFLINE_ENV, run_script
 
 # 40 steps of 4 blocks of 128 tokens: a few seconds with the tiny preset.
-FAST = dict(model_preset="sparknet-tiny", target_tokens=40 * 4 * 128, batch_size=4, grad_accum=1,
+FAST = dict(model_preset="sparknet-tiny", target_tokens=40 * 4 * 128, global_batch_size=4, batch_size=4,
             learning_rate=3e-3, eval_steps=4, save_steps=8, sample_steps=8, logging_steps=2,
             sample_prompts=["def ", "The "], sample_max_new_tokens=8, seed=0)
 
@@ -59,9 +60,9 @@ def _events(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_budget_arithmetic() -> None:
-    assert budget(1_000_000_000, 1024, 32, 4, 1) == (7630, 131072)  # ceil(1e9 / 131072) = ceil(7629.39)
-    assert budget(1_000_000_000, 1024, 32, 4, 8) == (954, 1048576)
-    assert budget(131072, 1024, 32, 4, 1) == (1, 131072)
+    assert budget(1_000_000_000, 1024, 128) == (7630, 131072)  # ceil(1e9 / 131072) = ceil(7629.39)
+    assert budget(1_000_000_000, 1024, 1024) == (954, 1048576)
+    assert budget(131072, 1024, 128) == (1, 131072)
 
 
 @pytest.fixture(scope="module")
@@ -407,7 +408,7 @@ def test_our_code_reads_no_device_value_outside_logging_steps(tiny_dataset: Path
         return parts
 
     monkeypatch.setattr(training, "build_trainer", with_step_numbers)
-    train_packed(_settings(tmp_path, target_tokens=24 * 4 * 128, grad_accum=2, logging_steps=5, eval_steps=8,
+    train_packed(_settings(tmp_path, target_tokens=24 * 4 * 128, global_batch_size=8, logging_steps=5, eval_steps=8,
                            save_steps=8, sample_steps=0), tiny_dataset)
     sync_points = {5, 8, 10, 12}  # logging every 5 and at the last step (12), eval and save at 8
     assert set(reads) <= sync_points, {s: r for s, r in reads.items() if s not in sync_points}

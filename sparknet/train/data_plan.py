@@ -36,6 +36,8 @@ class DataPlan:
     identity: dict[str, Any]  # what about the data makes a run this run (compared on resume)
     metadata: dict[str, Any]  # what training_metadata.json records about the data
     train_blocks: int | None = None  # for the passes-over-the-data line; None for a stream
+    # identity that cannot change even with ALLOW_CONFIG_CHANGE, with why: {key: (value, reason and fix)}
+    fixed_identity: dict[str, tuple[Any, str]] = field(default_factory=dict)
     # TrainerCallbacks the data needs (e.g. saving its position), given the TensorBoard writer
     callbacks: Callable[[Any], list[Any]] = lambda _writer: []
     trainer_overrides: dict[str, Any] = field(default_factory=dict)  # TrainingArguments the data needs
@@ -143,6 +145,7 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> DataPlan:
     if len(val_tokens) == 0:
         raise UserError("the mix gave no validation block: add data, or lower VAL_TOKENS")
     _check_training_left(report, spec)
+    log.info("stream: %d encoding process(es) for this training process", spec.num_workers)
     stream = TokenStream(**common, on_exhausted=spec.on_exhausted, num_workers=spec.num_workers,
                          rank=process_rank(), world_size=world_size(), skip_documents=report["rows_held_out"])
 
@@ -170,8 +173,13 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> DataPlan:
         "on_exhausted": spec.on_exhausted,
         "val_tokens": spec.val_tokens,
     }
+    world = world_size()
     return DataPlan(
         train=stream,
+        fixed_identity={"stream_processes": (world, (
+            "the stream's position is kept per process, each reading its own documents, so it resumes only on the "
+            "same number of processes: run with that many (torchrun --nproc_per_node N), or start a new RUN_NAME "
+            "(the packed trainer, train_sparknet_v5.py, resumes on any number)"))},
         val=BlockDataset(val_tokens),
         val_tokens=np.asarray(val_tokens),
         block_size=spec.block_size,

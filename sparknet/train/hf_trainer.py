@@ -11,24 +11,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from sparknet.train.batch import BatchPlan, GlobalBatchSampler
 from sparknet.train.settings import TrainSettings
 
 log = logging.getLogger("sparknet.train")
 
 
-def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: int, device: dict[str, Any],
-                       fresh: bool) -> TrainingArguments:
-    """The Trainer's arguments: cosine-with-floor LR, AdamW (fused on CUDA), bf16/TF32 where the GPU has them,
-    periodic eval and save, the best checkpoint (eval loss) kept and reloaded at the end."""
+def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: int, batch: BatchPlan,
+                       device: dict[str, Any], fresh: bool) -> TrainingArguments:
+    """The Trainer's arguments: the global batch as micro-batches and accumulation on this many devices,
+    cosine-with-floor LR, AdamW (fused on CUDA), bf16/TF32 where the GPU has them, periodic eval and save, the best
+    checkpoint (eval loss) kept and reloaded at the end."""
     cuda = device["kind"] == "cuda"
     return TrainingArguments(
         output_dir=str(output_dir),
         max_steps=max_steps,
-        per_device_train_batch_size=settings.batch_size,
-        per_device_eval_batch_size=settings.batch_size,
-        gradient_accumulation_steps=settings.grad_accum,
+        per_device_train_batch_size=batch.micro,
+        per_device_eval_batch_size=batch.micro,
+        gradient_accumulation_steps=batch.accum,
         learning_rate=settings.learning_rate,
         **lr_schedule(settings, max_steps),
         # not a mix-up: transformers 5 reads a float in [0, 1) as a fraction of the steps (`warmup_ratio` is gone);
@@ -103,8 +105,11 @@ class SparkTrainer(Trainer):
     of the weights it starts from."""
 
     def __init__(self, *args: Any, nonfinite: str = "stop", batch_log: Path | None = None,
-                 muon_lr: float | None = None, **kwargs: Any) -> None:
+                 muon_lr: float | None = None, global_batch: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.global_batch = global_batch  # set: a packed dataset is drawn in whole global batches (GlobalBatchSampler)
+        self.train_sampler: GlobalBatchSampler | None = None
+        self.add_callback(_SamplerEpoch(self))
         self.muon_lr = muon_lr  # set: Muon for the hidden matrices, AdamW for the rest (sparknet.train.optim)
         self.nonfinite = nonfinite
         self.grad_norms: list[tuple[int, Any]] = []
@@ -152,12 +157,20 @@ class SparkTrainer(Trainer):
     # Private Trainer methods overridden or called below, each because no public hook gives the same: the input
     # copy to the device (_prepare_input), the per-step pre-clip grad norm as a device tensor (_get_grad_norm: the
     # `on_pre_optimizer_step` callback sees no norm), the best model's reload at a finished run's last step
-    # (_load_best_model, _load_from_checkpoint). tests/test_hf_private_apis.py fails when transformers changes them.
+    # (_load_best_model, _load_from_checkpoint), the training sampler (_get_train_sampler: the one hook for it).
+    # tests/test_hf_private_apis.py fails when transformers changes them.
     def _prepare_input(self, data: Any) -> Any:
         # the stream's batches (not moved by accelerate): pinned, so copied without waiting, as above
         if isinstance(data, torch.Tensor) and data.device.type == "cpu" and self.args.device.type == "cuda":
             return data.to(self.args.device, non_blocking=data.is_pinned())
         return super()._prepare_input(data)
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        if self.global_batch is None or isinstance(dataset, torch.utils.data.IterableDataset):
+            return super()._get_train_sampler(train_dataset)
+        self.train_sampler = GlobalBatchSampler(len(dataset), self.global_batch, self.args.data_seed)
+        return self.train_sampler
 
     def restore_finished(self, checkpoint: Path) -> None:
         """Loads a checkpoint taken at the run's last step as train() would have left it: its state, and the best
@@ -198,3 +211,17 @@ class SparkTrainer(Trainer):
                 f.write(json.dumps(record) + "\n")
             self._step_blocks = []
         return norm
+
+
+class _SamplerEpoch(TrainerCallback):
+    """Tells the packed sampler its epoch at each epoch's start, from the step count. The Trainer's own set_epoch
+    does not reach a sampler under the batch-skipping wrapper of a resumed multi-process run, which would then
+    replay epoch 0's order in a later epoch."""
+
+    def __init__(self, trainer: SparkTrainer) -> None:
+        self.trainer = trainer
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        sampler = self.trainer.train_sampler
+        if sampler is not None:
+            sampler.set_epoch(state.global_step // (len(sampler) // sampler.global_batch))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import signal
 import subprocess
 import time
@@ -30,6 +29,7 @@ from sparknet.locks import exclusive
 from sparknet.model import Preset, build_model, flops_per_token, get_preset, parameter_count, peak_flops, preset_dict
 from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic, writes_to
 from sparknet.tokenizer import portable_config
+from sparknet.train.batch import BatchPlan, TokenCount, budget, plan_batch
 from sparknet.train.callbacks import MetricsCallback, SamplingCallback
 from sparknet.train.data_plan import DataPlan, resolve_later
 from sparknet.train.hf_trainer import SparkTrainer, compiles, training_arguments
@@ -56,40 +56,39 @@ class TrainResult:
     message: str = ""
 
 
-def budget(target_tokens: int, block: int, batch: int, accum: int, world: int) -> tuple[int, int]:
-    """(optimizer steps, tokens per step) for a token budget: steps = ceil(target / tokens per step)."""
-    per_step = block * batch * accum * world
-    return math.ceil(target_tokens / per_step), per_step
-
-
 def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
     """Trains on `data`: fresh, resumed, already finished, or refused on a settings conflict."""
     started = time.time()
     check_settings(settings)
     preset = model_preset(settings, data)
-    world = world_size()
+    batch = plan_batch(settings.global_batch_size, settings.batch_size, world_size())
     target = settings.target_tokens if settings.target_tokens is not None else data.target_tokens
-    max_steps, tokens_per_step = budget(target, data.block_size, settings.batch_size, settings.grad_accum, world)
+    max_steps, tokens_per_step = budget(target, data.block_size, batch.global_batch)
     if target < tokens_per_step:  # one step would train on more than asked, all of it inside the warmup
         raise UserError(f"TARGET_TOKENS={target:,} is less than one optimizer step of {tokens_per_step:,} tokens "
-                        f"({settings.batch_size} blocks x {data.block_size} tokens x {settings.grad_accum} accum x "
-                        f"{world} device(s)): raise TARGET_TOKENS or lower BATCH_SIZE or GRAD_ACCUM")
-    log_budget(settings, data, target, max_steps, tokens_per_step, world)
+                        f"(GLOBAL_BATCH_SIZE={batch.global_batch} blocks x {data.block_size} tokens): raise "
+                        "TARGET_TOKENS or lower GLOBAL_BATCH_SIZE")
+    if data.train_blocks is not None and data.train_blocks < batch.global_batch:
+        raise UserError(f"the dataset has {data.train_blocks} training blocks, fewer than one global batch "
+                        f"(GLOBAL_BATCH_SIZE={batch.global_batch}): lower GLOBAL_BATCH_SIZE, or build the dataset "
+                        "with more tokens")
+    log_budget(data, target, max_steps, tokens_per_step, batch)
     # one training of a RUN_NAME at a time (the main process holds the lock; the others are its own ranks)
     run_dir = project_path(settings.checkpoints_dir) / settings.run_name
     writes_to(run_dir.parent, project_path(settings.logs_dir))
     with exclusive(run_dir, "a training run") if process_rank() == 0 else nullcontext():
         run = open_run(settings.run_name, settings.checkpoints_dir, settings.logs_dir,
-                       run_identity(settings, data, target, world), settings.allow_config_change, process_rank() == 0)
+                       run_identity(settings, data, target), settings.allow_config_change, process_rank() == 0,
+                       fixed=data.fixed_identity)
         if run.finished_metadata is not None:
             return TrainResult("already_finished", run.run_dir, metadata=run.finished_metadata)
         data.prepare_run(run.run_dir, run.resume)
-        parts = build_trainer(settings, data, run, preset, max_steps, tokens_per_step)
+        parts = build_trainer(settings, data, run, preset, max_steps, batch, tokens_per_step)
         with parts.writer, closing(data):
             runtime_seconds = train_steps(run, parts, max_steps)
             try:
                 with signals_interrupt():
-                    return conclude(settings, data, run, parts, tokens_per_step, started, runtime_seconds)
+                    return conclude(settings, data, run, parts, started, runtime_seconds)
             except Interrupted as stop:  # the training is done and saved; only the final eval and export are lost
                 return TrainResult("interrupted", run.run_dir, parts.trainer, signal=stop.signum, message=(
                     f"stopped by {signal.Signals(stop.signum).name} while writing the final model: the training "
@@ -102,6 +101,9 @@ def train_steps(run: RunFolder, parts: TrainerParts, max_steps: int) -> float:
     if run.resume_step >= max_steps:  # died after the last save, before the export: nothing left to train
         log.info("%s is the run's last step: going straight to the final eval and export", run.resume)
         parts.trainer.restore_finished(run.resume)
+        state = parts.trainer.state
+        if not state.num_input_tokens_seen:  # a checkpoint from before the count (sparknet.train.batch.TokenCount)
+            state.num_input_tokens_seen = state.global_step * parts.metrics.tokens_per_step
         return 0.0
     if run.resume:
         log.info("resuming from %s", run.resume)
@@ -141,18 +143,22 @@ def model_preset(settings: TrainSettings, data: DataPlan) -> Preset:
     return preset
 
 
-def log_budget(s: TrainSettings, data: DataPlan, target: int, max_steps: int, per_step: int, world: int) -> None:
-    passes = (f"; {max_steps * s.batch_size * s.grad_accum * world / max(data.train_blocks, 1):.2f} passes over "
-              "the data" if data.train_blocks is not None else "")
-    log.info("budget: %s tokens = %s steps x %s tokens (%d blocks x %d tokens x %d accum x %d device(s))%s",
-             f"{target:,}", f"{max_steps:,}", f"{per_step:,}", s.batch_size, data.block_size, s.grad_accum, world,
-             passes)
+def log_budget(data: DataPlan, target: int, max_steps: int, per_step: int, batch: BatchPlan) -> None:
+    if batch.note:
+        log.info("%s", batch.note)
+    passes = (f"; {max_steps * batch.global_batch / max(data.train_blocks, 1):.2f} passes over the data"
+              if data.train_blocks is not None else "")
+    log.info("budget: %s tokens = %s steps x %s tokens (global batch %d blocks of %d tokens = micro-batch %d x "
+             "accum %d x %d device(s))%s", f"{target:,}", f"{max_steps:,}", f"{per_step:,}", batch.global_batch,
+             data.block_size, batch.micro, batch.accum, batch.devices, passes)
 
 
-def run_identity(s: TrainSettings, data: DataPlan, target: int, world: int) -> dict[str, Any]:
-    """What makes a run this run: settings that change the model, the data order or the optimisation."""
+def run_identity(s: TrainSettings, data: DataPlan, target: int) -> dict[str, Any]:
+    """What makes a run this run: settings that change the model, the data order or the optimisation. Not the
+    device count: the global batch is the recipe, the same on any count (a stream's per-rank position is the data
+    plan's `fixed_identity`)."""
     identity = s.identity()
-    identity.update({**data.identity, "target_tokens": target, "world_size": world})
+    identity.update({**data.identity, "target_tokens": target})
     return identity
 
 
@@ -180,7 +186,7 @@ class NullWriter:
 
 
 def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Preset, max_steps: int,
-                  tokens_per_step: int) -> TrainerParts:
+                  batch: BatchPlan, tokens_per_step: int) -> TrainerParts:
     """The model, the Trainer and the callbacks that show and guard the run."""
     from torch.utils.tensorboard import SummaryWriter
 
@@ -189,7 +195,7 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     tokenizer = data.tokenizer
     torch.manual_seed(s.seed)
     model = build_model(preset, len(tokenizer), tokenizer.eos_token_id, tokenizer.bos_token_id, s.dropout)
-    args = training_arguments(s, output_dir=run.run_dir, max_steps=max_steps, device=device,
+    args = training_arguments(s, output_dir=run.run_dir, max_steps=max_steps, batch=batch, device=device,
                               fresh=run.resume is None)
     for key, value in data.trainer_overrides.items():
         setattr(args, key, value)
@@ -201,7 +207,8 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     trainer = SparkTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.val,
                            processing_class=tokenizer, data_collator=default_data_collator, nonfinite=s.nonfinite,
                            batch_log=batch_log if s.record_batches else None,
-                           muon_lr=s.muon_learning_rate if s.optimizer == "muon" else None)
+                           muon_lr=s.muon_learning_rate if s.optimizer == "muon" else None,
+                           global_batch=batch.global_batch)
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
     bf16 = bool(device["bf16"])
@@ -220,7 +227,8 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     sampler = SamplingCallback(tokenizer, list(s.sample_prompts), s.sample_steps, run.run_dir, writer, metrics,
                                s.sample_max_new_tokens, s.sample_temperature, s.sample_top_k, s.sample_seed)
     safety = SafetyCallback(trainer)
-    for callback in (metrics, sampler, *data.callbacks(writer), safety):  # safety last: it marks checkpoints complete
+    # safety last: it marks checkpoints complete
+    for callback in (TokenCount(tokens_per_step), metrics, sampler, *data.callbacks(writer), safety):
         trainer.add_callback(callback)
     n_params = parameter_count(preset, len(tokenizer))
     log.info("model %s: %s parameters, vocab %d, context %d; device %s (%s)%s", s.model_preset, f"{n_params:,}",
@@ -230,8 +238,8 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     return TrainerParts(trainer, writer, metrics, safety, n_params, device)
 
 
-def conclude(s: TrainSettings, data: DataPlan, run: RunFolder, parts: TrainerParts, tokens_per_step: int,
-             started: float, runtime_seconds: float) -> TrainResult:
+def conclude(s: TrainSettings, data: DataPlan, run: RunFolder, parts: TrainerParts, started: float,
+             runtime_seconds: float) -> TrainResult:
     """The outcome: diverged or interrupted (nothing exported), or finished (final eval, export, metadata)."""
     trainer, safety = parts.trainer, parts.safety
     step = trainer.state.global_step
@@ -247,7 +255,7 @@ def conclude(s: TrainSettings, data: DataPlan, run: RunFolder, parts: TrainerPar
             "to resume"))
     final_eval = trainer.evaluate()["eval_loss"]
     export(trainer, data.tokenizer, run.run_dir)
-    metadata = run_metadata(s, data, run, parts, tokens_per_step, final_eval)
+    metadata = run_metadata(s, data, run, parts, final_eval)
     metadata.update(wall_seconds=round(time.time() - started, 1), train_runtime_seconds=round(runtime_seconds, 1))
     if process_rank() == 0:
         write_json_atomic(run.run_dir / METADATA, metadata)
@@ -265,7 +273,7 @@ def export(trainer: SparkTrainer, tokenizer: Any, out_dir: Path) -> None:
         portable_config(out_dir)
 
 
-def run_metadata(s: TrainSettings, data: DataPlan, run: RunFolder, parts: TrainerParts, tokens_per_step: int,
+def run_metadata(s: TrainSettings, data: DataPlan, run: RunFolder, parts: TrainerParts,
                  final_eval: float) -> dict[str, Any]:
     trainer, metrics = parts.trainer, parts.metrics
     tokenizer = data.tokenizer
@@ -280,7 +288,7 @@ def run_metadata(s: TrainSettings, data: DataPlan, run: RunFolder, parts: Traine
                       "eos_token_id": tokenizer.eos_token_id},
         "model": {**preset_dict(s.model_preset), "vocab_size": len(tokenizer), "parameters": parts.n_params},
         "steps": step,
-        "tokens_seen": step * tokens_per_step,
+        "tokens_seen": trainer.state.num_input_tokens_seen,  # counted step by step (TokenCount), resumes included
         "world_size": world_size(),
         "metrics": {
             "train_loss": metrics.last_train.get("loss", train_losses[-1] if train_losses else None),

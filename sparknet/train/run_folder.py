@@ -174,10 +174,27 @@ def _read_state(path: Path) -> dict[str, Any]:
     return data
 
 
+def _migrated(previous: dict[str, Any]) -> dict[str, Any]:
+    """A run identity written before the global batch was the recipe (BATCH_SIZE x GRAD_ACCUM x devices), in
+    today's terms, so that such a run resumes unchanged."""
+    if "grad_accum" not in previous or "global_batch_size" in previous:
+        return previous
+    previous = dict(previous)
+    world = previous.pop("world_size", 1)
+    previous["global_batch_size"] = previous.pop("batch_size") * previous.pop("grad_accum") * world
+    if previous.get("data") == "stream":
+        previous["stream_processes"] = world
+    return previous
+
+
 def open_run(run_name: str, checkpoints_dir: str, logs_dir: str, identity: dict[str, Any],
-             allow_config_change: bool, main_process: bool) -> RunFolder:
+             allow_config_change: bool, main_process: bool,
+             fixed: dict[str, tuple[Any, str]] | None = None) -> RunFolder:
     """Opens (or creates) the run's folders: refuses a RUN_NAME used with other settings, finds the resume point,
-    and on a fresh start clears the logs of an attempt that never saved a checkpoint."""
+    and on a fresh start clears the logs of an attempt that never saved a checkpoint. `fixed` holds identity that
+    no ALLOW_CONFIG_CHANGE may change ({key: (value, why and the fix)}). A refused attempt writes nothing."""
+    fixed = fixed or {}
+    identity = {**identity, **{key: value for key, (value, _why) in fixed.items()}}
     run_dir = project_path(checkpoints_dir) / run_name
     log_dir = project_path(logs_dir) / run_name
     resume = None
@@ -187,7 +204,10 @@ def open_run(run_name: str, checkpoints_dir: str, logs_dir: str, identity: dict[
         if main_process:
             start.unlink()
     if (run_dir / RUN_CONFIG).is_file():
-        previous = _read_state(run_dir / RUN_CONFIG)
+        previous = _migrated(_read_state(run_dir / RUN_CONFIG))
+        for key, (value, why) in fixed.items():
+            if key in previous and previous[key] != value:
+                raise UserError(f"run {run_name}: {key.replace('_', ' ')} {previous[key]} -> {value}: {why}")
         changes = describe_changes(previous, identity, upper=True)
         if changes and not allow_config_change:
             raise UserError(f"run {run_name} exists with other settings ({'; '.join(changes)}). Choose a new "

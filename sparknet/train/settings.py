@@ -32,8 +32,9 @@ class TrainSettings:
     run_name: str = setting("run folder name under checkpoints/ and logs/", identity=False)
     model_preset: str = setting("model preset (sparknet.model.PRESETS)")
     target_tokens: int | None = setting("training tokens (None: the data's own budget, the config's target_tokens)")
-    batch_size: int = setting("blocks per device per micro-step")
-    grad_accum: int = setting("micro-steps per optimizer step")
+    global_batch_size: int = setting("blocks per optimizer step over all devices (the recipe: the same on any count)")
+    # the micro-batch sizes memory only: the accumulation makes up the global batch, so it may change between attempts
+    batch_size: int = setting("blocks per device per micro-step, at most (sizes memory)", identity=False)
     learning_rate: float = setting("peak learning rate (AdamW's; with Muon, that of embeddings, norms and biases)")
     optimizer: str = setting("adamw, or muon (Muon for the hidden matrices, AdamW for the rest)")
     muon_learning_rate: float = setting("Muon's peak learning rate (its update scaled to AdamW's size)")

@@ -1,0 +1,224 @@
+"""The global batch is the recipe: the same command on 1 or 2 processes (torchrun, CPU/gloo) trains the same
+optimizer steps on the same blocks with the same LR, and a packed run stopped by SIGINT resumes exactly on another
+process count, 2 -> 1 and 1 -> 2, across an epoch boundary. Checked against the per-step log of blocks and LR
+(RECORD_BATCHES) and the saved weights, not against the run's own report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparknet.train.run_folder import latest_complete_checkpoint
+from tests.conftest import OFFLINE_ENV
+from tests.test_training import _script_args, _steps, _wait_for
+
+STEPS = 120  # 8 blocks of 128 tokens per step; the tiny dataset's 781 blocks make 97 steps an epoch
+GLOBAL = 8
+SETTINGS = dict(target_tokens=STEPS * GLOBAL * 128, global_batch_size=GLOBAL, batch_size=4, eval_steps=20,
+                save_steps=20, sample_steps=0, logging_steps=1000, record_batches=True)
+
+
+def _start(args: list[object], processes: int) -> subprocess.Popen:
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+                if processes > 1 else [sys.executable])
+    return subprocess.Popen([*launcher, "scripts/train_sparknet_v5.py", *map(str, args)],
+                            env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 400) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def _stop_after(run_dir: Path, step: int, args: list[object], processes: int) -> Path:
+    """Starts the run, sends SIGINT once checkpoint-`step` is complete, returns the checkpoint it saved."""
+    proc = _start(args, processes)
+    _wait_for(run_dir / f"checkpoint-{step}" / ".complete", proc, timeout=300)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    # torchrun itself ends with its SignalException (exit 1) once its workers have saved and stopped
+    assert proc.returncode == (128 + signal.SIGINT if processes == 1 else 1), out[-3000:]
+    assert "checkpoint saved in" in out, out[-3000:]
+    saved = latest_complete_checkpoint(run_dir)
+    assert saved is not None and step <= int(saved.name.split("-")[1]) < STEPS
+    return saved
+
+
+def _step_blocks(run_dir: Path) -> dict[int, tuple[list[str], float]]:
+    """Each optimizer step's blocks over all ranks (as a sorted list) and its LR."""
+    out: dict[int, tuple[list[str], float]] = {}
+    for log in sorted(run_dir.glob("batches*.jsonl")):
+        for step, record in _steps(log).items():
+            blocks, lr = out.get(step, ([], record["lr"]))
+            assert lr == record["lr"], (log, step)
+            out[step] = (sorted(blocks + record["blocks"]), lr)
+    return out
+
+
+def _weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def _apart(a: dict, b: dict) -> float:
+    """|a - b| / |b| over all parameters. Not bit for bit: the reductions differ between process counts (equal
+    weights after step 1, about 1e-6 apart after step 2), and 120 AdamW steps grow that to about 1e-3; other blocks
+    or another LR in a single step would put them far further apart."""
+    import torch
+
+    diff = torch.sqrt(sum(((a[k] - b[k]) ** 2).sum() for k in b))
+    return float(diff / torch.sqrt(sum((b[k] ** 2).sum() for k in b)))
+
+
+def _eval_loss(run_dir: Path) -> float:
+    return json.loads((run_dir / "training_metadata.json").read_text())["metrics"]["eval_loss"]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("count")
+    out: dict[str, Path] = {}
+    for name, processes in (("one", 1), ("two", 2)):
+        log = _finish(_start(_script_args(tmp / name, tiny_dataset, **SETTINGS), processes))
+        assert (f"global batch {GLOBAL} blocks of 128 tokens = micro-batch 4 x accum {2 // processes} x "
+                f"{processes} device(s)") in log, log[-3000:]
+        out[name] = tmp / name / "ckpt" / "run"
+    # 2 -> 1: stopped in the first epoch, resumed on one process
+    args = _script_args(tmp / "2to1", tiny_dataset, **SETTINGS)
+    out["2to1_stop"] = _stop_after(tmp / "2to1" / "ckpt" / "run", 40, args, 2)
+    log = _finish(_start(args, 1))
+    assert f"resuming from {out['2to1_stop']}" in log and "changed settings" not in log, log[-3000:]
+    # 1 -> 2: stopped after the epoch boundary (step 97), resumed on two processes
+    args = _script_args(tmp / "1to2", tiny_dataset, **SETTINGS)
+    out["1to2_stop"] = _stop_after(tmp / "1to2" / "ckpt" / "run", 100, args, 1)
+    _finish(_start(args, 2))
+    out.update({"2to1": tmp / "2to1" / "ckpt" / "run", "1to2": tmp / "1to2" / "ckpt" / "run"})
+    return out
+
+
+def test_one_and_two_processes_train_the_same_blocks_with_the_same_lr(runs: dict[str, Path]) -> None:
+    one, two = _step_blocks(runs["one"]), _step_blocks(runs["two"])
+    assert sorted(one) == sorted(two) == list(range(1, STEPS + 1))
+    assert one == two
+    epoch = [b for s in range(1, 98) for b in one[s][0]]
+    assert len(epoch) == len(set(epoch)) == 97 * GLOBAL  # an epoch: whole global batches of distinct blocks
+    assert set(one[98][0]) != set(one[1][0])  # the next epoch is another permutation
+    assert _apart(_weights(runs["two"] / f"checkpoint-{STEPS}"), _weights(runs["one"] / f"checkpoint-{STEPS}")) < 1e-2
+    assert abs(_eval_loss(runs["two"]) - _eval_loss(runs["one"])) < 1e-3
+    for name in ("one", "two"):
+        meta = json.loads((runs[name] / "training_metadata.json").read_text())
+        assert meta["steps"] == STEPS and meta["tokens_seen"] == STEPS * GLOBAL * 128
+
+
+@pytest.mark.parametrize("name", ["2to1", "1to2"])
+def test_a_run_resumed_on_another_process_count_continues_exactly(runs: dict[str, Path], name: str) -> None:
+    reference = _step_blocks(runs["one"])
+    resumed = _step_blocks(runs[name])
+    assert sorted(resumed) == list(range(1, STEPS + 1))
+    assert resumed == reference  # before and after the stop: the same blocks in every step, the same LR
+    final = _weights(runs[name] / f"checkpoint-{STEPS}")
+    assert _apart(final, _weights(runs["one"] / f"checkpoint-{STEPS}")) < 1e-2
+    assert abs(_eval_loss(runs[name]) - _eval_loss(runs["one"])) < 1e-3
+    meta = json.loads((runs[name] / "training_metadata.json").read_text())
+    assert meta["steps"] == STEPS and meta["tokens_seen"] == STEPS * GLOBAL * 128
+    assert meta["world_size"] == (1 if name == "2to1" else 2)
+
+
+def test_allow_config_change_keeps_tokens_seen_true(tiny_dataset: Path, tmp_path: Path) -> None:
+    """A run killed at step 8 of 4-block steps, continued with GLOBAL_BATCH_SIZE=8 under ALLOW_CONFIG_CHANGE:
+    tokens_seen is what the steps trained (counted from the per-step block log), not steps x today's step size."""
+    from tests.test_training import _kill_when, _popen, _settings, train_packed
+
+    settings = dict(target_tokens=40 * 4 * 128, global_batch_size=4, eval_steps=4, save_steps=8, sample_steps=0,
+                    record_batches=True)
+    run_dir = tmp_path / "ckpt" / "run"
+    _kill_when(run_dir / "checkpoint-8" / ".complete", _popen(_script_args(tmp_path, tiny_dataset, **settings)))
+    result = train_packed(_settings(tmp_path, **{**settings, "global_batch_size": 8, "allow_config_change": True}),
+                          tiny_dataset)
+    assert result.status == "finished"
+    steps = _steps(run_dir / "batches.jsonl")
+    assert sorted(steps) == list(range(1, 21)) and len(steps[8]["blocks"]) == 4 and len(steps[9]["blocks"]) == 8
+    trained = sum(len(record["blocks"]) for record in steps.values()) * 128
+    assert result.metadata["tokens_seen"] == trained == (8 * 4 + 12 * 8) * 128
+
+
+def test_a_global_batch_that_does_not_split_is_one_line(tiny_dataset: Path, tmp_path: Path) -> None:
+    from sparknet.errors import UserError
+    from sparknet.train.batch import plan_batch
+
+    proc = subprocess.run([sys.executable, "scripts/train_sparknet_v5.py",
+                           *map(str, _script_args(tmp_path, tiny_dataset, global_batch_size=8, batch_size=3))],
+                          env={**os.environ, **OFFLINE_ENV}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "BATCH_SIZE=3 does not divide a device's share of the global batch" in proc.stderr
+    assert "e.g. 2" in proc.stderr and not (tmp_path / "ckpt" / "run").exists()
+    with pytest.raises(UserError, match="do not split evenly over 3 devices: use a multiple of 3 \\(e.g. 126 or 129"):
+        plan_batch(128, 32, 3)
+    # a micro-batch larger than a device's share: the share, said so
+    plan = plan_batch(128, 32, 8)
+    assert (plan.micro, plan.accum) == (16, 1) and "micro-batches of 16" in plan.note
+    assert [(p.micro, p.accum) for p in (plan_batch(128, 32, d) for d in (1, 2, 4))] == [(32, 4), (32, 2), (32, 1)]
+
+
+def test_a_run_from_before_the_global_batch_resumes_unchanged(tmp_path: Path) -> None:
+    """run_config.json written when the recipe was BATCH_SIZE x GRAD_ACCUM x devices is read in today's terms."""
+    from sparknet.train.run_folder import RUN_CONFIG, open_run
+
+    run_dir = tmp_path / "ckpt" / "run"
+    run_dir.mkdir(parents=True)
+    old = {"model_preset": "sparknet-tiny", "batch_size": 4, "grad_accum": 2, "world_size": 2, "data": "stream"}
+    (run_dir / RUN_CONFIG).write_text(json.dumps(old))
+    today = {"model_preset": "sparknet-tiny", "global_batch_size": 16, "data": "stream"}
+    why = "resumes only on the same number of processes"
+    run = open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), today, False, True,
+                   fixed={"stream_processes": (2, why)})
+    assert run.resume is None and json.loads((run_dir / RUN_CONFIG).read_text())["global_batch_size"] == 16
+    (run_dir / RUN_CONFIG).write_text(json.dumps(old))
+    from sparknet.errors import UserError
+
+    with pytest.raises(UserError, match=f"stream processes 2 -> 1: {why}"):
+        open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), today, True, True,
+                 fixed={"stream_processes": (1, why)})
+    assert json.loads((run_dir / RUN_CONFIG).read_text()) == old  # the refused attempt wrote nothing
+
+
+def test_two_launchers_over_loopback_train_data_parallel_with_a_nodes_cores_each(corpus_config: Path,
+                                                                                 tokenizer_dir: Path,
+                                                                                 tmp_path: Path) -> None:
+    """Two torchrun launchers of one process each, rendezvous on 127.0.0.1 (a stand-in for two nodes): one model
+    trained data-parallel by the streaming trainer, and each process encodes on all of its node's cores (cores /
+    LOCAL_WORLD_SIZE), not on cores / WORLD_SIZE."""
+    import socket
+
+    from sparknet.runtime import available_cores
+    from tests.test_stream_training import _args
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = _args(tmp_path, corpus_config, tokenizer_dir, target_tokens=10 * 8 * 128, global_batch_size=8,
+                 eval_steps=5, save_steps=5, logging_steps=5, record_batches=True)
+    at = args.index("--num_workers")
+    del args[at:at + 2]  # the default: the node's cores over its processes
+    launchers = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
+         "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+         "scripts/train_sparknet.py", *args], env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    logs = [_finish(proc, timeout=300) for proc in launchers]
+    # (the main process logs; the other node's, started the same way, counts the same)
+    assert f"stream: {available_cores()} encoding process(es) for this training process" in logs[0], logs[0][-3000:]
+    run_dir = tmp_path / "ckpt" / "run"
+    rank0, rank1 = _steps(run_dir / "batches.jsonl"), _steps(run_dir / "batches.rank1.jsonl")
+    assert sorted(rank0) == sorted(rank1) == list(range(1, 11))
+    assert all(rank0[s]["data_parallel"] and rank0[s]["weights"] == rank1[s]["weights"] for s in rank0)
+    assert not {b for r in rank0.values() for b in r["blocks"]} & {b for r in rank1.values() for b in r["blocks"]}
