@@ -196,6 +196,43 @@ def test_ranks_get_disjoint_documents_and_each_carries_the_mix(data: Path, token
         assert abs(_shares(_documents(blocks, tokenizer))["long"] - 0.3) <= 0.015
 
 
+def test_ranks_read_whole_shards_where_the_files_divide_and_resume_exactly(tmp_path: Path, tokenizer) -> None:
+    """Each source split into 4 files: 2 ranks read 2 whole files each (every row read once over both), disjoint
+    documents that carry the mix, the same validation rows held out as on one process, and a position saved
+    mid-file that resumes with the very next block."""
+    long, short = _texts("L", 200, (180, 320), seed=2), _texts("s", 4000, (1, 3), seed=1)
+    mix = []
+    for name, texts, prob in (("long", long, 0.3), ("short", short, 0.7)):
+        quarter = len(texts) // 4
+        files = [str(write_jsonl(tmp_path / f"{name}-{k}.jsonl", texts[k * quarter:(k + 1) * quarter]))
+                 for k in range(4)]
+        mix.append({"name": "json", "prob": prob, "data_files": files})
+    config = load_config(write_config(tmp_path / "mix.json", mix, context_length=BLOCK))
+    long_label, short_label = (spec.label for spec in config.mix)
+    held = {long_label: 70, short_label: 1100}  # into the 2nd file of each source (50 and 1000 rows a file)
+    streams = [_stream(config, tokenizer, rank=r, world_size=2, skip_documents=held) for r in range(2)]
+    per_rank = [_take(stream) for stream in streams]
+    ids = [set(_ids(blocks, tokenizer)) for blocks in per_rank]
+    assert not ids[0] & ids[1]
+    expected = {t.split(" ", 1)[0] for t in long[70:] + short[1100:]}
+    assert ids[0] | ids[1] <= expected and len(expected - (ids[0] | ids[1])) <= 4  # all but the last cut pieces
+    readers = [stream._pipeline.sources for stream in streams]
+    for label, rows in ((long_label, 200), (short_label, 4000)):
+        assert all(r[label].reader.split == "shards" for r in readers)
+        # each row read once over both ranks, the wholly held-out first file not at all
+        assert sum(r[label].reader.rows for r in readers) == rows - rows // 4
+    for blocks in per_rank:
+        assert abs(_shares(_documents(blocks[: len(blocks) // 2], tokenizer))["long"] - 0.3) <= 0.03
+
+    stream = _stream(config, tokenizer, rank=1, world_size=2, skip_documents=held)
+    first = _take(stream, 37)
+    resumed = _stream(config, tokenizer, rank=1, world_size=2, skip_documents=held)
+    resumed.load_state_dict(_round_trip(stream.state_dict()))
+    assert np.array_equal(np.concatenate([first, _take(resumed)]), per_rank[1])
+    for s in (*streams, stream, resumed):
+        s.close()
+
+
 def test_dry_source_renormalise_warns_once_then_the_stream_ends(data, tokenizer, tmp_path: Path, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="sparknet"):
         stream = _stream(_config(data, tmp_path, long="few"), tokenizer)

@@ -1,9 +1,12 @@
 """One source read for one rank, with an exact position that can be saved and restored.
 
 The rows of a source, in its order across its files, go through these steps:
-1. the first `skip` rows are dropped (documents held out for validation, never trained on);
-2. of the rest, row i goes to rank `i % world_size` (every rank reads all rows and keeps its own, so ranks are
-   disjoint whatever the number of shards, and the hold-out is the same prefix on every rank);
+1. the first `skip` rows are dropped (documents held out for validation, never trained on): the same rows on any
+   number of ranks;
+2. the rest is split among the ranks. Where the source's shards (its files) divide among them, rank r reads whole
+   shards r, r + world_size, ... (as `datasets.distributed.split_dataset_by_node` assigns them) and nothing else,
+   so each row is read once over all ranks. Otherwise row i goes to rank `i % world_size`: every rank reads every
+   row and keeps its own, world_size times the reading and parsing, with a warning saying so;
 3. rows without text are dropped;
 4. optionally, a seeded shuffle buffer of `shuffle_buffer` documents.
 With `restart`, a source that runs dry is read again from its start (after the hold-out), as a new pass.
@@ -63,8 +66,15 @@ class SourceReader:
         self.draining = bool(state.get("draining", False))  # the source is dry: only the buffer is left
         if state.get("rng") is not None:
             self.rng.bit_generator.state = state["rng"]
-        self._dataset_state: dict[str, Any] | None = state.get("dataset")  # None: the start of the pass
-        self._rows: Any = None  # the pass's open `datasets` stream, once it has given a row
+        self._dataset_state: dict[str, Any] | None = state.get("dataset")  # None: the start of the pass (or shard)
+        self._rows: Any = None  # the pass's (or shard's) open `datasets` stream, once it has given a row
+        # how the rows are split among ranks: "shards", "every_nth", or None (decided when the source is opened)
+        self.split: str | None = state.get("split", "every_nth" if state else None)
+        self.shard = int(state.get("shard", 0))  # shard mode: this rank's shards done in this pass
+        self.shard_rows = int(state.get("shard_rows", 0))  # shard mode: rows read of the current shard
+        # shard mode: (first shard not wholly held out, its rows held out), found once by counting the hold-out
+        self.held_out: list[int] | None = state.get("held_out")
+        self.rows_counting = 0  # rows read (by this object) to find where the hold-out ends
 
     def state(self) -> dict[str, Any]:
         """The position as plain data (JSON- and torch.save-able); its size is bounded by the buffer's texts."""
@@ -76,6 +86,10 @@ class SourceReader:
             "buffer": list(self.buffer),
             "rng": self.rng.bit_generator.state if self.buffer_size else None,
             "draining": self.draining,
+            "split": self.split,
+            "shard": self.shard,
+            "shard_rows": self.shard_rows,
+            "held_out": self.held_out,
         }
 
     def __iter__(self) -> Iterator[tuple[str, int]]:
@@ -114,18 +128,78 @@ class SourceReader:
                 )
             self.passes += 1
             self.rows, self.documents, self._dataset_state = 0, 0, None
+            self.shard, self.shard_rows = 0, 0
             log.info("source %r ran dry: restarting it from its start (pass %d)", self.spec.label, self.passes + 1)
 
     def _one_pass(self) -> Iterator[str]:
         rows = open_source(self.spec)
+        if self.split is None:
+            self.split = self._choose_split(rows)
+        if self.split == "shards":
+            yield from self._own_shards(rows)
+            return
         if self._dataset_state is not None:
             rows.load_state_dict(self._dataset_state)
+        yield from self._texts_of(rows, lambda index: index >= self.skip and (index - self.skip) % self.world_size
+                                  == self.rank)
+        self._dataset_state = rows.state_dict() if self._rows is not None else self._dataset_state
+        self._rows = None
+
+    def _choose_split(self, rows: Any) -> str:
+        shards = getattr(rows, "num_shards", 1)
+        if self.world_size == 1 or (shards >= self.world_size and shards % self.world_size == 0):
+            return "shards" if self.world_size > 1 else "every_nth"
+        if self.rank == 0:
+            log.warning("source %r has %d shard(s), not a multiple of the %d processes: every process reads all its "
+                        "rows and keeps 1 in %d (%dx the reading and parsing); split it into a multiple of %d files "
+                        "for each process to read only its own", self.spec.label, shards, self.world_size,
+                        self.world_size, self.world_size, self.world_size)
+        return "every_nth"
+
+    def _own_shards(self, rows: Any) -> Iterator[str]:
+        """This rank's whole shards after the hold-out, in order, from the saved shard and position in it."""
+        shards = rows.num_shards
+        if self.held_out is None:
+            self.held_out = list(self._held_out_shards(rows))
+        first, held_in_first = self.held_out
+        mine = [s for s in range(self.rank, shards, self.world_size) if s >= first]
+        while self.shard < len(mine):
+            index = mine[self.shard]
+            shard = rows.shard(num_shards=shards, index=index)
+            if self._dataset_state is not None:
+                shard.load_state_dict(self._dataset_state)
+            held = held_in_first if index == first else 0
+            yield from self._texts_of(shard, lambda _row, held=held: self._next_shard_row() > held)
+            self.shard, self.shard_rows, self._dataset_state, self._rows = self.shard + 1, 0, None, None
+
+    def _next_shard_row(self) -> int:
+        self.shard_rows += 1
+        return self.shard_rows
+
+    def _held_out_shards(self, rows: Any) -> tuple[int, int]:
+        """(the first shard not wholly held out, rows held out at its start): the hold-out is the first `skip` rows
+        in the source's order, so counting them shard by shard (reading `skip` rows) finds where it ends."""
+        left = self.skip
+        for index in range(rows.num_shards):
+            if left == 0:
+                return index, 0
+            read = 0  # up to one row past the hold-out: a shard that ends with it is wholly held out
+            for _row in read_rows(rows.shard(num_shards=rows.num_shards, index=index), self.spec):
+                read += 1
+                self.rows_counting += 1
+                if read > left:
+                    return index, left
+            left -= read
+        return rows.num_shards, 0
+
+    def _texts_of(self, rows: Any, keep: Any) -> Iterator[str]:
+        """The non-empty texts of the rows `keep(index in the pass)` accepts; `self.rows` counts every row read."""
         field, warned = None, False
         for row in read_rows(rows, self.spec):
             self._rows = rows
             index = self.rows
             self.rows += 1
-            if index < self.skip or (index - self.skip) % self.world_size != self.rank:
+            if not keep(index):
                 continue
             if field is None:
                 field = pick_text_field(row, self.spec, declared_columns(rows))
@@ -136,8 +210,6 @@ class SourceReader:
             elif not warned:
                 warn_no_text(self.spec, field, index)
                 warned = True
-        self._dataset_state = rows.state_dict() if self._rows is not None else self._dataset_state
-        self._rows = None
 
 
 def _stable_hash(text: str) -> int:

@@ -2,8 +2,9 @@
 fixed blocks on the fly, with an exact position that a checkpoint saves and a resumed run restores.
 
 Per rank, every source goes reader -> encoder -> mixer -> packer:
-- `SourceReader` (data/reader.py): the held-out validation rows skipped, every `world_size`-th row kept for this
-  rank, optionally a seeded shuffle buffer, optionally restarted when dry;
+- `SourceReader` (data/reader.py): the held-out validation rows skipped, this rank's whole shards (or, where the
+  shards do not divide among the ranks, every `world_size`-th row), optionally a seeded shuffle buffer, optionally
+  restarted when dry;
 - `EncodedDocuments` (data/prefetch.py): bounded batches encoded ahead on `num_workers` spawned processes (or in
   this process), as the packed build does;
 - `Mixer` with token cost (data/mixing.py): the next document from the source furthest behind its token share, so
