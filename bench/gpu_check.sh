@@ -11,7 +11,9 @@
 # Installs the wheels into /tmp/site, prints the GPU and the library versions, runs the benchmark (hard limit
 # BENCH_TIMEOUT_S, default 420 s; the benchmark keeps itself under 5 minutes), then (OVERHEAD=1, the default)
 # bench/trainer_overhead.py with one round of the 70M preset (hard limit OVERHEAD_TIMEOUT_S, default 240 s),
-# everything also into $OUT/gpu_throughput.log. Takes about 9 minutes in all; OVERHEAD=0 leaves the second out.
+# then (FSDP=1, the default) bench/gpu_fsdp_check.py: a one-process FSDP run's sharded save, resume and full-weights
+# export for both tiny presets (hard limit FSDP_TIMEOUT_S, default 300 s); everything also into
+# $OUT/gpu_throughput.log. Takes about 10 minutes in all; OVERHEAD=0 / FSDP=0 leave those out.
 # Without CUDA (a check of this script) both benchmarks run their CPU modes.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check-out}
@@ -74,6 +76,14 @@ EOF
     overhead_rc=$?
     echo "== trainer_overhead.py exit status $overhead_rc after $(($(date +%s) - start)) s"
     [ $rc = 0 ] && rc=$overhead_rc
+  fi
+  if [ "${FSDP:-1}" = 1 ]; then
+    echo "== bench/gpu_fsdp_check.py"
+    start=$(date +%s)
+    timeout -s TERM "${FSDP_TIMEOUT_S:-300}" python3 bench/gpu_fsdp_check.py
+    fsdp_rc=$?
+    echo "== gpu_fsdp_check.py exit status $fsdp_rc after $(($(date +%s) - start)) s"
+    [ $rc = 0 ] && rc=$fsdp_rc
   fi
   exit $rc
 } 2>&1 | tee "$OUT/gpu_throughput.log"

@@ -7,12 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from sparknet.errors import UserError
 from sparknet.train.batch import BatchPlan, GlobalBatchSampler
 from sparknet.train.settings import TrainSettings
 
@@ -73,6 +75,26 @@ def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: 
         use_cpu=device["kind"] == "cpu",
         ddp_find_unused_parameters=False,  # every parameter gets a gradient: skip DDP's extra graph traversal
     )
+
+
+def fsdp_launched() -> bool:
+    """Whether `accelerate launch` was given an FSDP config (distributed_type FSDP: configs/accelerate_fsdp.yaml)."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+
+
+def check_launch(settings: TrainSettings, device: dict[str, Any]) -> None:
+    """Refuses, before anything is written, a launch that would not run as asked: FSDP off CUDA (accelerate then
+    runs plain data parallelism without a word), or Muon under FSDP (its update orthogonalises whole matrices, and
+    FSDP gives each process a shard of each)."""
+    if not fsdp_launched():
+        return
+    if device["kind"] != "cuda":
+        raise UserError(f"an FSDP launch (accelerate config distributed_type: FSDP) on a machine without CUDA GPUs "
+                        f"({device['name']}): accelerate would run plain data parallelism instead. Launch with "
+                        "`torchrun --nproc_per_node N` or `accelerate launch --multi_gpu --num_processes N` here")
+    if settings.optimizer == "muon":
+        raise UserError("OPTIMIZER=muon under FSDP: Muon orthogonalises each whole weight matrix, and FSDP gives each "
+                        "process a shard of it. Use OPTIMIZER=adamw with FSDP, or Muon with DDP (torchrun)")
 
 
 def lr_schedule(settings: TrainSettings, max_steps: int) -> dict[str, Any]:

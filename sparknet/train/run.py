@@ -32,7 +32,7 @@ from sparknet.tokenizer import portable_config
 from sparknet.train.batch import BatchPlan, TokenCount, budget, plan_batch
 from sparknet.train.callbacks import MetricsCallback, SamplingCallback
 from sparknet.train.data_plan import DataPlan, resolve_later
-from sparknet.train.hf_trainer import SparkTrainer, compiles, training_arguments
+from sparknet.train.hf_trainer import SparkTrainer, check_launch, compiles, training_arguments
 from sparknet.train.run_folder import EVAL_START, METADATA, RunFolder, latest_complete_checkpoint, open_run
 from sparknet.train.safety import Interrupted, SafetyCallback, signals_interrupt, stop_on_signals
 from sparknet.train.settings import TrainSettings, check_settings
@@ -60,6 +60,7 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
     """Trains on `data`: fresh, resumed, already finished, or refused on a settings conflict."""
     started = time.time()
     check_settings(settings)
+    check_launch(settings, device_info())
     preset = model_preset(settings, data)
     batch = plan_batch(settings.global_batch_size, settings.batch_size, world_size())
     target = settings.target_tokens if settings.target_tokens is not None else data.target_tokens
@@ -268,6 +269,11 @@ def export(trainer: SparkTrainer, tokenizer: Any, out_dir: Path) -> None:
     tokenizer.pad_token = tokenizer.eos_token
     trainer.model.config.pad_token_id = tokenizer.eos_token_id
     trainer.model.generation_config.pad_token_id = tokenizer.eos_token_id
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    if trainer.is_fsdp_enabled and plugin is not None and "FULL_STATE_DICT" not in str(plugin.state_dict_type):
+        # checkpoints stay sharded (fast to save and resume), but a SHARDED_STATE_DICT save_model writes no weights
+        # (transformers issue 30491): the export gathers the full weights for from_pretrained
+        plugin.set_state_dict_type("FULL_STATE_DICT")
     trainer.save_model(str(out_dir))
     if process_rank() == 0 and (out_dir / "tokenizer_config.json").is_file():
         portable_config(out_dir)
