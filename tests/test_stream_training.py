@@ -94,15 +94,30 @@ def test_interrupted_twice_then_resumed_equals_an_uninterrupted_run(corpus_confi
     assert meta["stream"]["validation"]["blocks"] == 16
 
 
+def _split_in_two_files(config: Path, folder: Path) -> Path:
+    """The mix with each source's file cut into two: shards that divide among two processes."""
+    mix = []
+    for entry in json.loads(config.read_text())["mix"]:
+        lines = Path(entry["data_files"]).read_text(encoding="utf-8").splitlines(keepends=True)
+        halves = [folder / f"{Path(entry['data_files']).stem}-{k}.jsonl" for k in range(2)]
+        for k, half in enumerate(halves):
+            half.write_text("".join(lines[k * len(lines) // 2:(k + 1) * len(lines) // 2]), encoding="utf-8")
+        mix.append({**entry, "data_files": [str(h) for h in halves]})
+    return write_config(folder / "mix.json", mix, context_length=128)
+
+
 def test_two_processes_train_one_model_on_disjoint_documents_and_resume_exactly(corpus_config: Path,
                                                                                 tokenizer_dir: Path,
                                                                                 tmp_path: Path) -> None:
+    """Each source in two files: each process reads one file of each, every row once (no 1-in-N warning)."""
     from transformers import AutoModelForCausalLM
 
+    config = _split_in_two_files(corpus_config, tmp_path)
     settings = dict(target_tokens=60 * 2 * 4 * 128, global_batch_size=8, eval_steps=10, save_steps=10,
                     logging_steps=1000, record_batches=True, num_workers=1)
-    _finish(_start(_args(tmp_path / "a", corpus_config, tokenizer_dir, **settings), processes=2))
-    args = _args(tmp_path / "b", corpus_config, tokenizer_dir, **settings)
+    out = _finish(_start(_args(tmp_path / "a", config, tokenizer_dir, **settings), processes=2))
+    assert "not a multiple of the 2 processes" not in out
+    args = _args(tmp_path / "b", config, tokenizer_dir, **settings)
     run_dir = tmp_path / "b" / "ckpt" / "run"
     proc = _start(args, processes=2)
     _wait_for(run_dir / "checkpoint-10" / ".complete", proc)
