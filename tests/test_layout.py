@@ -1,5 +1,6 @@
 """The package's shape: no import circle between SparkNet's modules (type-only imports and imports inside
-functions included), and every training setting declared once with its doc, identity flag and rule."""
+functions included), no module over 400 lines, and every training setting declared once with its doc, identity
+flag and rule."""
 
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.Import):
             out |= {alias.name for alias in node.names if alias.name.startswith("sparknet")}
     return {name for name in out if name in modules}
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > 400}
+    assert not long, f"split these modules by what they hold: {long}"
 
 
 def test_no_import_circle() -> None:

@@ -24,7 +24,8 @@ import pytest
 import torch
 
 from sparknet.config import MixConfig, load_config
-from sparknet.data.stream import TokenStream, hold_out_validation
+from sparknet.data.holdout import hold_out_validation
+from sparknet.data.stream import TokenStream
 from sparknet.errors import UserError
 from sparknet.runtime import PROJECT_ROOT
 from tests.conftest import OFFLINE_ENV, write_config, write_jsonl

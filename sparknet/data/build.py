@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from sparknet.config import MixConfig, describe_changes, local_files_fingerprint
+from sparknet.config import MixConfig
+from sparknet.data.build_manifest import description, split_report
 from sparknet.data.build_state import STATE, load_state, restore_packers, save_state
 from sparknet.data.encoder_pool import EncoderPool
 from sparknet.data.mixing import Mixer
@@ -42,6 +43,7 @@ from sparknet.data.prefetch import Done, EncodedDocuments
 from sparknet.data.reader import SourceReader
 from sparknet.data.sources import is_hub_source, resolve_revisions
 from sparknet.errors import UserError
+from sparknet.identity import describe_changes, local_files_fingerprint
 from sparknet.locks import exclusive
 from sparknet.runtime import replace_folder, write_json_atomic, writes_to
 from sparknet.tokenizer import tokenizer_fingerprint
@@ -162,7 +164,7 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
         # read at the commit recorded in the manifest (a resumed build at its first run's), even if a branch moves
         commits = state["commits"] if state is not None else resolve_revisions(spec.config)
         manifest = _build(spec, tok, dtype, tmp, {"inputs": inputs, "commits": commits}, state)
-        manifest.update(_description(spec, tok, dtype, inputs, commits, trained_for))
+        manifest.update(description(spec, tok, dtype, inputs, commits, trained_for))
         manifest["build_seconds"] = round(time.time() - started, 2)
         write_json_atomic(tmp / MANIFEST, manifest)
         damage = _damage(tmp, manifest)  # what is published is what the manifest says, byte for byte in size
@@ -278,30 +280,6 @@ def _build(spec: BuildSpec, tok: Any, dtype: np.dtype, tmp: Path, saved: dict[st
     return manifest
 
 
-def _description(spec: BuildSpec, tok: Any, dtype: np.dtype, inputs: dict[str, Any], commits: dict[str, str | None],
-                 trained_for: int | None) -> dict[str, Any]:
-    """The manifest's account of what was built from what (beside the splits)."""
-    config = spec.config
-    return {
-        "format_version": FORMAT_VERSION,
-        "inputs": inputs,
-        "tokenizer": {
-            "path": spec.tokenizer,
-            "sha256": inputs["tokenizer_sha256"],
-            "vocab_size": len(tok),
-            "eos_token_id": int(tok.eos_token_id),
-            "eos_token": tok.eos_token,
-            "model_max_length": trained_for,
-        },
-        "config": {"path": config.path, **config.to_dict()},
-        "source_revisions": {s.label: {"revision": s.revision, "commit": commits.get(s.label)}
-                             for s in config.mix if s.name != "json"},
-        "seed": spec.seed,
-        "block_size": spec.block_size,
-        "dtype": dtype.name,
-    }
-
-
 class _ValCost:
     """The mixer's cost of a document: its tokens, capped per source (`packing.val_document_caps`) while the
     validation split is packed, where documents longer than the cap are cut; the manifest gives each source's cap
@@ -337,37 +315,6 @@ def _open_sources(spec: BuildSpec, submit: Any, state: dict[str, Any] | None, co
         sources[s.label] = EncodedDocuments(reader, submit, in_flight=max(2, 2 * spec.num_workers),
                                             max_docs=spec.batch_docs, max_chars=spec.batch_chars,
                                             skip=position.get("skip", 0), read_ahead=read_ahead)
-
-
-def _split_report(spec: BuildSpec, mixer: Mixer, packers: dict[str, BlockPacker], writers: dict[str, SplitWriter],
-                  cut: dict[str, int]) -> dict[str, Any]:
-    """The manifest's `splits`: blocks, tokens and documents per split, and per source its realised share against
-    the requested one (validation: with its cap and documents cut)."""
-    block = spec.block_size
-    labels = list(mixer.counts)
-    caps = _val_caps(spec)
-    requested = {label: c.requested for label, c in mixer.counts.items()}
-    splits = {}
-    for name in SPLITS:
-        p = packers[name]
-        total = sum(p.tokens_by_source.values()) or 1
-        splits[name] = {
-            "file": f"{name}.bin",
-            "blocks": writers[name].blocks,
-            "tokens": writers[name].blocks * block,
-            "documents": sum(p.documents_by_source.values()),
-            "sources": {
-                label: {
-                    "tokens": p.tokens_by_source[label],
-                    "documents": p.documents_by_source[label],
-                    "share": p.tokens_by_source[label] / total,
-                    "requested_share": requested[label],
-                    **({"document_cap_tokens": caps[label], "documents_cut": cut[label]} if name == "val" else {}),
-                }
-                for label in labels
-            },
-        }
-    return splits
 
 
 def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, EncodedDocuments], folder: Path,
@@ -422,7 +369,7 @@ def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, Enco
         for w in writers.values():
             w.close()
 
-    splits = _split_report(spec, mixer, packers, writers, cut)
+    splits = split_report(spec, mixer, packers, writers, cut, _val_caps(spec))
     exhausted = [label for label, c in mixer.counts.items() if c.exhausted]
     if writers["train"].blocks == 0:
         read = ", ".join(f"{label} {c.documents} document(s)" + (f", {cut[label]} cut at the validation cap of "

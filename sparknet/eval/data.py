@@ -107,8 +107,8 @@ def trained_on(folder: Path | None, spec: str) -> str:
 def check_unchanged(folder: Path | None, source: str) -> None:
     """When `source` is the packed dataset the run in `folder` was trained on, it must still be that dataset: a
     folder rebuilt since with other inputs holds another validation split (and other training data)."""
-    from sparknet.config import describe_changes
     from sparknet.data.packed import read_manifest
+    from sparknet.identity import describe_changes
     from sparknet.runtime import project_path
     from sparknet.train.run_folder import read_metadata
 

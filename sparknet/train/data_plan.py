@@ -124,8 +124,9 @@ class StreamSpec:
 def stream_plan(spec: StreamSpec, run_dir: Path) -> DataPlan:
     """The mix streamed live: validation blocks held out from the start of the mix (computed once, then read from
     the run folder so a resumed run evaluates on the same blocks), and each rank's training stream after them."""
-    from sparknet.config import local_files_fingerprint
-    from sparknet.data.stream import TokenStream, hold_out_validation
+    from sparknet.data.holdout import hold_out_validation
+    from sparknet.data.stream import TokenStream
+    from sparknet.identity import local_files_fingerprint
     from sparknet.runtime import process_rank, world_size
     from sparknet.tokenizer import load_tokenizer, tokenizer_fingerprint
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparknet.config import describe_changes
 from sparknet.errors import UserError
+from sparknet.identity import describe_changes
 from sparknet.runtime import project_path, write_json_atomic
 
 log = logging.getLogger("sparknet.train")

@@ -1,0 +1,81 @@
+"""The streaming trainer's validation blocks: held out from the start of the mixed stream, the same on every rank
+and for any number of ranks, with the rows of each source they used, so that training never reads them."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from sparknet.config import MixConfig
+from sparknet.data.packing import val_document_caps
+from sparknet.data.stream import TokenStream
+from sparknet.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+def hold_out_validation(
+    *,
+    config: MixConfig,
+    tokenizer_json: str,
+    eos_id: int,
+    block_size: int,
+    val_tokens: int,
+    seed: int,
+    shuffle_buffer: int = 0,
+    num_workers: int = 0,
+) -> tuple[np.ndarray, dict[str, int], dict[str, Any]]:
+    """The validation blocks ([n_blocks, block_size], uint16/uint32; at least `val_tokens` tokens in whole blocks),
+    taken from the start of the mixed stream, unsharded (the same on every rank); the rows of each source they used
+    (pass as `skip_documents` to TokenStream so that training never reads them); and a report of their shares.
+    Documents longer than their source's cap (`packing.val_document_caps`) are cut, so that the blocks carry the
+    mix within ±2 points; the rest of a cut document is never trained on either.
+
+    With a shuffle buffer the rows skipped also hold the documents still in the buffer: at most `shuffle_buffer`
+    documents per source are then neither validated nor trained on.
+    """
+    if val_tokens <= 0:
+        raise UserError(f"VAL_TOKENS={val_tokens}: expected a positive number (the trainer evaluates on them)")
+    wanted = math.ceil(val_tokens / block_size)
+    caps = val_document_caps({s.label: s.prob for s in config.mix}, val_tokens)
+    stream = TokenStream(config=config, tokenizer_json=tokenizer_json, eos_id=eos_id, block_size=block_size,
+                         seed=seed, shuffle_buffer=shuffle_buffer, num_workers=num_workers, document_caps=caps)
+    try:
+        pipeline = stream._start()
+        blocks = list(itertools.islice(pipeline.blocks(), wanted))
+        rows = pipeline.rows_used()
+        stats = stream.stats()
+        cut = dict(pipeline.documents_cut)
+        # a source read to its end while holding out (small, or a shuffle buffer larger than it): its size is known
+        sizes = {label: source.reader.rows if source.reader.draining or source.reader.passes else None
+                 for label, source in pipeline.sources.items()}
+    finally:
+        stream.close()
+    if len(blocks) < wanted:
+        log.warning("the sources hold only %d of the %d validation blocks asked: nothing is left to train on",
+                    len(blocks), wanted)
+    requested = {s.label: s.prob for s in config.mix}
+    report = {
+        "blocks": len(blocks),
+        "tokens": len(blocks) * block_size,
+        "requested_tokens": val_tokens,
+        "sources": {
+            label: {
+                "tokens": stats["tokens"][label],
+                "documents": stats["documents"][label],
+                "share": stats["shares"][label],
+                "requested_share": requested[label],
+                "rows_held_out": rows[label],
+                "rows_in_source": sizes[label],  # None: not read to its end
+                "exhausted": label in stats["exhausted"],
+                "document_cap_tokens": caps[label],
+                "documents_cut": cut.get(label, 0),
+            }
+            for label in requested
+        },
+    }
+    return np.stack(blocks), rows, report
