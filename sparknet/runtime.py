@@ -117,6 +117,22 @@ def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
     os.replace(tmp, path)
 
 
+def read_json_object(path: Path, fix: str) -> dict[str, Any]:
+    """The JSON object in the state or results file `path`, or a UserError naming the file, why it is damaged and
+    `fix` (what the user should do)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        data, reason = None, str(exc)
+    else:
+        reason = "not a JSON object"
+    if not isinstance(data, dict):
+        from sparknet.errors import UserError
+
+        raise UserError(f"{path} is damaged ({reason}): {fix}")
+    return data
+
+
 def replace_folder(new: Path, out_dir: Path) -> None:
     """Puts the finished folder `new` at `out_dir` by renames only: the old folder is moved aside whole and deleted
     only once the new one is in place, so a crash at any point leaves either the old or the new folder at

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from sparknet.runtime import project_path, write_json_atomic
+from sparknet.runtime import project_path, read_json_object, write_json_atomic
 
 
 def eval_dir(name: str, root: str = "eval") -> Path:
@@ -23,18 +22,8 @@ def read_results(path: Path) -> dict[str, Any]:
     """The JSON object of results at `path` ({} when there is none yet); one line naming a damaged file."""
     if not path.is_file():
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        data, reason = None, str(exc)
-    else:
-        reason = "not a JSON object"
-    if not isinstance(data, dict):
-        from sparknet.errors import UserError
-
-        raise UserError(f"{path} is damaged ({reason}): the results it held are lost; delete or move it away, and the "
-                        "evaluation writes it anew")
-    return data
+    return read_json_object(path, "the results it held are lost; delete or move it away, and the evaluation writes "
+                                  "it anew")
 
 
 def check_results(paths: list[Path]) -> None:

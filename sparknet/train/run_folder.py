@@ -19,7 +19,7 @@ from typing import Any
 
 from sparknet.errors import UserError
 from sparknet.identity import describe_changes
-from sparknet.runtime import project_path, write_json_atomic
+from sparknet.runtime import project_path, read_json_object, write_json_atomic
 
 log = logging.getLogger("sparknet.train")
 RUN_CONFIG = "run_config.json"
@@ -162,16 +162,8 @@ def _eval_start(path: Path) -> float | None:
 
 def _read_state(path: Path) -> dict[str, Any]:
     """A run's JSON state file, or one line naming it and the fix."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        data, reason = None, str(exc)
-    else:
-        reason = "not a JSON object"
-    if not isinstance(data, dict):
-        raise UserError(f"{path} is damaged ({reason}): it records the run's settings, compared on every resume. "
-                        f"Restore it from a backup, or start again with another RUN_NAME")
-    return data
+    return read_json_object(path, "it records the run's settings, compared on every resume. Restore it from a backup, "
+                                  "or start again with another RUN_NAME")
 
 
 def _migrated(previous: dict[str, Any]) -> dict[str, Any]:
