@@ -252,6 +252,7 @@ def apply_overrides(namespace: dict[str, Any], argv: list[str] | None = None) ->
 def run_script(namespace: dict[str, Any], main: Callable[[], Any], argv: list[str] | None = None) -> None:
     """A script's entry point: apply the flags, run `main`; user mistakes and Ctrl-C become messages, not tracebacks,
     and a reader that goes away (`--help | head`) ends the script quietly."""
+    _quiet_handed_over_disk_full()
     try:
         try:
             from sparknet.checks import check_values
@@ -280,6 +281,25 @@ def run_script(namespace: dict[str, Any], main: Callable[[], Any], argv: list[st
         print(f"error: no space left on the device writing {where}: free space, then run the same command again",
               file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def _quiet_handed_over_disk_full() -> None:
+    """A background writer that keeps its exception for the main thread (TensorBoard's event writer sets
+    `thread.exception`, re-raised at the next write) dies on a full disk with a traceback of its own, before the
+    main thread's one line: that traceback is left out. Any other thread's failure prints as Python prints it."""
+    import threading
+
+    default = threading.excepthook
+
+    def hook(args: Any) -> None:
+        from sparknet.runtime import disk_full
+
+        handed_over = args.exc_value is not None and getattr(args.thread, "exception", None) is args.exc_value
+        if handed_over and disk_full(args.exc_value) is not None:
+            return
+        default(args)
+
+    threading.excepthook = hook
 
 
 def script_constants(script: str) -> dict[str, Any]:
