@@ -126,6 +126,10 @@ def test_export_loads_with_automodel_and_matches_logits(finished) -> None:  # no
     alone = model.generate(tok(["The"], return_tensors="pt")["input_ids"], max_new_tokens=4, do_sample=False)
     assert out[1, -4:].tolist() == alone[0, -4:].tolist()
     assert model.config.eos_token_id == tok.eos_token_id == model.generation_config.eos_token_id
+    # trained without a KV cache (TrainingArguments.use_cache), exported with the library's default on
+    assert json.loads((result.run_dir / "config.json").read_text())["use_cache"] is True
+    with torch.no_grad():
+        assert model(ids).past_key_values is not None
     meta = json.loads((result.run_dir / "training_metadata.json").read_text())
     assert meta["tokens_seen"] == 40 * 4 * 128 and meta["model"]["parameters"] == model.num_parameters()
     assert meta["metrics"]["eval_loss"] < meta["metrics"]["eval_loss_start"]

@@ -17,6 +17,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from sparknet.errors import UserError
 from sparknet.train.batch import BatchPlan, GlobalBatchSampler
 from sparknet.train.settings import TrainSettings
+from sparknet.train.step_speed import CountedParameters, StepSpeed
 
 log = logging.getLogger("sparknet.train")
 
@@ -132,6 +133,8 @@ class SparkTrainer(Trainer):
         self.global_batch = global_batch  # set: a packed dataset is drawn in whole global batches (GlobalBatchSampler)
         self.train_sampler: GlobalBatchSampler | None = None
         self.add_callback(_SamplerEpoch(self))
+        self.add_callback(StepSpeed())
+        self._counted = CountedParameters()
         self.muon_lr = muon_lr  # set: Muon for the hidden matrices, AdamW for the rest (sparknet.train.optim)
         self.nonfinite = nonfinite
         self.grad_norms: list[tuple[int, Any]] = []
@@ -205,6 +208,9 @@ class SparkTrainer(Trainer):
             self._load_best_model()
         else:
             self._load_from_checkpoint(str(checkpoint))
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        return self._counted.flos(self.model, inputs)
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         if self.batch_log is not None:

@@ -36,6 +36,7 @@ from sparknet.train.hf_trainer import SparkTrainer, check_launch, compiles, trai
 from sparknet.train.run_folder import EVAL_START, METADATA, RunFolder, latest_complete_checkpoint, open_run
 from sparknet.train.safety import Interrupted, SafetyCallback, signals_interrupt, stop_on_signals
 from sparknet.train.settings import TrainSettings, check_settings
+from sparknet.train.step_speed import collector_paused, pad_head
 
 log = logging.getLogger("sparknet.train")
 # Reloading the best checkpoint reports the tied lm_head.weight as "missing": it is the token embedding, not lost.
@@ -108,7 +109,7 @@ def train_steps(run: RunFolder, parts: TrainerParts, max_steps: int) -> float:
         return 0.0
     if run.resume:
         log.info("resuming from %s", run.resume)
-    with stop_on_signals(parts.safety):
+    with stop_on_signals(parts.safety), collector_paused():
         output = parts.trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
     return output.metrics.get("train_runtime", 0.0)
 
@@ -196,6 +197,7 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     tokenizer = data.tokenizer
     torch.manual_seed(s.seed)
     model = build_model(preset, len(tokenizer), tokenizer.eos_token_id, tokenizer.bos_token_id, s.dropout)
+    pad_head(model)
     args = training_arguments(s, output_dir=run.run_dir, max_steps=max_steps, batch=batch, device=device,
                               fresh=run.resume is None)
     for key, value in data.trainer_overrides.items():
@@ -269,6 +271,9 @@ def export(trainer: SparkTrainer, tokenizer: Any, out_dir: Path) -> None:
     tokenizer.pad_token = tokenizer.eos_token
     trainer.model.config.pad_token_id = tokenizer.eos_token_id
     trainer.model.generation_config.pad_token_id = tokenizer.eos_token_id
+    # the Trainer turns the KV cache off for training (TrainingArguments.use_cache) and saves that; users of the
+    # exported model expect the library's default, a forward that returns its cache
+    trainer.model.config.use_cache = True
     plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
     if trainer.is_fsdp_enabled and plugin is not None and "FULL_STATE_DICT" not in str(plugin.state_dict_type):
         # checkpoints stay sharded (fast to save and resume), but a SHARDED_STATE_DICT save_model writes no weights

@@ -1,0 +1,160 @@
+"""The step's speed changes compute what the plain step computes: the padded head's logits, loss and gradients
+equal the unpadded model's and its export is byte-identical; the training forwards build no KV cache while the
+export keeps caching on; dropping accelerate's fp32 output copy under bf16 leaves every weight bit for bit; the
+garbage collector runs on a schedule; the FLOP count is the Trainer's."""
+
+from __future__ import annotations
+
+import copy
+import gc
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
+
+from sparknet.model import build_model, get_preset
+from sparknet.train import step_speed
+from sparknet.train.hf_trainer import SparkTrainer
+from sparknet.train.step_speed import PaddedHead, collector_paused, pad_head
+
+
+def _model(preset: str = "sparknet-tiny", vocab: int = 1000) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(get_preset(preset), vocab, eos_token_id=0)
+
+
+@pytest.mark.parametrize("preset", ["sparknet-tiny", "sparknet-llama-tiny"])
+def test_the_padded_head_gives_the_unpadded_logits_loss_and_gradients(preset: str) -> None:
+    plain = _model(preset)
+    padded = copy.deepcopy(plain)
+    assert pad_head(padded) == 1024 and type(padded.get_output_embeddings()) is PaddedHead
+    assert padded.get_output_embeddings().weight is padded.get_input_embeddings().weight  # still tied
+    ids = torch.randint(0, 1000, (3, 64), generator=torch.Generator().manual_seed(1))
+    plain.train()
+    padded.train()
+    out_plain, out_padded = plain(input_ids=ids, labels=ids), padded(input_ids=ids, labels=ids)
+    assert out_padded.logits.shape[-1] == 1024
+    assert torch.isneginf(out_padded.logits[..., 1000:]).all()
+    torch.testing.assert_close(out_padded.logits[..., :1000], out_plain.logits, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out_padded.loss, out_plain.loss, rtol=1e-6, atol=1e-7)
+    out_plain.loss.backward()
+    out_padded.loss.backward()
+    grads = dict(padded.named_parameters())
+    for name, param in plain.named_parameters():
+        torch.testing.assert_close(grads[name].grad, param.grad, rtol=1e-5, atol=1e-7, msg=name)
+    # evaluation and generation see the plain layer
+    plain.eval()
+    padded.eval()
+    with torch.no_grad():
+        assert padded(input_ids=ids).logits.shape[-1] == 1000
+        torch.testing.assert_close(padded(input_ids=ids, labels=ids).loss, plain(input_ids=ids, labels=ids).loss)
+
+
+def test_the_padded_models_export_is_byte_identical(tmp_path: Path) -> None:
+    plain = _model()
+    padded = copy.deepcopy(plain)
+    pad_head(padded)
+    plain.save_pretrained(tmp_path / "plain")
+    padded.save_pretrained(tmp_path / "padded")
+    names = sorted(p.name for p in (tmp_path / "plain").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "padded").iterdir()) and "model.safetensors" in names
+    for name in names:
+        assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "padded" / name).read_bytes(), name
+
+
+def test_a_vocabulary_already_a_multiple_is_left_alone() -> None:
+    model = _model(vocab=1024)
+    assert pad_head(model) == 1024 and type(model.get_output_embeddings()) is torch.nn.Linear
+
+
+class _Blocks(torch.utils.data.Dataset):
+    def __init__(self, n: int, vocab: int = 1000, length: int = 32) -> None:
+        self.ids = torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(2))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def _trainer(tmp_path: Path, model: torch.nn.Module, steps: int = 6, bf16: bool = False,
+             callbacks: list | None = None) -> SparkTrainer:
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=4,
+                             learning_rate=1e-3, use_cpu=True, bf16=bf16, report_to="none", save_strategy="no",
+                             logging_steps=1, disable_tqdm=True, seed=0, dataloader_num_workers=0)
+    return SparkTrainer(model=model, args=args, train_dataset=_Blocks(64), eval_dataset=_Blocks(8),
+                        data_collator=default_data_collator, callbacks=callbacks)
+
+
+def test_training_and_eval_forwards_build_no_kv_cache(tmp_path: Path) -> None:
+    model = _model()
+    caches: list[object] = []
+    model.register_forward_hook(lambda _m, _a, out: caches.append(out.past_key_values))
+    trainer = _trainer(tmp_path, model)
+    trainer.train()
+    trainer.evaluate()
+    assert len(caches) >= 7 and caches == [None] * len(caches)
+    model.eval()
+    model.config.use_cache = True  # what the export writes (tests/test_training.py checks the run's config.json)
+    with torch.no_grad():
+        assert model(input_ids=torch.tensor([[1, 2, 3]])).past_key_values is not None
+
+
+def _bf16_run(tmp_path: Path, drop: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[dict, set, list]:
+    model = _model()
+    dtypes: set[torch.dtype] = set()
+    model.register_forward_hook(lambda _m, _a, out: dtypes.add(out.logits.dtype))
+    if not drop:
+        monkeypatch.setattr(step_speed, "drop_fp32_outputs", lambda _model: False)
+    trainer = _trainer(tmp_path / str(drop), model, bf16=True)
+    trainer.train()
+    monkeypatch.undo()
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, dtypes, losses
+
+
+def test_without_the_fp32_output_copy_bf16_training_is_bit_for_bit_the_same(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    with_copy, dtypes_with, losses_with = _bf16_run(tmp_path, False, monkeypatch)
+    without, dtypes_without, losses_without = _bf16_run(tmp_path, True, monkeypatch)
+    assert dtypes_with == {torch.float32}  # accelerate's wrapper copies the logits to fp32 ...
+    assert dtypes_without == {torch.bfloat16}  # ... and now they stay as autocast made them
+    assert losses_with == losses_without and len(losses_with) == 6
+    for name, tensor in with_copy.items():
+        assert torch.equal(tensor, without[name]), name
+
+
+def test_the_flop_count_is_the_trainers(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, _model())
+    batch = default_data_collator([trainer.train_dataset[i] for i in range(4)])
+    assert trainer.floating_point_ops(batch) == Trainer.floating_point_ops(trainer, batch) > 0
+
+
+def test_the_collector_is_paused_during_training_and_runs_on_schedule(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(step_speed, "GC_EVERY_STEPS", 4)
+    collections: list[tuple[int, bool]] = []
+
+    class Watch(TrainerCallback):
+        step = 0
+
+        def on_step_begin(self, args: object, state: object, control: object, **kw: object) -> None:
+            Watch.step = state.global_step
+            collections.append((-1, gc.isenabled()))
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 1:
+            collections.append((Watch.step, gc.isenabled()))
+
+    gc.callbacks.append(on_gc)
+    try:
+        trainer = _trainer(tmp_path, _model(), steps=12, callbacks=[Watch()])
+        with collector_paused():
+            trainer.train()
+        assert gc.isenabled()
+    finally:
+        gc.callbacks.remove(on_gc)
+    assert all(not enabled for _, enabled in collections)
+    assert [step for step, _ in collections if step >= 0] == [3, 7, 11]  # at the end of steps 4, 8 and 12
