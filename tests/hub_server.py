@@ -43,6 +43,14 @@ def _git_oid(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def _is_text(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return b"\0" not in data
+
+
 @dataclass
 class _File:
     data: bytes
@@ -52,12 +60,7 @@ class _File:
 
     @classmethod
     def of(cls, data: bytes) -> _File:
-        try:
-            data.decode("utf-8")
-            text = b"\0" not in data
-        except UnicodeDecodeError:
-            text = False
-        if text and len(data) < _LFS_MIN_SIZE:
+        if _is_text(data) and len(data) < _LFS_MIN_SIZE:
             return cls(data, _git_oid(data))
         sha256 = hashlib.sha256(data).hexdigest()
         pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {len(data)}\n".encode()
@@ -95,7 +98,7 @@ class _Repo:
 
 @dataclass
 class Fault:
-    """One injected fault; `times=None` keeps it until `HubServer.clear_faults()`."""
+    """One injected fault; `times=None` keeps it until `HubServer.clear_faults()`, `times=0` ends it now."""
 
     repo: str
     path: str = "*"  # fnmatch glob on the path in the repo; repo-level API calls have the path ""
@@ -119,6 +122,7 @@ class Request:
     status: int
     range: str | None = None
     fault: str | None = None  # status, reset or stall when a fault answered
+    at: float = 0.0  # time.monotonic() on arrival, to measure clients' retry delays
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -129,18 +133,10 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         pass  # HubServer.requests is the log
 
-    def do_GET(self) -> None:
-        self._handle()
-
-    def do_HEAD(self) -> None:
-        self._handle()
-
-    def do_POST(self) -> None:
-        self._handle()
-
     def _handle(self) -> None:
         hub = self.server.hub
-        self._status, self._fault_name, self._kind, self._repo = 0, None, "other", None
+        self._status, self._fault_name, self._kind, self._repo, self._logged = 0, None, "other", None, False
+        self._at = time.monotonic()
         try:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if hub.latency:
@@ -150,13 +146,24 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the client went away: its business, not a server error
         except Exception as exc:  # a server bug must fail the test, not hang it
             hub.errors.append(f"{self.command} {self.path}: {exc!r}")
+            self.close_connection = True
             if not self._status:
                 self._json(500, {"error": repr(exc)})
         finally:
-            with hub._lock:
-                hub._log.append(Request(self.command, self.path, self._kind, self._repo, self._status,
-                                        self.headers.get("Range"), self._fault_name))
-                hub.counts[self._kind] += 1
+            self._record()
+
+    do_GET = do_HEAD = do_POST = _handle
+
+    def _record(self) -> None:
+        # Logged once the status is sent, so a test sees a stalled request while it stalls.
+        if self._logged:
+            return
+        self._logged = True
+        hub = self.server.hub
+        with hub._lock:
+            hub._log.append(Request(self.command, self.path, self._kind, self._repo, self._status,
+                                    self.headers.get("Range"), self._fault_name, self._at))
+            hub.counts[self._kind] += 1
 
     def _dispatch(self, hub: HubServer, body: bytes) -> None:
         url = urlsplit(self.path)
@@ -188,13 +195,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self._kind == "info":
             return self._json(200, _info(self._repo, commit, query))
         if self._kind == "paths-info":
-            if body.startswith(b"{"):  # huggingface_hub sends a form; JSON is accepted too, as the Hub does
-                form = json.loads(body)
-                paths, expand = form.get("paths", []), form.get("expand") in (True, "true")
-            else:
-                form = parse_qs(body.decode())
-                paths, expand = form.get("paths", []), form.get("expand", ["false"])[-1] == "true"
-            paths = [p.strip("/") for p in paths]
+            form = parse_qs(body.decode())  # huggingface_hub posts a form: paths=a&paths=b&expand=false
+            paths, expand = [p.strip("/") for p in form.get("paths", [])], form.get("expand") == ["true"]
             entries = [_entry(commit, p, expand) for p in paths if p in commit.files or p in commit.dirs()]
             return self._json(200, entries)
         if self._kind == "tree":
@@ -248,15 +250,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.connection.close()
         self.close_connection = True
 
-    def _error(self, status: int, message: str, code: str | None = None, extra: Mapping[str, str] = ()) -> None:
-        headers = {"X-Error-Message": message, **dict(extra)}
-        if code:
-            headers["X-Error-Code"] = code
+    def _error(self, status: int, message: str, code: str | None = None, extra: dict[str, str] | None = None) -> None:
+        headers = {"X-Error-Message": message, **({"X-Error-Code": code} if code else {}), **(extra or {})}
         self._json(status, {"error": message}, headers)
 
-    def _json(self, status: int, payload: object, headers: Mapping[str, str] = ()) -> None:
-        self._send(status, json.dumps(payload).encode(), {"Content-Type": "application/json; charset=utf-8",
-                                                          **dict(headers)})
+    def _json(self, status: int, payload: object, headers: dict[str, str] | None = None) -> None:
+        body = json.dumps(payload).encode()
+        self._send(status, body, {"Content-Type": "application/json; charset=utf-8", **(headers or {})})
 
     def _send(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
         self._status = status
@@ -265,6 +265,7 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in headers.items():
             self.send_header(name, value)
         self.end_headers()
+        self._record()
         if self.command != "HEAD":
             self.wfile.write(body)
 
@@ -280,9 +281,10 @@ def _split_revision(repo: _Repo | None, segs: list[str], whole: bool) -> tuple[_
 
 
 def _parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """The first span of a Range header, clipped to the file; None when unsatisfiable (416)."""
     unit, _, spec = header.partition("=")
     first, _, last = spec.split(",")[0].strip().partition("-")
-    if unit.strip() != "bytes" or not (first or last):
+    if unit.strip() != "bytes" or not (first or last) or not (first + last).isdigit():
         return None
     if not first:
         start, end = max(size - int(last), 0), size - 1
@@ -392,9 +394,7 @@ class HubServer:
         """Points branch or tag `name` (e.g. "v1.0", "refs/convert/parquet") at `revision`; returns its sha."""
         with self._lock:
             repo = self._repos[repo_id]
-            sha = repo.refs.get(revision, revision)
-            if sha not in repo.commits:
-                raise KeyError(revision)
+            sha = repo.commits[repo.refs.get(revision, revision)].sha
             repo.refs[name] = sha
         return sha
 
@@ -414,6 +414,7 @@ class HubServer:
         return self._add(Fault(repo_id, path, "resolve-get", stall=seconds, stall_after=after, times=times))
 
     def clear_faults(self) -> None:
+        """Drops every fault and the latency."""
         with self._lock:
             self._faults.clear()
         self.latency = 0.0
