@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from sparknet.config import load_config
@@ -137,10 +138,11 @@ def test_eos_after_every_document_none_missing_and_splits_disjoint(
 
 
 def test_literal_end_of_text_inside_a_document_is_not_a_separator(sources: dict, tokenizer_dir: Path) -> None:
-    from sparknet.data.packing import DocumentEncoder
-    from sparknet.tokenizer import load_tokenizer
+    from transformers import AutoTokenizer
 
-    tok = load_tokenizer(str(tokenizer_dir))
+    from sparknet.data.packing import DocumentEncoder
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     enc = DocumentEncoder(tok.backend_tokenizer.to_str(), tok.eos_token_id, np.uint16)
     flat, lengths = enc([sources["short"][3], "x"])
     assert (flat == tok.eos_token_id).sum() == 2 and flat[lengths[0] - 1] == tok.eos_token_id
@@ -386,9 +388,10 @@ def _position(building: Path) -> dict | None:
         return None
 
 
-def _build_until(argv: list[str], building: Path, stop: Callable[[dict], bool], sig: int) -> str:
+def _build_until(argv: list[str], building: Path, stop: Callable[[dict], bool], sig: int,
+                 env: dict[str, str] | None = None) -> str:
     """Runs the build script until its saved position satisfies `stop`, then sends `sig`; returns its stderr."""
-    proc = subprocess.Popen(argv, env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(argv, env={**os.environ, **OFFLINE_ENV, **(env or {})}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while proc.poll() is None and time.time() < deadline:
@@ -520,3 +523,30 @@ def test_a_validation_split_too_small_for_whole_long_documents_still_carries_the
     assert len(long_ones) >= 20 and max(len(d) for d in long_ones) <= 150
     train_docs = _segments(np.fromfile(out / "train.bin", dtype=np.uint16), eos)[1:-1]
     assert max(len(d) for d in train_docs) > 600
+
+
+def test_a_ctrl_c_while_the_build_closes_still_stops_its_encoders(tokenizer_dir: Path) -> None:
+    """A Ctrl-C that lands while the finished build closes its readers and encoders (seen through a slow Hub:
+    the process then waited at exit for its encoders, for good) stops the encoders all the same."""
+    from transformers import AutoTokenizer
+
+    from sparknet.data.build import _stop
+    from sparknet.data.encoder_pool import EncoderPool
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    pool = EncoderPool(2, tok.backend_tokenizer.to_str(), tok.eos_token_id, np.dtype("uint16"))
+    tokens, lengths = pool.submit(["one document", "and another"]).get()
+    assert len(lengths) == 2 and tokens.size == int(lengths.sum())
+    workers = encoder_processes(os.getpid())
+    assert len(workers) == 2
+
+    class InterruptedClose:
+        def close(self) -> None:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _stop({"src": InterruptedClose()}, pool, clean=True)
+    deadline = time.time() + 10
+    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in workers):
+        assert time.time() < deadline, "the encoders outlived the interrupted close"
+        time.sleep(0.05)

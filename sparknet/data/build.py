@@ -260,10 +260,7 @@ def _build(spec: BuildSpec, tok: Any, dtype: np.dtype, tmp: Path, saved: dict[st
             mixer.load_state_dict(state["mixer"])
         manifest = _pack(spec, mixer, cost, sources, tmp, dtype, saved, state)
     except BaseException:
-        for source in sources.values():
-            source.close()
-        if pool is not None:
-            pool.terminate()
+        _stop(sources, pool, clean=False)
         # kept whenever a position was saved, a UserError included: a Hub source that failed after the retries of
         # `datasets` is the very case a resume is for (a build of other inputs starts over anyway)
         if not (tmp / STATE).is_file():
@@ -271,10 +268,7 @@ def _build(spec: BuildSpec, tok: Any, dtype: np.dtype, tmp: Path, saved: dict[st
         else:
             log.warning("build stopped: the same command resumes it from its last saved position (%s)", tmp)
         raise
-    for source in sources.values():
-        source.close()
-    if pool is not None:
-        pool.close()
+    _stop(sources, pool, clean=True)
     for leftover in (tmp / STATE, tmp / f".{STATE}.tmp"):  # the latter from a kill during a save
         leftover.unlink(missing_ok=True)
     return manifest
@@ -298,6 +292,21 @@ class _ValCost:
 
 def _val_caps(spec: BuildSpec) -> dict[str, int]:
     return val_document_caps({s.label: s.prob for s in spec.config.mix}, spec.val_tokens)
+
+
+def _stop(sources: dict[str, EncodedDocuments], pool: EncoderPool | None, clean: bool) -> None:
+    """Closes the readers and the encoders: `clean`, waiting for the encoders to finish; else, or when anything
+    (a Ctrl-C included) interrupts that, stopping them at once. Encoders left running would hold the interpreter's
+    exit for good (it joins its child processes)."""
+    try:
+        for source in sources.values():
+            source.close()
+        if pool is not None and clean:
+            pool.close()
+            pool = None
+    finally:
+        if pool is not None:
+            pool.terminate()
 
 
 def _open_sources(spec: BuildSpec, submit: Any, state: dict[str, Any] | None, commits: dict[str, str | None],
