@@ -46,8 +46,9 @@ def configure_logging(level: int = logging.INFO) -> None:
         root.addHandler(handler)
     # under torchrun the other processes say only what goes wrong: one voice for progress
     root.setLevel(level if process_rank() == 0 else max(level, logging.WARNING))
-    # lm_eval: its INFO lines (seeds, task building, model arguments) interleave with SparkNet's own
-    for noisy in ("httpx", "httpcore", "urllib3", "filelock", "fsspec", "lm_eval"):
+    # lm_eval: its INFO lines (seeds, task building, model arguments) interleave with SparkNet's own; the HTTP
+    # clients (huggingface_hub 2 talks through httpx2) log one INFO line per request, thousands in a streamed run
+    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "urllib3", "filelock", "fsspec", "lm_eval"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -17,9 +17,11 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_
 os.environ.update(OFFLINE_ENV)
 
 
-def run_script(script: str, *args: object, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Runs scripts/<script> as a user would, offline, capturing its output."""
-    env = {**os.environ, **OFFLINE_ENV}
+def run_script(script: str, *args: object, cwd: Path | None = None, timeout: int = 300,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Runs scripts/<script> as a user would, offline (or with `env`'s variables: tests/hub_server.py's online
+    ones), capturing its output."""
+    env = {**os.environ, **OFFLINE_ENV, **(env or {})}
     return subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "scripts" / script), *(str(a) for a in args)],
         cwd=cwd or PROJECT_ROOT,

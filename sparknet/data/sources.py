@@ -42,6 +42,9 @@ def open_source(spec: SourceSpec) -> Any:
             spec.name, spec.subset, split=spec.split, data_files=files, revision=spec.revision, streaming=True
         )
     except Exception as exc:  # noqa: BLE001 - any failure to open is reported against the user's mix entry
+        access = hub_access_error(spec, exc)
+        if access is not None:
+            raise access from None
         named = _data_file_names(spec)
         empty = [f for f in named if os.path.isfile(f) and os.path.getsize(f) == 0]
         if empty and len(empty) == len(named):  # datasets fails with a bare StopIteration
@@ -56,6 +59,32 @@ def open_source(spec: SourceSpec) -> Any:
         raise UserError(
             f"cannot open source {spec.label!r} ({spec.name}, split {spec.split!r}): {type(exc).__name__}: {exc}{hint}"
         ) from None
+
+
+def hub_access_error(spec: SourceSpec, exc: BaseException) -> UserError | None:
+    """The one line for a Hub dataset this machine may not read (gated, missing, an unknown revision), from
+    huggingface_hub's typed errors or datasets' DatasetNotFoundError (whose cause is one of them, or whose words say
+    which); None for any other failure."""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    names = {type(e).__name__ for e in chain}
+    words = " ".join(str(e) for e in chain)
+    where = f"source {spec.label!r}: the Hub dataset {spec.name!r}"
+    if any(isinstance(e, GatedRepoError) for e in chain) or ("DatasetNotFoundError" in names and "gated" in words):
+        return UserError(f"{where} is gated: log in with `hf auth login` (or set HF_TOKEN) as an account that has "
+                         f"accepted its terms on its Hub page, datasets/{spec.name}")
+    if any(isinstance(e, RevisionNotFoundError) for e in chain):
+        return UserError(f"{where} has no revision {spec.revision!r}: check the mix entry's \"revision\" (a branch, "
+                         "tag or full commit id)")
+    if any(isinstance(e, RepositoryNotFoundError) for e in chain) or "DatasetNotFoundError" in names:
+        return UserError(f"{where} does not exist on the Hub (or is private): check the id's spelling in the mix "
+                         "config, or log in with `hf auth login` (or set HF_TOKEN) if it is private")
+    return None
 
 
 def _reads_no_revision(name: str) -> bool:
@@ -85,8 +114,9 @@ def _offline() -> bool:
 def resolve_revisions(config: MixConfig) -> dict[str, str | None]:
     """The commit sha each Hub source of the mix reads, by label: its `revision` (or the default branch) as the Hub
     resolves it now. None for local sources, offline, and on any failure (no network, unknown dataset or revision,
-    gated): the pin then stays the revision as written. Never raises; waits at most HUB_TIMEOUT_S per dataset, and
-    once the Hub cannot be reached asks no more."""
+    gated): the pin then stays the revision as written. Waits at most HUB_TIMEOUT_S per dataset, and once the Hub
+    cannot be reached asks no more. Raises only the one-line error of a dataset that cannot be read at all (gated,
+    missing, an unknown revision), before any work."""
     out: dict[str, str | None] = {spec.label: None for spec in config.mix}
     hub = [spec for spec in config.mix if spec.name != "json" and not _reads_no_revision(spec.name)]
     if not hub or _offline():
@@ -102,6 +132,9 @@ def resolve_revisions(config: MixConfig) -> dict[str, str | None]:
             try:
                 asked[key] = api.dataset_info(spec.name, revision=spec.revision, timeout=HUB_TIMEOUT_S).sha
             except Exception as exc:  # noqa: BLE001 - a missing footnote must not stop a build
+                access = hub_access_error(spec, exc)
+                if access is not None:
+                    raise access from None
                 reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
                 if not isinstance(exc, HfHubHTTPError):  # no answer at all: the next dataset would wait as long
                     log.warning("cannot reach the Hub to resolve the sources' revisions (%s); the manifest records "

@@ -1,0 +1,127 @@
+"""The Hub path end to end, through the loopback Hub of tests/hub_server.py: the scripts read Hub ids as they read
+local files (the same tokens, byte for byte), record the commit they read, and keep the HTTP client's request
+lines out of the console."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import hub_server
+from tests.conftest import run_script, write_config, write_jsonl
+from tests.hub_server import HubServer
+from tests.test_packed_dataset import _build_until
+
+hub = hub_server.hub
+REPO = "sparknet-test/prose"
+README = """---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: data/train-*.jsonl
+---
+# Prose for SparkNet's tests
+"""
+
+
+def _texts(path: Path) -> list[str]:
+    return [json.loads(line)["text"] for line in path.read_text().splitlines()]
+
+
+def _shards(texts: list[str], folder: Path, stem: str, n: int = 8) -> list[Path]:
+    """`n` JSONL shards of `texts`, in order (JSONL, so that the local twin is read by the same builder under the
+    same label, `prose`: the label seeds the source's shuffle)."""
+    return [write_jsonl(folder / f"{stem}.{i}.jsonl", texts[i::n]) for i in range(n)]
+
+
+@pytest.fixture
+def prose_hub(hub: HubServer, corpus_dir: Path, tmp_path: Path) -> tuple[HubServer, str, list[Path]]:
+    """The corpus's prose as a Hub dataset of eight shards, and the same shards as local files."""
+    local = _shards(_texts(corpus_dir / "prose.train.jsonl"), tmp_path / "local", "prose")
+    files = {f"data/train-0000{i}.jsonl": path.read_bytes() for i, path in enumerate(local)}
+    sha = hub.add_dataset(REPO, {**files, "README.md": README})
+    return hub, sha, local
+
+
+def _build(cfg: Path, out: Path, tokenizer_dir: Path, env: dict[str, str] | None = None,  # noqa: ANN202
+           *extra: object):
+    return run_script("build_dataset_v5.py", "--config", cfg, "--tokenizer_dir", tokenizer_dir, "--output_dir", out,
+                      "--target_tokens", 60_000, "--val_tokens", 6_000, "--num_workers", 0, *extra, env=env)
+
+
+def test_a_build_from_a_hub_id_is_the_build_from_the_same_local_files(prose_hub, corpus_dir: Path,  # noqa: ANN001
+                                                                      tokenizer_dir: Path, tmp_path: Path) -> None:
+    hub, sha, local = prose_hub
+    code = str(corpus_dir / "code.train.jsonl")
+    online = write_config(tmp_path / "hub.json", [{"name": REPO, "split": "train", "prob": 0.5},
+                                                  {"name": "json", "data_files": code, "prob": 0.5}])
+    offline = write_config(tmp_path / "local.json", [
+        {"name": "json", "data_files": [str(p) for p in local], "prob": 0.5},
+        {"name": "json", "data_files": code, "prob": 0.5}])
+    proc = _build(online, tmp_path / "hub-ds", tokenizer_dir, hub.env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "HTTP Request" not in proc.stderr and "HTTP/1.1" not in proc.stderr, proc.stderr[-3000:]
+    assert hub.counts["resolve-get"] > 0  # read through the Hub, not from a cache
+    proc = _build(offline, tmp_path / "local-ds", tokenizer_dir)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for name in ("train.bin", "val.bin"):
+        assert (tmp_path / "hub-ds" / name).read_bytes() == (tmp_path / "local-ds" / name).read_bytes(), name
+    manifest = json.loads((tmp_path / "hub-ds" / "manifest.json").read_text())
+    assert manifest["source_revisions"]["prose"] == {"revision": None, "commit": sha}
+    shares = {label: s["share"] for label, s in manifest["splits"]["train"]["sources"].items()}
+    local_manifest = json.loads((tmp_path / "local-ds" / "manifest.json").read_text())
+    assert shares == {label: s["share"] for label, s in local_manifest["splits"]["train"]["sources"].items()}
+
+
+@pytest.mark.parametrize("status", [401, 404])
+def test_a_gated_or_missing_hub_dataset_is_one_line(status: int, prose_hub, tokenizer_dir: Path,  # noqa: ANN001
+                                                    tmp_path: Path) -> None:
+    hub, _, _ = prose_hub
+    hub.fail(REPO, status)
+    cfg = write_config(tmp_path / "hub.json", [{"name": REPO, "split": "train", "prob": 1.0}])
+    proc = _build(cfg, tmp_path / "ds", tokenizer_dir, hub.env(tmp_path))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "packing" not in line]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    assert REPO in lines[0]
+    if status == 401:
+        assert "hf auth login" in lines[0] and "HF_TOKEN" in lines[0]
+    else:
+        assert "does not exist on the Hub" in lines[0]
+    assert not (tmp_path / "ds").exists()
+
+
+def test_a_resumed_build_reads_the_commit_it_started_on_after_the_branch_moved(
+        prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:  # noqa: ANN001
+    hub, sha, local = prose_hub
+    code = str(corpus_dir / "code.train.jsonl")
+    online = write_config(tmp_path / "hub.json", [{"name": REPO, "split": "train", "prob": 0.5},
+                                                  {"name": "json", "data_files": code, "prob": 0.5}])
+    offline = write_config(tmp_path / "local.json", [{"name": "json", "data_files": [str(p) for p in local],
+                                                      "prob": 0.5},
+                                                     {"name": "json", "data_files": code, "prob": 0.5}])
+    extra = ("--shuffle_buffer", 4, "--checkpoint_seconds", 0.05, "--read_ahead", 0)
+    out = tmp_path / "ds"
+    argv = [sys.executable, "scripts/build_dataset_v5.py", "--config", str(online), "--tokenizer_dir",
+            str(tokenizer_dir), "--output_dir", str(out), "--target_tokens", "60000", "--val_tokens", "6000",
+            "--num_workers", "2", *map(str, extra)]
+    hub.latency = 0.2  # slow enough to stop it after its first saved position
+    err = _build_until(argv, tmp_path / ".ds.building", lambda s: True,
+                       signal.SIGINT, env=hub.env(tmp_path))
+    assert "interrupted" in err, err[-3000:]
+    hub.latency = 0.0
+    moved = hub.add_dataset(REPO, {"data/train-00000.jsonl": "".join(
+        json.dumps({"text": f"moved on {i} " * 40}) + "\n" for i in range(200)), "README.md": README})
+    assert moved != sha
+    proc = _build(online, out, tokenizer_dir, hub.env(tmp_path), *extra)
+    assert proc.returncode == 0 and "resuming the interrupted build" in proc.stderr, proc.stderr[-3000:]
+    assert json.loads((out / "manifest.json").read_text())["source_revisions"]["prose"]["commit"] == sha
+    proc = _build(offline, tmp_path / "local-ds", tokenizer_dir, None, *extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("train.bin", "val.bin"):
+        assert (out / name).read_bytes() == (tmp_path / "local-ds" / name).read_bytes(), name
