@@ -5,7 +5,9 @@ lines out of the console."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -125,3 +127,40 @@ def test_a_resumed_build_reads_the_commit_it_started_on_after_the_branch_moved(
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("train.bin", "val.bin"):
         assert (out / name).read_bytes() == (tmp_path / "local-ds" / name).read_bytes(), name
+
+
+def test_a_streamed_run_resumed_after_the_branch_moved_trains_the_blocks_of_the_commit_it_started_on(
+        prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:  # noqa: ANN001
+    from tests.test_stream_training import _args
+    from tests.test_training import _steps, _wait_for
+
+    hub, sha, local = prose_hub
+    code = str(corpus_dir / "code.train.jsonl")
+    online = write_config(tmp_path / "hub.json", [{"name": REPO, "split": "train", "prob": 0.6},
+                                                  {"name": "json", "data_files": code, "prob": 0.4}])
+    offline = write_config(tmp_path / "local.json", [{"name": "json", "data_files": [str(p) for p in local],
+                                                      "prob": 0.6},
+                                                     {"name": "json", "data_files": code, "prob": 0.4}])
+    settings = dict(target_tokens=60 * 4 * 128, eval_steps=10, save_steps=10, logging_steps=5, record_batches=True)
+    reference = run_script("train_sparknet.py", *_args(tmp_path / "a", offline, tokenizer_dir, **settings))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    args = _args(tmp_path / "b", online, tokenizer_dir, **settings)
+    run_dir = tmp_path / "b" / "ckpt" / "run"
+    env = {**os.environ, **hub.env(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "scripts/train_sparknet.py", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    _wait_for(run_dir / "checkpoint-20" / ".complete", proc)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "HTTP Request" not in out, out[-3000:]
+    hub.add_dataset(REPO, {"data/train-00000.jsonl": "".join(
+        json.dumps({"text": f"moved on {i} " * 40}) + "\n" for i in range(400)), "README.md": README})
+    proc = run_script("train_sparknet.py", *args, env=hub.env(tmp_path))
+    assert proc.returncode == 0 and "resuming from" in proc.stderr, proc.stderr[-3000:]
+    expected, got = _steps(tmp_path / "a" / "ckpt" / "run" / "batches.jsonl"), _steps(run_dir / "batches.jsonl")
+    assert sorted(got) == sorted(expected) == list(range(1, 61))
+    for step in expected:
+        assert got[step]["blocks"] == expected[step]["blocks"], step
+    meta = json.loads((run_dir / "training_metadata.json").read_text())
+    assert meta["source_revisions"]["prose"] == {"revision": None, "commit": sha}

@@ -14,7 +14,6 @@ to OUTPUT_DIR only once the manifest is in it. Every CHECKPOINT_SECONDS it saves
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import shutil
@@ -41,7 +40,7 @@ from sparknet.data.packing import (
 )
 from sparknet.data.prefetch import Done, EncodedDocuments
 from sparknet.data.reader import SourceReader
-from sparknet.data.sources import is_hub_source, resolve_revisions
+from sparknet.data.sources import at_commits, is_hub_source, resolve_revisions
 from sparknet.errors import UserError
 from sparknet.identity import describe_changes, local_files_fingerprint
 from sparknet.locks import exclusive
@@ -315,10 +314,8 @@ def _open_sources(spec: BuildSpec, submit: Any, state: dict[str, Any] | None, co
     encoded ahead, a bounded number of batches; added to `sources` one by one, so that a failure to open one leaves
     the others there to be closed."""
     positions = state["sources"] if state is not None else {}
-    for s in spec.config.mix:
+    for s in at_commits(spec.config, commits).mix:
         position = positions.get(s.label, {})
-        if commits.get(s.label):
-            s = dataclasses.replace(s, revision=commits[s.label])
         read_ahead = spec.read_ahead if spec.read_ahead is not None else (8 if is_hub_source(s) else 0)
         reader = SourceReader(s, shuffle_buffer=spec.shuffle_buffer, seed=spec.seed, state=position.get("reader"))
         sources[s.label] = EncodedDocuments(reader, submit, in_flight=max(2, 2 * spec.num_workers),

@@ -6,6 +6,7 @@ pinned to a `revision` (branch, tag or commit); `resolve_revisions` finds the co
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Iterator
@@ -145,6 +146,13 @@ def resolve_revisions(config: MixConfig) -> dict[str, str | None]:
                 asked[key] = None
         out[spec.label] = asked[key]
     return out
+
+
+def at_commits(config: MixConfig, commits: dict[str, str | None]) -> MixConfig:
+    """The mix with each source that has a resolved commit read at that commit, so that a long read (and its resume)
+    sees one snapshot even if a branch moves meanwhile; labels, and so seeds and reports, unchanged."""
+    return dataclasses.replace(config, mix=tuple(
+        dataclasses.replace(s, revision=commits[s.label]) if commits.get(s.label) else s for s in config.mix))
 
 
 def declared_columns(rows: Any) -> dict[str, str] | None:

@@ -125,6 +125,7 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> DataPlan:
     """The mix streamed live: validation blocks held out from the start of the mix (computed once, then read from
     the run folder so a resumed run evaluates on the same blocks), and each rank's training stream after them."""
     from sparknet.data.holdout import hold_out_validation
+    from sparknet.data.sources import at_commits, resolve_revisions
     from sparknet.data.stream import TokenStream
     from sparknet.identity import local_files_fingerprint
     from sparknet.runtime import process_rank, world_size
@@ -133,16 +134,20 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> DataPlan:
     tokenizer = load_tokenizer(spec.tokenizer_dir)
     tokenizer_json = tokenizer.backend_tokenizer.to_str()
     eos = int(tokenizer.eos_token_id)
-    common = dict(config=spec.config, tokenizer_json=tokenizer_json, eos_id=eos, block_size=spec.block_size,
-                  seed=spec.seed, shuffle_buffer=spec.shuffle_buffer)
-    if (run_dir / VAL_BLOCKS).is_file() and (run_dir / VAL_REPORT).is_file():
+    resumed = (run_dir / VAL_BLOCKS).is_file() and (run_dir / VAL_REPORT).is_file()
+    report = json.loads((run_dir / VAL_REPORT).read_text()) if resumed else {}
+    # every read of the run (hold-out, training, each resume) at the commits its start resolved: a branch that
+    # moves during a run of days does not change its data. A run from before this was recorded reads as it did.
+    commits = report["commits"] if "commits" in report else resolve_revisions(spec.config)
+    common = dict(config=at_commits(spec.config, commits), tokenizer_json=tokenizer_json, eos_id=eos,
+                  block_size=spec.block_size, seed=spec.seed, shuffle_buffer=spec.shuffle_buffer)
+    if resumed:
         val_tokens = np.load(run_dir / VAL_BLOCKS)
-        report = json.loads((run_dir / VAL_REPORT).read_text())
     else:
         log.info("holding out %s validation tokens from the start of the mix", f"{spec.val_tokens:,}")
         val_tokens, rows, report = hold_out_validation(**common, val_tokens=spec.val_tokens,
                                                        num_workers=spec.num_workers)
-        report = {**report, "rows_held_out": rows}
+        report = {**report, "rows_held_out": rows, "commits": commits}
     if len(val_tokens) == 0:
         raise UserError("the mix gave no validation block: add data, or lower VAL_TOKENS")
     _check_training_left(report, spec)
@@ -189,6 +194,8 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> DataPlan:
         target_tokens=spec.config.target_tokens,
         identity=identity,
         metadata={"config": {"path": spec.config.path, **spec.config.to_dict()},
+                  "source_revisions": {s.label: {"revision": s.revision, "commit": commits.get(s.label)}
+                                       for s in spec.config.mix},
                   "stream": {"validation": report, "training": _Later(stream)}},
         callbacks=lambda writer: [StreamCallback(stream=stream, writer=writer)],
         # the stream restores its own position: the Trainer must not replay (read and drop) the blocks seen
