@@ -22,6 +22,7 @@ FAIL_ON_EXHAUSTED = False  # stop with an error, not a warning, when a source ru
 OVERWRITE = False  # replace an existing dataset built from other inputs
 READ_AHEAD: int | None = None  # batches read ahead per source on a thread (None: 8 for Hub sources, 0 for local)
 CHECKPOINT_SECONDS = 60.0  # save the build's position this often, for a resume after an interruption (0: never)
+HUB_RETRY_MINUTES = 15.0  # a Hub source that fails (429, 5xx, a dropped connection) is retried this long
 
 
 def main() -> None:
@@ -31,6 +32,9 @@ def main() -> None:
     config = load_config(CONFIG)
     seed = config.seed if SEED is None else SEED
     runtime.setup(seed)
+    from sparknet.data.sources import set_hub_retry_minutes
+
+    set_hub_retry_minutes(HUB_RETRY_MINUTES)
     from sparknet.data.build import BuildSpec, build_dataset
     from sparknet.runtime import available_cores
 

@@ -17,6 +17,7 @@ SHUFFLE_BUFFER = 10_000  # documents shuffled per source through a buffer (0: ke
 ON_EXHAUSTED = "renormalise"  # a source runs dry: renormalise (the others fill in, a warning), stop, or restart it
 NUM_WORKERS: int | None = None  # tokenizer processes per training process (None: the cores / processes on this node)
 DATA_SEED: int | None = None  # seed of the per-source shuffle (None: the config's seed)
+HUB_RETRY_MINUTES = 15.0  # a Hub source that fails (429, 5xx, a dropped connection) is retried this long
 MODEL_PRESET = "sparknet-70m"  # sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each
 TARGET_TOKENS: int | None = None  # training tokens (None: the config's target_tokens)
 GLOBAL_BATCH_SIZE = 128  # blocks per optimizer step over all devices: the same steps on any number of GPUs
@@ -59,6 +60,9 @@ def main() -> None:
 
     config = load_config(CONFIG)
     runtime.setup(SEED)
+    from sparknet.data.sources import set_hub_retry_minutes
+
+    set_hub_retry_minutes(HUB_RETRY_MINUTES)
     from sparknet.train.data_plan import StreamSpec, stream_plan
     from sparknet.train.run import report_outcome, train
     from sparknet.train.settings import TrainSettings

@@ -11,6 +11,7 @@ CONFIG = "configs/datasets_v5.json"  # mix config to sample text from
 VOCAB_SIZE = 50257  # vocabulary size, <|endoftext|> included (GPT-2's is 50257)
 MAX_BYTES = 2_000_000_000  # bytes of text sampled for training, the mix's proportions by bytes
 SHUFFLE_BUFFER = 10_000  # documents per source in a shuffle buffer, as build_dataset_v5.py (0: each source's order)
+HUB_RETRY_MINUTES = 15.0  # a Hub source that fails (429, 5xx, a dropped connection) is retried this long
 MIN_FREQUENCY = 2  # a pair must occur this often to be merged
 HELDOUT_DOCS = 200  # documents per source after the sample, for the held-out bytes-per-token report
 OUTPUT_DIR = "tokenizer-v5"  # folder written with save_pretrained
@@ -23,6 +24,9 @@ def main() -> None:
 
     config = load_config(CONFIG)
     runtime.setup(config.seed)
+    from sparknet.data.sources import set_hub_retry_minutes
+
+    set_hub_retry_minutes(HUB_RETRY_MINUTES)
     from sparknet.tokenizer import train_tokenizer
 
     out = runtime.project_path(OUTPUT_DIR)

@@ -116,6 +116,7 @@ RULES: dict[str, Rule] = {
     "DTYPE": choice("auto", "uint16", "uint32"),
     "READ_AHEAD": integer(0, expected="an integer >= 0 (0: no read-ahead thread)", none=True),
     "CHECKPOINT_SECONDS": number(0, expected="a number of seconds >= 0 (0: never)"),
+    "HUB_RETRY_MINUTES": number(0, expected="a number of minutes >= 0 (0: no retry past the libraries' own)"),
     # tokenizer and demo corpus
     "VOCAB_SIZE": integer(257, expected="257 or more (a byte-level BPE needs 256 bytes + <|endoftext|>)"),
     "MAX_BYTES": integer(1, expected="a positive number of bytes"),

@@ -164,3 +164,47 @@ def test_a_streamed_run_resumed_after_the_branch_moved_trains_the_blocks_of_the_
         assert got[step]["blocks"] == expected[step]["blocks"], step
     meta = json.loads((run_dir / "training_metadata.json").read_text())
     assert meta["source_revisions"]["prose"] == {"revision": None, "commit": sha}
+
+
+def _mix(corpus_dir: Path, tmp_path: Path, local: list[Path]) -> tuple[Path, Path]:
+    code = str(corpus_dir / "code.train.jsonl")
+    online = write_config(tmp_path / "hub.json", [{"name": REPO, "split": "train", "prob": 0.5},
+                                                  {"name": "json", "data_files": code, "prob": 0.5}])
+    offline = write_config(tmp_path / "local.json", [{"name": "json", "data_files": [str(p) for p in local],
+                                                      "prob": 0.5},
+                                                     {"name": "json", "data_files": code, "prob": 0.5}])
+    return online, offline
+
+
+def test_a_hub_failure_past_the_librarys_retries_is_retried_and_the_build_is_unchanged(
+        prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:  # noqa: ANN001
+    """Six 503s on one data file outlast huggingface_hub's five retries (about 25 s): SparkNet opens the source
+    again at the row it had reached, and the build is byte for byte the build from the local files."""
+    hub, _, local = prose_hub
+    online, offline = _mix(corpus_dir, tmp_path, local)
+    fault = hub.fail(REPO, 503, times=6, path="data/train-00003.jsonl", kind="resolve-get")
+    proc = _build(online, tmp_path / "ds", tokenizer_dir, hub.env(tmp_path), "--shuffle_buffer", 4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert fault.hits == 6
+    warnings = [line for line in proc.stderr.splitlines() if "reading from the Hub failed" in line]
+    assert len(warnings) == 1 and "source 'prose'" in warnings[0] and "retry 1 in 2 s" in warnings[0], proc.stderr
+    proc = _build(offline, tmp_path / "local-ds", tokenizer_dir, None, "--shuffle_buffer", 4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("train.bin", "val.bin"):
+        assert (tmp_path / "ds" / name).read_bytes() == (tmp_path / "local-ds" / name).read_bytes(), name
+
+
+def test_a_hub_outage_longer_than_hub_retry_minutes_stops_with_one_line_and_resumes(
+        prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:  # noqa: ANN001
+    hub, _, local = prose_hub
+    online, _ = _mix(corpus_dir, tmp_path, local)
+    hub.fail(REPO, 503, path="data/train-00003.jsonl", kind="resolve-get")
+    proc = _build(online, tmp_path / "ds", tokenizer_dir, hub.env(tmp_path), "--shuffle_buffer", 4,
+                  "--hub_retry_minutes", 0.1)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    error = proc.stderr.splitlines()[-1]
+    assert error.startswith("error: cannot read source 'prose'") and "HUB_RETRY_MINUTES=0.1" in error, error
+    assert "run the same command again" in error
+    hub.clear_faults()
+    proc = _build(online, tmp_path / "ds", tokenizer_dir, hub.env(tmp_path), "--shuffle_buffer", 4)
+    assert proc.returncode == 0, proc.stderr[-3000:]

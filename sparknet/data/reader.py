@@ -26,7 +26,15 @@ from typing import Any
 import numpy as np
 
 from sparknet.config import SourceSpec
-from sparknet.data.sources import declared_columns, document_text, open_source, pick_text_field, read_rows, warn_no_text
+from sparknet.data.sources import (
+    declared_columns,
+    document_text,
+    open_source,
+    pick_text_field,
+    read_rows,
+    retried_rows,
+    warn_no_text,
+)
 from sparknet.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -141,7 +149,7 @@ class SourceReader:
         if self._dataset_state is not None:
             rows.load_state_dict(self._dataset_state)
         yield from self._texts_of(rows, lambda index: index >= self.skip and (index - self.skip) % self.world_size
-                                  == self.rank)
+                                  == self.rank, reopen=lambda: open_source(self.spec))
         self._dataset_state = rows.state_dict() if self._rows is not None else self._dataset_state
         self._rows = None
 
@@ -169,7 +177,9 @@ class SourceReader:
             if self._dataset_state is not None:
                 shard.load_state_dict(self._dataset_state)
             held = held_in_first if index == first else 0
-            yield from self._texts_of(shard, lambda _row, held=held: self._next_shard_row() > held)
+            yield from self._texts_of(shard, lambda _row, held=held: self._next_shard_row() > held,
+                                      reopen=lambda index=index: open_source(self.spec).shard(num_shards=shards,
+                                                                                              index=index))
             self.shard, self.shard_rows, self._dataset_state, self._rows = self.shard + 1, 0, None, None
 
     def _next_shard_row(self) -> int:
@@ -192,10 +202,13 @@ class SourceReader:
             left -= read
         return rows.num_shards, 0
 
-    def _texts_of(self, rows: Any, keep: Any) -> Iterator[str]:
-        """The non-empty texts of the rows `keep(index in the pass)` accepts; `self.rows` counts every row read."""
+    def _texts_of(self, rows: Any, keep: Any, reopen: Any) -> Iterator[str]:
+        """The non-empty texts of the rows `keep(index in the pass)` accepts; `self.rows` counts every row read.
+        A Hub source's transient failures are retried from the position reached (`retried_rows`, with `reopen`)."""
         field, warned = None, False
-        for row in read_rows(rows, self.spec):
+        current = [rows]
+        for row in retried_rows(self.spec, rows, reopen, lambda reopened: current.__setitem__(0, reopened)):
+            rows = current[0]
             self._rows = rows
             index = self.rows
             self.rows += 1

@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Iterator
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sparknet.config import MixConfig, SourceSpec
@@ -19,6 +21,13 @@ log = logging.getLogger(__name__)
 
 # Seconds to wait for the Hub when resolving a revision: the answer is a manifest's footnote, not worth a stall.
 HUB_TIMEOUT_S = 10.0
+
+# How long a Hub source's reads are retried after a transient failure (HTTP 429 or 5xx, a reset or stalled
+# connection) that huggingface_hub's and datasets' own retries did not absorb: minutes, since an outage of a minute
+# must not end a run of hours. Set by the scripts' HUB_RETRY_MINUTES (`set_hub_retry_minutes`).
+HUB_RETRY_SECONDS = 15 * 60.0
+RETRY_FIRST_WAIT_S, RETRY_MAX_WAIT_S = 2.0, 60.0
+hub_retries: Counter[str] = Counter()  # retries by source label, in this process (the stream reports them)
 
 # Tried in order when a source names no text_field.
 TEXT_FIELD_CANDIDATES = ("text", "content", "document", "body", "raw_content")
@@ -236,6 +245,77 @@ def read_rows(rows: Any, spec: SourceSpec) -> Iterator[dict[str, Any]]:
         yield row
 
 
+class UnreadableSource(UserError):
+    """A source that opened but failed while being read; `cause` is what the reader raised."""
+
+    def __init__(self, message: str, cause: BaseException) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+def set_hub_retry_minutes(minutes: float) -> None:
+    """How long, from a failure, a Hub source's reads are retried before the run or build stops (HUB_RETRY_MINUTES)."""
+    global HUB_RETRY_SECONDS
+    HUB_RETRY_SECONDS = 60.0 * minutes
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a read failure may pass by itself: HTTP 408, 429 or 5xx, a timeout, a reset or refused connection.
+    Not a 4xx that says what is wrong (401, 404), nor a parse error of the data."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    for e in chain:
+        if isinstance(e, HfHubHTTPError):
+            status = getattr(getattr(e, "response", None), "status_code", None)
+            return status is not None and (status in (408, 429) or status >= 500)
+    names = {type(c).__name__ for e in chain for c in type(e).__mro__}
+    return bool(names & {"TimeoutError", "ConnectionError", "TransportError", "TimeoutException", "NetworkError",
+                         "RemoteProtocolError", "ReadError", "ConnectError", "ChunkedEncodingError"})
+
+
+def retried_rows(spec: SourceSpec, rows: Any, reopen: Callable[[], Any], on_rows: Callable[[Any], None]
+                 ) -> Iterator[dict[str, Any]]:
+    """`read_rows`, for a Hub source with its transient failures retried: after a wait (2 s, doubling up to a
+    minute) the source is opened again at the position after the last row read (`reopen`, then the rows' own
+    exact state), until HUB_RETRY_SECONDS have passed since the failure without a row read; then the error says
+    so. Each retry is a warning line and counts in `hub_retries`. `on_rows` is told each reopened rows object (whose
+    `state_dict` is then the position)."""
+    if not is_hub_source(spec):
+        yield from read_rows(rows, spec)
+        return
+    failed_at, attempt = None, 0
+    while True:
+        try:
+            for row in read_rows(rows, spec):
+                failed_at, attempt = None, 0
+                yield row
+            return
+        except UnreadableSource as exc:
+            if not transient(exc.cause):
+                raise
+            now = time.monotonic()
+            failed_at = now if failed_at is None else failed_at
+            wait = min(RETRY_MAX_WAIT_S, RETRY_FIRST_WAIT_S * 2**attempt)
+            if now - failed_at + wait > HUB_RETRY_SECONDS:
+                raise UserError(f"{exc} (retried for {now - failed_at:.0f} s: the Hub stayed unreachable longer "
+                                f"than HUB_RETRY_MINUTES={HUB_RETRY_SECONDS / 60:g})") from None
+            attempt += 1
+            hub_retries[spec.label] += 1
+            reason = f"{type(exc.cause).__name__}: {' '.join(str(exc.cause).split())[:160]}"
+            log.warning("source %r: reading from the Hub failed (%s); retry %d in %.0f s (for up to %g min from the "
+                        "failure)", spec.label, reason, attempt, wait, HUB_RETRY_SECONDS / 60)
+            position = rows.state_dict()
+            time.sleep(wait)
+            rows = reopen()
+            rows.load_state_dict(position)
+            on_rows(rows)
+
+
 def unreadable(spec: SourceSpec, rows: Any, exc: BaseException) -> UserError:
     """The error for a source that opened but could not be read, on one line: the source, the file being read when
     it is known, the reader's own words (pyarrow's name the row within the block it parsed), and what to do."""
@@ -246,7 +326,8 @@ def unreadable(spec: SourceSpec, rows: Any, exc: BaseException) -> UserError:
     else:  # a network failure after the retries of `datasets`: often passing
         fix = ("check the network and run the same command again (an unfinished build resumes from its last saved "
                "position)")
-    return UserError(f"cannot read source {spec.label!r} ({where}): {type(exc).__name__}: {message}; {fix}")
+    return UnreadableSource(f"cannot read source {spec.label!r} ({where}): {type(exc).__name__}: {message}; {fix}",
+                            exc)
 
 
 def _file_being_read(rows: Any) -> str | None:

@@ -267,7 +267,8 @@ class StreamCallback(TrainerCallback):
     the position after exactly the blocks the steps consumed; at each logging step writes the realised mix
     (`data/share/<source>`), the stream's rate over the window (`data/tokens_per_second`: tokens handed out per second
     spent waiting for them; far above perf/tokens_per_second when data is not the bottleneck) and the share of the
-    window's time the trainer waited for data (`data/wait_fraction`)."""
+    window's time the trainer waited for data (`data/wait_fraction`), and the Hub reads retried so far
+    (`data/hub_retries`)."""
 
     def __init__(self, *, stream: Any, writer: Any) -> None:
         self.stream, self.writer = stream, writer
@@ -308,3 +309,7 @@ class StreamCallback(TrainerCallback):
         if busy > 0:
             self.writer.add_scalar("data/tokens_per_second", tokens / busy, state.global_step)
         self.writer.add_scalar("data/wait_fraction", min(1.0, busy / max(wall, 1e-9)), state.global_step)
+        from sparknet.data.sources import hub_retries
+
+        # Hub reads retried after a transient failure, since this process started (each one is also a log line)
+        self.writer.add_scalar("data/hub_retries", sum(hub_retries.values()), state.global_step)
