@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sparknet.train.run_folder import latest_complete_checkpoint
 from tests import hub_server
 from tests.conftest import run_script, write_config, write_jsonl
 from tests.hub_server import HubServer
@@ -208,3 +209,52 @@ def test_a_hub_outage_longer_than_hub_retry_minutes_stops_with_one_line_and_resu
     hub.clear_faults()
     proc = _build(online, tmp_path / "ds", tokenizer_dir, hub.env(tmp_path), "--shuffle_buffer", 4)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_a_streamed_run_stopped_by_a_hub_outage_saves_its_last_step_and_resumes_exactly(
+        prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:  # noqa: ANN001
+    """The Hub fails for good once the run is past its checkpoint at step 20: after huggingface_hub's retries and
+    HUB_RETRY_MINUTES (0 here), the run saves a checkpoint of its last whole step (the blocks already read for the
+    next step are taken back) and says the same command resumes; it then trains every step on the blocks of an
+    uninterrupted run."""
+    from tests.test_stream_training import _args
+    from tests.test_training import _steps, _wait_for
+
+    hub, _, _ = prose_hub
+    # the prose's lines three by three as documents, in 64 shards: short documents, so that the encoders' batches
+    # (256 documents, two ahead without encoder processes) are read all along the run and the outage hits mid-run
+    lines = [line for text in _texts(corpus_dir / "prose.train.jsonl") for line in text.splitlines() if line.strip()]
+    local = _shards(["\n".join(lines[i:i + 3]) for i in range(0, len(lines), 3)], tmp_path / "many", "prose", n=64)
+    many = "sparknet-test-many/prose"  # the same label, prose
+    hub.add_dataset(many, {**{f"data/train-{i:05d}.jsonl": p.read_bytes() for i, p in enumerate(local)},
+                           "README.md": README})
+    online, offline = _mix(corpus_dir, tmp_path, local)
+    online.write_text(online.read_text().replace(REPO, many))
+    settings = dict(target_tokens=120 * 8 * 128, eval_steps=20, save_steps=20, logging_steps=10, record_batches=True,
+                    shuffle_buffer=4, global_batch_size=8, batch_size=4,  # accumulation 2: a step can be cut mid-way
+                    num_workers=0)
+    reference = run_script("train_sparknet.py", *_args(tmp_path / "a", offline, tokenizer_dir, **settings))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    args = _args(tmp_path / "b", online, tokenizer_dir, hub_retry_minutes=0, **settings)
+    run_dir = tmp_path / "b" / "ckpt" / "run"
+    env = {**os.environ, **hub.env(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "scripts/train_sparknet.py", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    _wait_for(run_dir / "checkpoint-20" / ".complete", proc)
+    hub.fail(many, 503)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
+    error = out.splitlines()[-1]
+    assert error.startswith("error: cannot read source 'prose'") and "HUB_RETRY_MINUTES=0" in error, error
+    saved = latest_complete_checkpoint(run_dir)
+    assert f"checkpoint saved in {saved}: run the same command to resume" in error, error
+    assert saved.name != "checkpoint-20"
+    hub.clear_faults()
+    proc = run_script("train_sparknet.py", *args, env=hub.env(tmp_path))
+    assert proc.returncode == 0 and f"resuming from {saved}" in proc.stderr, proc.stderr[-3000:]
+    expected, got = _steps(tmp_path / "a" / "ckpt" / "run" / "batches.jsonl"), _steps(run_dir / "batches.jsonl")
+    assert sorted(got) == sorted(expected) == list(range(1, 121))
+    for step in expected:
+        assert got[step]["blocks"] == expected[step]["blocks"], step
+        assert got[step]["lr"] == expected[step]["lr"], step

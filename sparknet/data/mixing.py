@@ -85,6 +85,13 @@ class Mixer(Generic[T]):
             count.units += cost
             yield best, item
 
+    def take_back(self, label: str, item: T) -> None:
+        """Undoes the counting of `item`, the last one mixed from `label`, which was not used after all (it will be
+        read and mixed again from a saved position)."""
+        count = self.counts[label]
+        count.documents -= 1
+        count.units -= self._cost(label, item)
+
     def has_read_ahead(self, label: str) -> bool:
         """Whether the source's next item was taken from its stream but not yet mixed (it will come out next time
         this source is chosen): a saved position must count it as not yet read."""

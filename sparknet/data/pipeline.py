@@ -62,6 +62,7 @@ class Pipeline:
         self.end: str | None = state["end"]
         self.warned = set(state["warned"])
         self._restarts = dict(state["restarts"])  # at the position, before any document of this run
+        self._taken_back: Counter[str] = Counter()  # documents handed out by a source, then given back unused
         # The document being cut: [label, its length, its tokens in blocks given so far (negative while tokens of
         # earlier documents still fill the block it starts in)]. At every block given, it alone is pending.
         self._current: list[Any] | None = None
@@ -83,19 +84,31 @@ class Pipeline:
         """The blocks from the position on, one at a time (so that every block given has an exact position)."""
         size = self.block_size
         while self.end is None:
-            while self.packer.pending_tokens < size:
-                item = next(self._mixed, None)
-                dry = self._note_dry()
-                if item is None:
-                    self._finish("every source ran dry")
-                    return
-                if dry and self.on_exhausted == "stop":
-                    self._finish(f"source {dry[0]!r} ran dry (ON_EXHAUSTED=stop)")
-                    return
-                label, doc = item
-                doc = self._cut(label, doc)
-                self._current = [label, len(doc), -self.packer.pending_tokens]
-                self.packer.add(label, doc)
+            at_block, pulled = copy.copy(self._current), []
+            try:
+                while self.packer.pending_tokens < size:
+                    item = next(self._mixed, None)
+                    dry = self._note_dry()
+                    if item is None:
+                        self._finish("every source ran dry")
+                        return
+                    if dry and self.on_exhausted == "stop":
+                        self._finish(f"source {dry[0]!r} ran dry (ON_EXHAUSTED=stop)")
+                        return
+                    label, doc = item
+                    pulled.append(item)
+                    doc = self._cut(label, doc)
+                    self._current = [label, len(doc), -self.packer.pending_tokens]
+                    self.packer.add(label, doc)
+            except BaseException:
+                # a source failed while this block filled (the Hub gone for good): the position stays that of the
+                # last block given, the documents taken for this one read again on resume
+                for label, doc in pulled:
+                    self.mixer.take_back(label, doc)
+                    self.packer.documents_by_source[label] -= 1
+                    self._taken_back[label] += 1
+                self._current = at_block
+                raise
             block = self.packer.take(1)[0]
             assert self._current is not None
             self._current[2] += size
@@ -114,7 +127,8 @@ class Pipeline:
         sources = {}
         for label, source in self.sources.items():
             # documents handed out but not used are read again: the mixer's read-ahead and the one being cut
-            unused = int(self.mixer.has_read_ahead(label)) + int(cutting and current[0] == label)
+            unused = (int(self.mixer.has_read_ahead(label)) + int(cutting and current[0] == label)
+                      + self._taken_back[label])
             # a copy: the live batch records hold these dicts
             sources[label] = copy.deepcopy(source.position(source.handed_out - unused))
         return {
@@ -136,7 +150,7 @@ class Pipeline:
     def _last_used(self, label: str) -> tuple[int, int] | None:
         """(passes, rows read) of the source's last document used (the one being cut included), None if none yet."""
         source = self.sources[label]
-        return source.mark(source.handed_out - int(self.mixer.has_read_ahead(label)))
+        return source.mark(source.handed_out - int(self.mixer.has_read_ahead(label)) - self._taken_back[label])
 
     def restarts(self) -> dict[str, int]:
         """Per source, the restarts before its last document used (read-ahead restarts not counted)."""

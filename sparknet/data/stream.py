@@ -155,6 +155,10 @@ class TokenStream(torch.utils.data.IterableDataset):
         self._encoder: DocumentEncoder | None = None
         self._busy_seconds = 0.0
         self._timed_tokens = 0
+        # Blocks given since the last optimizer step ended, and blocks to give again before the pipeline's next:
+        # a run stopped by a failure mid-step saves the step's start as its position (`rewind_to_step`).
+        self._since_step: list[np.ndarray] = []
+        self._replay: list[np.ndarray] = []
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         if torch.utils.data.get_worker_info() is not None:
@@ -164,7 +168,8 @@ class TokenStream(torch.utils.data.IterableDataset):
             )
         pipeline = self._start()
         started = time.perf_counter()
-        for block in pipeline.blocks():
+        for block in self._blocks(pipeline):
+            self._since_step.append(block)
             ids = torch.from_numpy(block.astype(np.int64))
             # only the time spent producing counts: the consumer's time between blocks is its own
             self._busy_seconds += time.perf_counter() - started
@@ -172,13 +177,37 @@ class TokenStream(torch.utils.data.IterableDataset):
             yield {"input_ids": ids, "labels": ids}
             started = time.perf_counter()
 
+    def _blocks(self, pipeline: Pipeline) -> Iterator[np.ndarray]:
+        while self._replay:
+            pipeline.blocks_yielded += 1
+            yield self._replay.pop(0)
+        yield from pipeline.blocks()
+
+    def step_done(self) -> None:
+        """The blocks given so far are trained on: a later `rewind_to_step` goes back no further."""
+        self._since_step.clear()
+
+    def rewind_to_step(self) -> int:
+        """Takes back the blocks given since the last `step_done` (a step that will not run): they are given again
+        first, after a resume from the position `state_dict` now describes. Returns how many."""
+        taken = len(self._since_step)
+        if self._pipeline is not None:
+            self._pipeline.blocks_yielded -= taken
+        self._replay[:0] = self._since_step
+        self._since_step = []
+        return taken
+
     def state_dict(self) -> dict[str, Any]:
         """The exact position after the blocks given so far (a copy; includes "blocks_yielded")."""
         if self._pipeline is not None:
-            return self._pipeline.state_dict()
-        if self._state is not None:
-            return copy.deepcopy(self._state)
-        return self._initial_state()
+            state = self._pipeline.state_dict()
+        elif self._state is not None:
+            state = copy.deepcopy(self._state)
+        else:
+            state = self._initial_state()
+        if self._replay:  # blocks taken back: their tokens (at most one step's), given first on resume
+            state["replay"] = [block.tolist() for block in self._replay]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from `state` at the next iteration; refuses a state saved with other settings."""
@@ -190,6 +219,8 @@ class TokenStream(torch.utils.data.IterableDataset):
             raise UserError(f"the saved stream position was taken with other data settings ({changes}): it cannot "
                             "be resumed with these; start a new run")
         self._state = copy.deepcopy(state)
+        self._replay = [np.asarray(block, dtype=self.dtype) for block in self._state.pop("replay", [])]
+        self._since_step = []
         self._pipeline = None
 
     def stats(self) -> dict[str, Any]:
@@ -233,6 +264,7 @@ class TokenStream(torch.utils.data.IterableDataset):
 
     def _start(self) -> Pipeline:
         state = self.state_dict()
+        state.pop("replay", None)  # kept in self._replay
         self._state = None
         self._pipeline = Pipeline(self, state, self._submitter())
         return self._pipeline

@@ -225,7 +225,8 @@ def _check_training_left(report: dict[str, Any], spec: StreamSpec) -> None:
         if left <= 0:
             problems.append(f"{source_spec.label!r} ({total} rows) would give no training tokens: all its rows "
                             "held out for validation or left in the shuffle buffer")
-        elif spec.on_exhausted == "renormalise" and left * per_doc < 0.5 * share:
+        elif spec.on_exhausted == "renormalise" and not source.get("documents_cut") and left * per_doc < 0.5 * share:
+            # (documents cut to the hold-out's cap make tokens per document a lower bound: no estimate then)
             problems.append(f"{source_spec.label!r} ({total} rows) would give about {left * per_doc:,.0f} training "
                             f"tokens after the rows held out for validation, far less than its share of "
                             f"{share:,.0f}")
@@ -284,6 +285,9 @@ class StreamCallback(TrainerCallback):
                                "trained on: the checkpoint would not resume exactly")
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         write_json_atomic(folder / STREAM_STATE.format(rank=process_rank()), position)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.stream.step_done()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         """The realised training mix against the one asked, as the packed build reports it (this rank's stream;

@@ -197,6 +197,32 @@ class SparkTrainer(Trainer):
         self.train_sampler = GlobalBatchSampler(len(dataset), self.global_batch, self.args.data_seed)
         return self.train_sampler
 
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
+        from sparknet.data.sources import HubUnavailable
+
+        try:
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        except HubUnavailable as exc:
+            raise HubUnavailable(f"{exc}; {self._save_at_outage()}", exc.cause) from None
+
+    def _save_at_outage(self) -> str:
+        """A checkpoint of the last whole step, with the stream's position taken back to that step's end (the blocks
+        read for the next step are given again on resume); what to say about it. One process only: under data
+        parallelism the others are inside a step, and a save is collective."""
+        from sparknet.runtime import world_size
+        from sparknet.train.run_folder import COMPLETE_MARKER
+
+        step = self.state.global_step
+        folder = Path(self.args.output_dir) / f"checkpoint-{step}"
+        rewind = getattr(self.train_dataset, "rewind_to_step", None)
+        if world_size() > 1 or rewind is None or step == 0:
+            return "run the same command to resume (from the newest checkpoint, if any)"
+        rewind()
+        if not (folder / COMPLETE_MARKER).is_file():
+            self._save_checkpoint(self.model_wrapped, trial=None)
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+        return f"checkpoint saved in {folder}: run the same command to resume"
+
     def restore_finished(self, checkpoint: Path) -> None:
         """Loads a checkpoint taken at the run's last step as train() would have left it: its state, and the best
         model (for the final eval and export) without training a step."""
