@@ -115,8 +115,12 @@ def train_tokenizer(
     _check_settings(vocab_size, max_bytes, shuffle_buffer)
     _check_output_dir(out_dir, overwrite)
     started = time.time()
+    from sparknet.data.sources import at_commits, resolve_revisions
+
+    # a gated or missing Hub dataset is one line before any work; each Hub source read at one commit, recorded
+    commits = resolve_revisions(config)
     # By bytes, not documents: a source of long documents asked at 0.2 would otherwise supply most of the text.
-    mixer = mix_texts(config, utf8_bytes, shuffle_buffer=shuffle_buffer)
+    mixer = mix_texts(at_commits(config, commits), utf8_bytes, shuffle_buffer=shuffle_buffer)
     log.info("sampling %d bytes from %s and training a %d-token byte-level BPE", max_bytes, config.path, vocab_size)
     with Progress(total=max_bytes, desc="sampling text", unit="B", unit_scale=True, unit_divisor=1024) as progress:
         tok = train_bpe(_sample(mixer, max_bytes, progress), vocab_size, min_frequency)
@@ -130,6 +134,7 @@ def train_tokenizer(
     report = {
         "config": config.path,
         "mix": config.to_dict()["mix"],
+        "source_revisions": {s.label: {"revision": s.revision, "commit": commits.get(s.label)} for s in config.mix},
         "vocab_size_requested": vocab_size,
         "vocab_size": tok.get_vocab_size(),
         "min_frequency": min_frequency,
