@@ -253,6 +253,10 @@ class UnreadableSource(UserError):
         self.cause = cause
 
 
+class HubUnavailable(UnreadableSource):
+    """A Hub source still failing after HUB_RETRY_MINUTES of retries: an outage, not a mistake in the input."""
+
+
 def set_hub_retry_minutes(minutes: float) -> None:
     """How long, from a failure, a Hub source's reads are retried before the run or build stops (HUB_RETRY_MINUTES)."""
     global HUB_RETRY_SECONDS
@@ -302,8 +306,8 @@ def retried_rows(spec: SourceSpec, rows: Any, reopen: Callable[[], Any], on_rows
             failed_at = now if failed_at is None else failed_at
             wait = min(RETRY_MAX_WAIT_S, RETRY_FIRST_WAIT_S * 2**attempt)
             if now - failed_at + wait > HUB_RETRY_SECONDS:
-                raise UserError(f"{exc} (retried for {now - failed_at:.0f} s: the Hub stayed unreachable longer "
-                                f"than HUB_RETRY_MINUTES={HUB_RETRY_SECONDS / 60:g})") from None
+                raise HubUnavailable(f"{exc} (retried for {now - failed_at:.0f} s: the Hub stayed unreachable "
+                                     f"longer than HUB_RETRY_MINUTES={HUB_RETRY_SECONDS / 60:g})", exc.cause) from None
             attempt += 1
             hub_retries[spec.label] += 1
             reason = f"{type(exc.cause).__name__}: {' '.join(str(exc.cause).split())[:160]}"
