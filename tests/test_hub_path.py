@@ -57,15 +57,21 @@ def _build(cfg: Path, out: Path, tokenizer_dir: Path, env: dict[str, str] | None
                       "--target_tokens", 60_000, "--val_tokens", 6_000, "--num_workers", 0, *extra, env=env)
 
 
+def _mix(corpus_dir: Path, tmp_path: Path, local: list[Path], prose: float = 0.5) -> tuple[Path, Path]:
+    """The Hub prose plus the local code, and the same mix with the prose's local twin."""
+    code = str(corpus_dir / "code.train.jsonl")
+    online = write_config(tmp_path / "hub.json", [{"name": REPO, "split": "train", "prob": prose},
+                                                  {"name": "json", "data_files": code, "prob": 1 - prose}])
+    offline = write_config(tmp_path / "local.json", [{"name": "json", "data_files": [str(p) for p in local],
+                                                      "prob": prose},
+                                                     {"name": "json", "data_files": code, "prob": 1 - prose}])
+    return online, offline
+
+
 def test_a_build_from_a_hub_id_is_the_build_from_the_same_local_files(prose_hub, corpus_dir: Path,  # noqa: ANN001
                                                                       tokenizer_dir: Path, tmp_path: Path) -> None:
     hub, sha, local = prose_hub
-    code = str(corpus_dir / "code.train.jsonl")
-    online = write_config(tmp_path / "hub.json", [{"name": REPO, "split": "train", "prob": 0.5},
-                                                  {"name": "json", "data_files": code, "prob": 0.5}])
-    offline = write_config(tmp_path / "local.json", [
-        {"name": "json", "data_files": [str(p) for p in local], "prob": 0.5},
-        {"name": "json", "data_files": code, "prob": 0.5}])
+    online, offline = _mix(corpus_dir, tmp_path, local)
     proc = _build(online, tmp_path / "hub-ds", tokenizer_dir, hub.env(tmp_path))
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "HTTP Request" not in proc.stderr and "HTTP/1.1" not in proc.stderr, proc.stderr[-3000:]
@@ -102,12 +108,7 @@ def test_a_gated_or_missing_hub_dataset_is_one_line(status: int, prose_hub, toke
 def test_a_resumed_build_reads_the_commit_it_started_on_after_the_branch_moved(
         prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:  # noqa: ANN001
     hub, sha, local = prose_hub
-    code = str(corpus_dir / "code.train.jsonl")
-    online = write_config(tmp_path / "hub.json", [{"name": REPO, "split": "train", "prob": 0.5},
-                                                  {"name": "json", "data_files": code, "prob": 0.5}])
-    offline = write_config(tmp_path / "local.json", [{"name": "json", "data_files": [str(p) for p in local],
-                                                      "prob": 0.5},
-                                                     {"name": "json", "data_files": code, "prob": 0.5}])
+    online, offline = _mix(corpus_dir, tmp_path, local)
     extra = ("--shuffle_buffer", 4, "--checkpoint_seconds", 0.05, "--read_ahead", 0)
     out = tmp_path / "ds"
     argv = [sys.executable, "scripts/build_dataset_v5.py", "--config", str(online), "--tokenizer_dir",
@@ -136,12 +137,7 @@ def test_a_streamed_run_resumed_after_the_branch_moved_trains_the_blocks_of_the_
     from tests.test_training import _steps, _wait_for
 
     hub, sha, local = prose_hub
-    code = str(corpus_dir / "code.train.jsonl")
-    online = write_config(tmp_path / "hub.json", [{"name": REPO, "split": "train", "prob": 0.6},
-                                                  {"name": "json", "data_files": code, "prob": 0.4}])
-    offline = write_config(tmp_path / "local.json", [{"name": "json", "data_files": [str(p) for p in local],
-                                                      "prob": 0.6},
-                                                     {"name": "json", "data_files": code, "prob": 0.4}])
+    online, offline = _mix(corpus_dir, tmp_path, local, prose=0.6)
     settings = dict(target_tokens=60 * 4 * 128, eval_steps=10, save_steps=10, logging_steps=5, record_batches=True)
     reference = run_script("train_sparknet.py", *_args(tmp_path / "a", offline, tokenizer_dir, **settings))
     assert reference.returncode == 0, reference.stderr[-3000:]
@@ -165,16 +161,6 @@ def test_a_streamed_run_resumed_after_the_branch_moved_trains_the_blocks_of_the_
         assert got[step]["blocks"] == expected[step]["blocks"], step
     meta = json.loads((run_dir / "training_metadata.json").read_text())
     assert meta["source_revisions"]["prose"] == {"revision": None, "commit": sha}
-
-
-def _mix(corpus_dir: Path, tmp_path: Path, local: list[Path]) -> tuple[Path, Path]:
-    code = str(corpus_dir / "code.train.jsonl")
-    online = write_config(tmp_path / "hub.json", [{"name": REPO, "split": "train", "prob": 0.5},
-                                                  {"name": "json", "data_files": code, "prob": 0.5}])
-    offline = write_config(tmp_path / "local.json", [{"name": "json", "data_files": [str(p) for p in local],
-                                                      "prob": 0.5},
-                                                     {"name": "json", "data_files": code, "prob": 0.5}])
-    return online, offline
 
 
 def test_a_hub_failure_past_the_librarys_retries_is_retried_and_the_build_is_unchanged(

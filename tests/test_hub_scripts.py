@@ -13,22 +13,9 @@ import pytest
 from tests import hub_server
 from tests.conftest import run_script, write_config, write_jsonl
 from tests.hub_server import HubServer
+from tests.test_hub_path import README, REPO, _texts  # REPO's label `prose` matches its twins, prose.N.jsonl
 
 hub = hub_server.hub
-REPO = "sparknet-test/prose"  # label `prose`: the local twins are prose.N.jsonl, so the shuffles' seeds match
-README = """---
-configs:
-- config_name: default
-  data_files:
-  - split: train
-    path: data/train-*.jsonl
----
-# Prose for SparkNet's tests
-"""
-
-
-def _texts(path: Path) -> list[str]:
-    return [json.loads(line)["text"] for line in path.read_text().splitlines()]
 
 
 def _publish(hub: HubServer, texts: list[str], folder: Path, n: int) -> tuple[list[Path], str]:
