@@ -31,7 +31,7 @@ from sparknet.data.sources import (
     document_text,
     open_source,
     pick_text_field,
-    read_rows,
+    retried_open,
     retried_rows,
     warn_no_text,
 )
@@ -140,7 +140,7 @@ class SourceReader:
             log.info("source %r ran dry: restarting it from its start (pass %d)", self.spec.label, self.passes + 1)
 
     def _one_pass(self) -> Iterator[str]:
-        rows = open_source(self.spec)
+        rows = retried_open(self.spec)
         if self.split is None:
             self.split = self._choose_split(rows)
         if self.split == "shards":
@@ -194,7 +194,9 @@ class SourceReader:
             if left == 0:
                 return index, 0
             read = 0  # up to one row past the hold-out: a shard that ends with it is wholly held out
-            for _row in read_rows(rows.shard(num_shards=rows.num_shards, index=index), self.spec):
+            shard = rows.shard(num_shards=rows.num_shards, index=index)
+            reopen = lambda index=index: open_source(self.spec).shard(num_shards=rows.num_shards, index=index)  # noqa: E731
+            for _row in retried_rows(self.spec, shard, reopen, on_rows=lambda _rows: None):
                 read += 1
                 self.rows_counting += 1
                 if read > left:

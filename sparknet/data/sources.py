@@ -44,6 +44,7 @@ def open_source(spec: SourceSpec) -> Any:
             f"source {spec.label!r}: revision {spec.revision!r} pins a Hub dataset, but {spec.name!r} is {kind}, "
             'read as it is now whatever the revision: remove "revision"'
         )
+    _retries_bounded_by_hub_retry_minutes()
     files = spec.resolved_data_files()
     if isinstance(files, list):
         files = {spec.split: files}  # a plain list of files is the split the entry names
@@ -66,9 +67,32 @@ def open_source(spec: SourceSpec) -> Any:
                 " (Hub sources need network access or a local cache: with HF_HUB_OFFLINE=1 only cached datasets "
                 "open; gated datasets need `hf auth login`)"
             )
-        raise UserError(
-            f"cannot open source {spec.label!r} ({spec.name}, split {spec.split!r}): {type(exc).__name__}: {exc}{hint}"
-        ) from None
+        raise UnreadableSource(
+            f"cannot open source {spec.label!r} ({spec.name}, split {spec.split!r}): {type(exc).__name__}: {exc}{hint}",
+            exc) from None
+
+
+def _retries_bounded_by_hub_retry_minutes() -> None:
+    """Leaves the retrying of a failed streaming read or open to `retried_rows`. datasets retries each 20 times, 5 s
+    apart (60 s apart on a 429), on top of huggingface_hub's own five retries (about 25 s): a persistent reset took
+    about 9 minutes before SparkNet saw it, and a rate limit 20 minutes, whatever HUB_RETRY_MINUTES said. With one
+    try each, HUB_RETRY_MINUTES bounds the wait, and each retry is counted and reopens the source at the exact row
+    reached. datasets' own warning ("Retrying in 0sec [1/1]") would then be wrong, so it is left out."""
+    from datasets import config
+
+    config.STREAMING_READ_MAX_RETRIES = config.STREAMING_OPEN_MAX_RETRIES = 1
+    config.STREAMING_READ_RETRY_INTERVAL = config.STREAMING_OPEN_RETRY_INTERVAL = 0
+    config.STREAMING_READ_SERVER_UNAVAILABLE_RETRY_INTERVAL = config.STREAMING_READ_RATE_LIMIT_RETRY_INTERVAL = 0
+    file_utils = logging.getLogger("datasets.utils.file_utils")
+    if _DROP_DATASETS_RETRY_LINES not in file_utils.filters:
+        file_utils.addFilter(_DROP_DATASETS_RETRY_LINES)
+
+
+def _drop_datasets_retry_line(record: logging.LogRecord) -> bool:
+    return record.funcName not in ("read_with_retries", "xopen")
+
+
+_DROP_DATASETS_RETRY_LINES = _drop_datasets_retry_line
 
 
 def hub_access_error(spec: SourceSpec, exc: BaseException) -> UserError | None:
@@ -246,7 +270,7 @@ def read_rows(rows: Any, spec: SourceSpec) -> Iterator[dict[str, Any]]:
 
 
 class UnreadableSource(UserError):
-    """A source that opened but failed while being read; `cause` is what the reader raised."""
+    """A source that failed to open or to be read; `cause` is what the library raised."""
 
     def __init__(self, message: str, cause: BaseException) -> None:
         super().__init__(message)
@@ -282,42 +306,71 @@ def transient(exc: BaseException) -> bool:
                          "RemoteProtocolError", "ReadError", "ConnectError", "ChunkedEncodingError"})
 
 
+class _Retries:
+    """The retry policy of a Hub source after a transient failure: waits of 2 s doubling up to a minute, for up to
+    HUB_RETRY_SECONDS since the failure (`ok()` after a success starts the count again); each retry a warning line
+    and a count in `hub_retries`."""
+
+    def __init__(self, spec: SourceSpec) -> None:
+        self.spec, self.failed_at, self.attempt = spec, None, 0
+
+    def ok(self) -> None:
+        self.failed_at, self.attempt = None, 0
+
+    def wait_or_raise(self, exc: UnreadableSource) -> None:
+        if not transient(exc.cause):
+            raise exc
+        now = time.monotonic()
+        self.failed_at = now if self.failed_at is None else self.failed_at
+        wait = min(RETRY_MAX_WAIT_S, RETRY_FIRST_WAIT_S * 2**self.attempt)
+        if now - self.failed_at + wait > HUB_RETRY_SECONDS:
+            raise HubUnavailable(f"{exc} (retried for {now - self.failed_at:.0f} s: the Hub stayed unreachable "
+                                 f"longer than HUB_RETRY_MINUTES={HUB_RETRY_SECONDS / 60:g})", exc.cause) from None
+        self.attempt += 1
+        hub_retries[self.spec.label] += 1
+        reason = f"{type(exc.cause).__name__}: {' '.join(str(exc.cause).split())[:160]}"
+        log.warning("source %r: reading from the Hub failed (%s); retry %d in %.0f s (for up to %g min from the "
+                    "failure)", self.spec.label, reason, self.attempt, wait, HUB_RETRY_SECONDS / 60)
+        time.sleep(wait)
+
+
+def retried_open(spec: SourceSpec, opener: Callable[[], Any] | None = None) -> Any:
+    """`open_source(spec)` (or `opener()`), with a Hub source's transient failures retried as in `retried_rows`."""
+    opener = opener or (lambda: open_source(spec))
+    retries = _Retries(spec)
+    while True:
+        try:
+            return opener()
+        except UnreadableSource as exc:
+            if not is_hub_source(spec):
+                raise
+            retries.wait_or_raise(exc)
+
+
 def retried_rows(spec: SourceSpec, rows: Any, reopen: Callable[[], Any], on_rows: Callable[[Any], None]
                  ) -> Iterator[dict[str, Any]]:
-    """`read_rows`, for a Hub source with its transient failures retried: after a wait (2 s, doubling up to a
-    minute) the source is opened again at the position after the last row read (`reopen`, then the rows' own
-    exact state), until HUB_RETRY_SECONDS have passed since the failure without a row read; then the error says
-    so. Each retry is a warning line and counts in `hub_retries`. `on_rows` is told each reopened rows object (whose
-    `state_dict` is then the position)."""
+    """`read_rows`, for a Hub source with its transient failures retried (`_Retries`): the source is opened again
+    at the position after the last row read (`reopen`, then the rows' own exact state; a reopening that fails in
+    the outage is one more retry), until HUB_RETRY_SECONDS have passed since the failure without a row read; then
+    the error says so. `on_rows` is told each reopened rows object (whose `state_dict` is then the position)."""
     if not is_hub_source(spec):
         yield from read_rows(rows, spec)
         return
-    failed_at, attempt = None, 0
+    retries, position = _Retries(spec), None
     while True:
         try:
+            if rows is None:
+                rows = reopen()
+                rows.load_state_dict(position)
+                on_rows(rows)
             for row in read_rows(rows, spec):
-                failed_at, attempt = None, 0
+                retries.ok()
                 yield row
             return
         except UnreadableSource as exc:
-            if not transient(exc.cause):
-                raise
-            now = time.monotonic()
-            failed_at = now if failed_at is None else failed_at
-            wait = min(RETRY_MAX_WAIT_S, RETRY_FIRST_WAIT_S * 2**attempt)
-            if now - failed_at + wait > HUB_RETRY_SECONDS:
-                raise HubUnavailable(f"{exc} (retried for {now - failed_at:.0f} s: the Hub stayed unreachable "
-                                     f"longer than HUB_RETRY_MINUTES={HUB_RETRY_SECONDS / 60:g})", exc.cause) from None
-            attempt += 1
-            hub_retries[spec.label] += 1
-            reason = f"{type(exc.cause).__name__}: {' '.join(str(exc.cause).split())[:160]}"
-            log.warning("source %r: reading from the Hub failed (%s); retry %d in %.0f s (for up to %g min from the "
-                        "failure)", spec.label, reason, attempt, wait, HUB_RETRY_SECONDS / 60)
-            position = rows.state_dict()
-            time.sleep(wait)
-            rows = reopen()
-            rows.load_state_dict(position)
-            on_rows(rows)
+            if rows is not None:
+                position, rows = rows.state_dict(), None
+            retries.wait_or_raise(exc)
 
 
 def unreadable(spec: SourceSpec, rows: Any, exc: BaseException) -> UserError:
@@ -354,16 +407,15 @@ def _data_file_names(spec: SourceSpec) -> list[str]:
     return [f for group in (files.values() if isinstance(files, dict) else [files]) for f in group]
 
 
-def iter_texts(spec: SourceSpec, shuffle_buffer: int = 0, seed: int = 0) -> Iterator[str]:
-    """Yields the non-empty document texts of a source: in the source's order, or shuffled through a buffer of
-    `shuffle_buffer` documents (and shard order) with `seed`, deterministically."""
-    rows = open_source(spec)
-    if shuffle_buffer > 0:
-        rows = rows.shuffle(seed=seed, buffer_size=shuffle_buffer)
+def iter_texts(spec: SourceSpec) -> Iterator[str]:
+    """Yields the non-empty document texts of a source, in the source's order (a Hub source's transient failures
+    retried from the row reached)."""
     field, warned = None, False
-    for index, row in enumerate(read_rows(rows, spec)):
+    current = [retried_open(spec)]
+    for index, row in enumerate(retried_rows(spec, current[0], lambda: open_source(spec),
+                                             lambda reopened: current.__setitem__(0, reopened))):
         if field is None:
-            field = pick_text_field(row, spec, declared_columns(rows))
+            field = pick_text_field(row, spec, declared_columns(current[0]))
         text = document_text(row, field, spec)
         if text:
             yield text
