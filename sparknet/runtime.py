@@ -50,6 +50,13 @@ def configure_logging(level: int = logging.INFO) -> None:
     # clients (huggingface_hub 2 talks through httpx2) log one INFO line per request, thousands in a streamed run
     for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "urllib3", "filelock", "fsspec", "lm_eval"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # huggingface_hub prints through a bare handler of its own (added when it is imported) and passes each line on
+    # to ours as well: every retry warning came twice
+    import huggingface_hub.utils.logging  # noqa: F401 - its handler exists from here on
+
+    hub = logging.getLogger("huggingface_hub")
+    for h in [h for h in hub.handlers if not getattr(h, "_sparknet", False)]:
+        hub.removeHandler(h)
 
 
 def hide_library_progress_bars() -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from sparknet.config import SourceSpec, parse_config
-from sparknet.data.sources import iter_texts, open_source, resolve_revisions
+from sparknet.data.hub_reads import iter_texts
+from sparknet.data.sources import open_source, resolve_revisions
 from sparknet.errors import UserError
 from tests.conftest import write_jsonl
 

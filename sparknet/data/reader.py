@@ -26,13 +26,12 @@ from typing import Any
 import numpy as np
 
 from sparknet.config import SourceSpec
+from sparknet.data.hub_reads import retried_open, retried_rows
 from sparknet.data.sources import (
     declared_columns,
     document_text,
     open_source,
     pick_text_field,
-    retried_open,
-    retried_rows,
     warn_no_text,
 )
 from sparknet.errors import UserError

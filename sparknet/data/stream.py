@@ -183,6 +183,13 @@ class TokenStream(torch.utils.data.IterableDataset):
             yield self._replay.pop(0)
         yield from pipeline.blocks()
 
+    @property
+    def reads_hub(self) -> bool:
+        """Whether a source is read from the Hub, whose outage can stop a run mid-step (`rewind_to_step`)."""
+        from sparknet.data.sources import is_hub_source
+
+        return any(is_hub_source(spec) for spec in self.config.mix)
+
     def step_done(self) -> None:
         """The blocks given so far are trained on: a later `rewind_to_step` goes back no further."""
         self._since_step.clear()

@@ -202,7 +202,7 @@ def _dataset_documents(request: DataRequest) -> list[str]:
     """One split of a Hub dataset (or a local folder `datasets` loads like one), streamed: only the documents
     scored are read."""
     from sparknet.config import SourceSpec
-    from sparknet.data.sources import iter_texts
+    from sparknet.data.hub_reads import iter_texts
     from sparknet.runtime import project_path
 
     local = project_path(request.data)

@@ -313,7 +313,7 @@ class StreamCallback(TrainerCallback):
         if busy > 0:
             self.writer.add_scalar("data/tokens_per_second", tokens / busy, state.global_step)
         self.writer.add_scalar("data/wait_fraction", min(1.0, busy / max(wall, 1e-9)), state.global_step)
-        from sparknet.data.sources import hub_retries
+        from sparknet.data.hub_reads import hub_retries
 
         # Hub reads retried after a transient failure, since this process started (each one is also a log line)
         self.writer.add_scalar("data/hub_retries", sum(hub_retries.values()), state.global_step)

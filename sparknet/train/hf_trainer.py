@@ -198,27 +198,53 @@ class SparkTrainer(Trainer):
         return self.train_sampler
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
-        from sparknet.data.sources import HubUnavailable
+        """The step's batches; after a Hub outage longer than HUB_RETRY_MINUTES, a checkpoint of the last whole step
+        and the error saying so. Under data parallelism every process stops at that same step: the processes of a
+        run reading the Hub agree, before each step's forward pass, on whether any of them lost the Hub (an
+        all-reduce of one flag on the CPU group, so no device synchronisation), and then save together."""
+        from sparknet.data.hub_reads import HubUnavailable
 
+        # the batches are read here, before the Trainer's own count of the step's items (a collective, which a
+        # process that lost the Hub would never reach)
+        batches, outage = [], None
         try:
-            return super().get_batch_samples(epoch_iterator, num_batches, device)
+            for _ in range(num_batches):
+                batches.append(next(epoch_iterator))
+        except StopIteration:
+            pass
         except HubUnavailable as exc:
-            raise HubUnavailable(f"{exc}; {self._save_at_outage()}", exc.cause) from None
+            outage = exc
+        group = self._outage_group()
+        if not _any_process(outage is not None, group):
+            return super().get_batch_samples(iter(batches), num_batches, device)
+        if outage is None:
+            outage = HubUnavailable("another process could not read from the Hub for longer than "
+                                    "HUB_RETRY_MINUTES (its error names the source)", ConnectionError("Hub outage"))
+        raise HubUnavailable(f"{outage}; {self._save_at_outage(group)}", outage.cause) from None
 
-    def _save_at_outage(self) -> str:
+    def _outage_group(self) -> Any:
+        """The CPU process group the safety net created, when several processes read the Hub; else None."""
+        from sparknet.runtime import world_size
+        from sparknet.train.safety import SafetyCallback
+
+        if world_size() == 1 or not getattr(self.train_dataset, "reads_hub", False):
+            return None
+        return next((c.group for c in self.callback_handler.callbacks if isinstance(c, SafetyCallback)), None)
+
+    def _save_at_outage(self, group: Any) -> str:
         """A checkpoint of the last whole step, with the stream's position taken back to that step's end (the blocks
-        read for the next step are given again on resume); what to say about it. One process only: under data
-        parallelism the others are inside a step, and a save is collective."""
+        read for the next step are given again on resume); what to say about it. With `group`, every process of
+        the run is here and saves its part."""
         from sparknet.runtime import world_size
         from sparknet.train.run_folder import COMPLETE_MARKER
 
         step = self.state.global_step
         folder = Path(self.args.output_dir) / f"checkpoint-{step}"
         rewind = getattr(self.train_dataset, "rewind_to_step", None)
-        if world_size() > 1 or rewind is None or step == 0:
+        if (world_size() > 1 and group is None) or rewind is None or step == 0:
             return "run the same command to resume (from the newest checkpoint, if any)"
         rewind()
-        if not (folder / COMPLETE_MARKER).is_file():
+        if not _all_processes((folder / COMPLETE_MARKER).is_file(), group):
             self._save_checkpoint(self.model_wrapped, trial=None)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
         return f"checkpoint saved in {folder}: run the same command to resume"
@@ -279,3 +305,18 @@ class _SamplerEpoch(TrainerCallback):
         sampler = self.trainer.train_sampler
         if sampler is not None:
             sampler.set_epoch(state.global_step // (len(sampler) // sampler.global_batch))
+
+
+def _any_process(flag: bool, group: Any) -> bool:
+    """Whether `flag` holds on any process of `group` (this process's flag alone without a group)."""
+    if group is None:
+        return flag
+    import torch.distributed as dist
+
+    value = torch.tensor([int(flag)], dtype=torch.int64)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return bool(value[0])
+
+
+def _all_processes(flag: bool, group: Any) -> bool:
+    return not _any_process(not flag, group)

@@ -53,6 +53,11 @@ class SafetyCallback(TrainerCallback):
         if self._distributed() and self._group is None:  # a collective: every process creates it here
             self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
 
+    @property
+    def group(self) -> Any:
+        """The CPU (gloo) process group of the run's agreements, from the start of training; None on one process."""
+        return self._group
+
     def _agreed_stop(self) -> int | None:
         """The stop signal any process had at the previous step; starts this step's all-reduce."""
         import torch
