@@ -4,12 +4,15 @@
 #
 # Prepare here first (a machine that reaches the package registry):
 #   bash ../shared/gpu/fetch-wheels.sh           # datasets, dill, multiprocess into .whl/ (git-ignored)
+#   python3 -m pip download --no-deps -d .whl cut-cross-entropy==25.1.1   # FUSED_CROSS_ENTROPY (the image has triton)
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 -d .whl/pyarrow "pyarrow==24.0.0"   # installed only where the image's is < 24
 # The image has torch, transformers, accelerate, tokenizers, tensorboard, safetensors, psutil, numpy and tqdm.
 #
 # Installs the wheels into /tmp/site, prints the GPU and the library versions, runs the benchmark (hard limit
-# BENCH_TIMEOUT_S, default 420 s; the benchmark keeps itself under 5 minutes), then (OVERHEAD=1, the default)
+# BENCH_TIMEOUT_S, default 420 s; the benchmark keeps itself under 5 minutes: every step change on, then each one
+# off (SPARKNET_STEP_OFF), the fused loss, then micro-batches 32 and 128; one JSON line per run in
+# $OUT/gpu_throughput.jsonl), then (OVERHEAD=1, the default)
 # bench/trainer_overhead.py with one round of the 70M preset (hard limit OVERHEAD_TIMEOUT_S, default 240 s),
 # then (FSDP=1, the default) bench/gpu_fsdp_check.py: a one-process FSDP run's sharded save, resume and full-weights
 # export for both tiny presets (hard limit FSDP_TIMEOUT_S, default 300 s); everything also into
@@ -48,7 +51,7 @@ import importlib
 import sys
 
 print("python", sys.version.split()[0], sys.executable)
-for name in ("torch", "triton", "transformers", "accelerate", "tokenizers", "datasets", "pyarrow", "huggingface_hub",
+for name in ("torch", "triton", "cut_cross_entropy", "transformers", "accelerate", "tokenizers", "datasets", "pyarrow", "huggingface_hub",
              "tensorboard", "safetensors", "numpy", "psutil", "tqdm", "sparknet"):
     try:
         module = importlib.import_module(name)
@@ -66,7 +69,7 @@ EOF
 
   echo "== bench/gpu_throughput.py $*"
   start=$(date +%s)
-  timeout -s TERM "${BENCH_TIMEOUT_S:-420}" python3 bench/gpu_throughput.py "$@"
+  timeout -s TERM "${BENCH_TIMEOUT_S:-420}" python3 bench/gpu_throughput.py --results_jsonl "$OUT/gpu_throughput.jsonl" "$@"
   rc=$?
   echo "== gpu_throughput.py exit status $rc after $(($(date +%s) - start)) s"
   if [ "${OVERHEAD:-1}" = 1 ]; then

@@ -23,6 +23,7 @@ On the GPU machine: `bash bench/gpu_check.sh`.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -32,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +41,12 @@ SMOKE = False  # the tiny preset on the CPU with a small vocabulary (also chosen
 DRY_RUN = False  # print the planned dataset and commands, run nothing
 MODEL_PRESET = "sparknet-70m"  # model of the GPU runs
 VOCAB_SIZE = 50257  # synthetic tokenizer's size (GPT-2's)
-RUNS = [["off", 32], ["on", 32], ["on", 64], ["off", 16]]  # [--compile, blocks per micro-step], run in this order
+# [--compile, blocks per micro-step, variant], in this order, the most telling first (a run that would end past
+# TIME_BUDGET_S is skipped). The variant, comma-separated: "fused" (FUSED_CROSS_ENTROPY=True) and/or step changes
+# left out (SPARKNET_STEP_OFF: sparknet/train/step_speed.py). Every change on, the fused loss, each change off
+# against the same micro-batch; then the micro-batch sizes; eager last.
+RUNS = [["on", 64, ""], ["on", 64, "fused"], ["on", 64, "padded_head"], ["on", 64, "fp32_outputs"],
+        ["on", 128, "fused"], ["on", 32, ""], ["on", 128, ""], ["on", 64, "gc"], ["off", 32, ""]]
 STEPS = 80  # optimizer steps per run (no accumulation)
 LOGGING_STEPS = 10  # the trainer's logging interval: the first window (warm-up) is excluded
 VAL_BLOCKS = 8  # validation blocks (the trainer evaluates at start and end)
@@ -48,11 +54,13 @@ TIME_BUDGET_S = 290.0  # skip a run whose estimated duration would end past this
 RUN_TIMEOUT_S = 240.0  # kill a run (its process group) still going after this many seconds
 SMOKE_PRESET = "sparknet-tiny"  # model of the smoke runs
 SMOKE_VOCAB_SIZE = 512  # vocabulary of the smoke runs
-SMOKE_RUNS = [["off", 4], ["off", 8]]  # runs of the smoke mode
+# runs of the smoke mode
+SMOKE_RUNS = [["off", 4, ""], ["off", 8, ""], ["off", 8, "padded_head,fp32_outputs,gc"], ["off", 8, "fused"]]
 SMOKE_STEPS = 30  # steps per smoke run
 CONFIG = "configs/datasets_v5.json"  # mix config recorded in the synthetic manifest and passed to the trainer
 SEED = 0  # seed of the synthetic tokens
 KEEP = False  # keep the temporary folder (dataset, checkpoints, logs, one trainer log per run)
+RESULTS_JSONL = ""  # also append each run's JSON line to this file (bench/gpu_check.sh: $OUT/gpu_throughput.jsonl)
 _GUESS_S = {"off": 45.0, "on": 150.0}  # a run's duration before one of its kind has been timed
 _NEVER = 10**6  # eval/save interval that never comes within a run
 
@@ -60,6 +68,9 @@ _NEVER = 10**6  # eval/save interval that never comes within a run
 @dataclass
 class Row:
     name: str
+    compile: str = ""
+    micro_batch: int = 0
+    variant: str = ""  # "fused" and/or the step changes left out ("": every change on, the unfused loss)
     status: str = ""  # "" when the run exited 0, else why it has no or partial figures
     tps: float | None = None  # trainer's tokens/s
     own_tps: float | None = None  # from the event wall times
@@ -82,7 +93,7 @@ def trainer_command(work: Path, run_name: str, preset: str, compile_: str, batch
             "--logs_dir", str(work / "logs")]
 
 
-def run_trainer(cmd: list[str], log: Path) -> tuple[int, float | None]:
+def run_trainer(cmd: list[str], log: Path, changes_off: str = "") -> tuple[int, float | None]:
     """Runs the trainer, echoing its output indented and saving it to `log`, killed with its process group after
     RUN_TIMEOUT_S. Returns (exit status, peak GPU memory in GiB above the reading before, by nvidia-smi, or None)."""
     smi = None
@@ -91,6 +102,7 @@ def run_trainer(cmd: list[str], log: Path) -> tuple[int, float | None]:
                                 "-lms", "200"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "TORCH_LOGS": os.environ.get("TORCH_LOGS", "recompiles"),
+           "SPARKNET_STEP_OFF": changes_off,
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -167,6 +179,16 @@ def print_table(rows: list[Row]) -> None:
               f"| {f(r.run_s, '.0f')} |")
 
 
+def report_json(row: Row) -> None:
+    """One JSON line per run ("JSON {...}" in the output, and in RESULTS_JSONL when set): the figures of each
+    configuration, machine-readable, from the first GPU run on."""
+    line = json.dumps(asdict(row))
+    print(f"JSON {line}", flush=True)
+    if RESULTS_JSONL:
+        with open(RESULTS_JSONL, "a") as f:
+            f.write(line + "\n")
+
+
 def main() -> None:
     import torch
     from _synthetic import write_packed_dataset, write_tokenizer
@@ -185,7 +207,7 @@ def main() -> None:
     device = torch.cuda.get_device_name() if cuda and not smoke else "cpu"
     peak = peak_flops(device, "bf16") if device != "cpu" else None  # the trainer uses bf16 on every GPU with it
     fpt = flops_per_token(preset, vocab, block)
-    train_blocks = steps * max(batch for _, batch in runs)
+    train_blocks = steps * max(run[1] for run in runs)
     print(f"{preset_name}: {parameter_count(preset, vocab):,} parameters, vocab {vocab}, context {block}, "
           f"{fpt / 1e6:.0f} MFLOP/token; {steps} steps per run, logging every {LOGGING_STEPS}; device {device}"
           f"{f', bf16 peak {peak / 1e12:.1f} TFLOP/s' if peak else ', MFU n/a'}; torch {torch.__version__}")
@@ -200,10 +222,16 @@ def main() -> None:
                                  {"train": train_blocks, "val": VAL_BLOCKS}, {"path": config.path, **config.to_dict()},
                                  SEED)
         started, took = time.perf_counter(), {k: 0.0 if smoke else v for k, v in _GUESS_S.items()}
-        for compile_, batch in runs:
-            row = Row(f"{'compiled' if compile_ == 'on' else 'eager'} bs{batch}")
-            run_name = f"bench-{compile_}-bs{batch}"
+        for compile_, batch, *rest in runs:
+            variant = rest[0] if rest else ""
+            parts = [v.strip() for v in variant.split(",") if v.strip()]
+            fused, off = "fused" in parts, ",".join(v for v in parts if v != "fused")
+            row = Row(f"{'compiled' if compile_ == 'on' else 'eager'} bs{batch}" + (" fused" if fused else "")
+                      + (f" without {off}" if off else ""), compile_, batch, variant)
+            run_name = f"bench-{compile_}-bs{batch}" + ("-fused" if fused else "") + (
+                f"-no-{off.replace(',', '-')}" if off else "")
             cmd = trainer_command(work, run_name, preset_name, compile_, batch, steps, block)
+            cmd += ["--fused_cross_entropy", "true"] if fused else []
             if DRY_RUN:
                 print(f"\n[{row.name}] {shlex.join(cmd)}")
                 continue
@@ -215,7 +243,7 @@ def main() -> None:
                 continue
             print(f"\n[{row.name}] {shlex.join(cmd)}", flush=True)
             t = time.perf_counter()
-            rc, row.smi_gb = run_trainer(cmd, work / f"{run_name}.log")
+            rc, row.smi_gb = run_trainer(cmd, work / f"{run_name}.log", off)
             row.run_s = took[compile_] = time.perf_counter() - t
             row.status = "" if rc == 0 else f"exit {rc}"
             try:
@@ -226,6 +254,7 @@ def main() -> None:
                 row.status += f"{'; ' if row.status else ''}no throughput figure"
             rows.append(row)
             print_table(rows[-1:])
+            report_json(row)
         if rows:
             print_table(rows)
     finally:

@@ -43,6 +43,7 @@ SAMPLE_TOP_K = 50  # sample among the k most likely tokens
 SAMPLE_SEED = 1234  # seed of the sampling (the same prompts give the same text at the same weights)
 LOGGING_STEPS = 10  # console line and TensorBoard scalars every this many steps
 COMPILE = "auto"  # torch.compile: auto (on for CUDA), on, off
+FUSED_CROSS_ENTROPY = False  # the loss without the whole logits tensor (pip install cut-cross-entropy)
 SEED = 42  # seed of initialisation, data order and dropout
 PEAK_TFLOPS = 0.0  # the device's peak for MFU (0: from the table of common GPUs)
 NONFINITE = "stop"  # on a non-finite loss or grad norm: stop, or skip the update (costs a sync per step)

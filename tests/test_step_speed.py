@@ -63,6 +63,17 @@ def test_the_padded_models_export_is_byte_identical(tmp_path: Path) -> None:
         assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "padded" / name).read_bytes(), name
 
 
+def test_the_benchmarks_switch_leaves_out_the_changes_it_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARKNET_STEP_OFF", "padded_head, gc")
+    model = _model()
+    assert pad_head(model) == model.config.vocab_size and type(model.get_output_embeddings()) is torch.nn.Linear
+    with collector_paused():
+        assert gc.isenabled()
+    monkeypatch.setenv("SPARKNET_STEP_OFF", "padded_head,cache")
+    with pytest.raises(ValueError, match="cache: expected some of padded_head, fp32_outputs, gc"):
+        step_speed.change_on("gc")
+
+
 def test_a_vocabulary_already_a_multiple_is_left_alone() -> None:
     model = _model(vocab=1024)
     assert pad_head(model) == 1024 and type(model.get_output_embeddings()) is torch.nn.Linear
@@ -106,8 +117,8 @@ def _bf16_run(tmp_path: Path, drop: bool, monkeypatch: pytest.MonkeyPatch) -> tu
     model = _model()
     dtypes: set[torch.dtype] = set()
     model.register_forward_hook(lambda _m, _a, out: dtypes.add(out.logits.dtype))
-    if not drop:
-        monkeypatch.setattr(step_speed, "drop_fp32_outputs", lambda _model: False)
+    if not drop:  # the benchmarks' switch (bench/gpu_throughput.py measures each change with it)
+        monkeypatch.setenv("SPARKNET_STEP_OFF", "fp32_outputs")
     trainer = _trainer(tmp_path / str(drop), model, bf16=True)
     trainer.train()
     monkeypatch.undo()

@@ -85,8 +85,12 @@ def fsdp_launched() -> bool:
 
 def check_launch(settings: TrainSettings, device: dict[str, Any]) -> None:
     """Refuses, before anything is written, a launch that would not run as asked: FSDP off CUDA (accelerate then
-    runs plain data parallelism without a word), or Muon under FSDP (its update orthogonalises whole matrices, and
-    FSDP gives each process a shard of each)."""
+    runs plain data parallelism without a word), Muon under FSDP (its update orthogonalises whole matrices, and
+    FSDP gives each process a shard of each), or FUSED_CROSS_ENTROPY without its package."""
+    if settings.fused_cross_entropy:
+        from sparknet.train.fused_loss import linear_cross_entropy
+
+        linear_cross_entropy()  # the package's absence is one line now, not after the run folder is made
     if not fsdp_launched():
         return
     if device["kind"] != "cuda":

@@ -32,6 +32,7 @@ from sparknet.tokenizer import portable_config
 from sparknet.train.batch import BatchPlan, TokenCount, budget, plan_batch
 from sparknet.train.callbacks import MetricsCallback, SamplingCallback
 from sparknet.train.data_plan import DataPlan, resolve_later
+from sparknet.train.fused_loss import fuse_head
 from sparknet.train.hf_trainer import SparkTrainer, check_launch, compiles, training_arguments
 from sparknet.train.run_folder import EVAL_START, METADATA, RunFolder, latest_complete_checkpoint, open_run
 from sparknet.train.safety import Interrupted, SafetyCallback, signals_interrupt, stop_on_signals
@@ -197,7 +198,10 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     tokenizer = data.tokenizer
     torch.manual_seed(s.seed)
     model = build_model(preset, len(tokenizer), tokenizer.eos_token_id, tokenizer.bos_token_id, s.dropout)
-    pad_head(model)
+    if s.fused_cross_entropy:
+        fuse_head(model)
+    else:
+        pad_head(model)
     args = training_arguments(s, output_dir=run.run_dir, max_steps=max_steps, batch=batch, device=device,
                               fresh=run.resume is None)
     for key, value in data.trainer_overrides.items():

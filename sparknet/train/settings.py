@@ -56,6 +56,8 @@ class TrainSettings:
     sample_seed: int = setting("seed of the sampling", identity=False)
     logging_steps: int = setting("console line and TensorBoard scalars every this many steps", identity=False)
     compile: str = setting("torch.compile: auto (on for CUDA), on, off", identity=False)
+    fused_cross_entropy: bool = setting("the loss from the hidden states without the whole logits tensor "
+                                        "(cut-cross-entropy; exact)", identity=False)
     seed: int = setting("seed of initialisation, data order and dropout")
     peak_tflops: float = setting("the device's peak for MFU (0: from the table of GPUs)", identity=False)
     nonfinite: str = setting("on a non-finite loss or grad norm: stop, or skip the update", identity=False)

@@ -12,12 +12,17 @@
   (torchtitan does the same: a collection after compilation walks a large heap at unpredictable steps);
 - the Trainer's FLOP count per micro-step from a parameter count taken once (its default walks every module at
   every micro-step).
+
+For measuring each change against the others (bench/gpu_throughput.py's runs, one JSON line each), the environment
+variable SPARKNET_STEP_OFF names changes to leave out, comma-separated: padded_head, fp32_outputs, gc. It is a
+benchmark's switch, not a setting: what is computed is the same either way (tests/test_step_speed.py).
 """
 
 from __future__ import annotations
 
 import functools
 import gc
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import MethodType
@@ -29,6 +34,16 @@ from transformers import TrainerCallback
 
 HEAD_MULTIPLE = 64
 GC_EVERY_STEPS = 50  # torchtitan's default: a young-generation collection this often keeps the heap small
+CHANGES = ("padded_head", "fp32_outputs", "gc")
+
+
+def change_on(name: str) -> bool:
+    """Whether the step change `name` (one of CHANGES) is in use: all are, unless SPARKNET_STEP_OFF names it."""
+    off = {part.strip() for part in os.environ.get("SPARKNET_STEP_OFF", "").split(",") if part.strip()}
+    unknown = off - set(CHANGES)
+    if unknown:
+        raise ValueError(f"SPARKNET_STEP_OFF names {', '.join(sorted(unknown))}: expected some of {', '.join(CHANGES)}")
+    return name not in off
 
 
 class PaddedHead(torch.nn.Linear):
@@ -61,7 +76,7 @@ def pad_head(model: Any, multiple: int = HEAD_MULTIPLE) -> int:
     head = model.get_output_embeddings()
     vocab = head.weight.shape[0]
     padded = -(-vocab // multiple) * multiple
-    if padded == vocab or type(head) is not torch.nn.Linear:
+    if padded == vocab or type(head) is not torch.nn.Linear or not change_on("padded_head"):
         return vocab
     head.__class__ = PaddedHead
     head.padded_outputs = padded
@@ -93,7 +108,7 @@ class StepSpeed(TrainerCallback):
         self.dropped_fp32_outputs = False
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        if model is not None:
+        if model is not None and change_on("fp32_outputs"):
             self.dropped_fp32_outputs = drop_fp32_outputs(model)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -106,6 +121,9 @@ def collector_paused() -> Iterator[None]:
     """Python's automatic garbage collection off for the block (after one full collection), on again after it
     whatever happens; StepSpeed collects on a schedule meanwhile."""
     was_enabled = gc.isenabled()
+    if not change_on("gc"):
+        yield
+        return
     gc.collect()
     gc.disable()
     try:
