@@ -16,6 +16,7 @@ from sparknet.model import build_model, get_preset
 from sparknet.train.fused_loss import FusedHead, fuse_head
 from sparknet.train.hf_trainer import SparkTrainer
 from tests.conftest import run_script
+from tests.test_step_speed import assert_saves_alike
 
 
 def _model(preset: str = "sparknet-tiny") -> torch.nn.Module:
@@ -60,12 +61,7 @@ def test_the_fused_models_save_is_byte_identical(tmp_path: Path) -> None:
     plain = _model()
     fused = copy.deepcopy(plain)
     fuse_head(fused)
-    plain.save_pretrained(tmp_path / "plain")
-    fused.save_pretrained(tmp_path / "fused")
-    names = sorted(p.name for p in (tmp_path / "plain").iterdir())
-    assert names == sorted(p.name for p in (tmp_path / "fused").iterdir()) and "model.safetensors" in names
-    for name in names:
-        assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "fused" / name).read_bytes(), name
+    assert_saves_alike(plain, fused, tmp_path)
 
 
 class _Blocks(torch.utils.data.Dataset):

@@ -51,16 +51,21 @@ def test_the_padded_head_gives_the_unpadded_logits_loss_and_gradients(preset: st
         torch.testing.assert_close(padded(input_ids=ids, labels=ids).loss, plain(input_ids=ids, labels=ids).loss)
 
 
+def assert_saves_alike(plain: torch.nn.Module, changed: torch.nn.Module, tmp_path: Path) -> None:
+    """`save_pretrained` of both writes the same files, byte for byte."""
+    plain.save_pretrained(tmp_path / "plain")
+    changed.save_pretrained(tmp_path / "changed")
+    names = sorted(p.name for p in (tmp_path / "plain").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "changed").iterdir()) and "model.safetensors" in names
+    for name in names:
+        assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "changed" / name).read_bytes(), name
+
+
 def test_the_padded_models_export_is_byte_identical(tmp_path: Path) -> None:
     plain = _model()
     padded = copy.deepcopy(plain)
     pad_head(padded)
-    plain.save_pretrained(tmp_path / "plain")
-    padded.save_pretrained(tmp_path / "padded")
-    names = sorted(p.name for p in (tmp_path / "plain").iterdir())
-    assert names == sorted(p.name for p in (tmp_path / "padded").iterdir()) and "model.safetensors" in names
-    for name in names:
-        assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "padded" / name).read_bytes(), name
+    assert_saves_alike(plain, padded, tmp_path)
 
 
 def test_the_benchmarks_switch_leaves_out_the_changes_it_names(monkeypatch: pytest.MonkeyPatch) -> None:
