@@ -22,6 +22,11 @@ def test_trainer_private_methods_sparknet_overrides_or_calls() -> None:
     assert list(inspect.signature(Trainer._prepare_input).parameters) == ["self", "data"]
     assert "self._prepare_input(" in _source(Trainer._prepare_inputs)
     assert list(inspect.signature(Trainer._load_best_model).parameters) == ["self"]
+    # the step's item count: taken through _get_num_items_in_batch, and the loss scaled back by the process count
+    # (so the count must be the sum over the processes)
+    assert list(inspect.signature(Trainer._get_num_items_in_batch).parameters) == ["self", "batch_samples", "device"]
+    assert "self._get_num_items_in_batch(batch_samples, device)" in _source(Trainer.get_batch_samples)
+    assert "self.accelerator.num_processes" in _source(Trainer.compute_loss)
     assert list(inspect.signature(Trainer._load_from_checkpoint).parameters)[:2] == ["self", "resume_from_checkpoint"]
 
 

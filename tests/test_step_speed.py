@@ -142,6 +142,41 @@ def test_without_the_fp32_output_copy_bf16_training_is_bit_for_bit_the_same(tmp_
         assert torch.equal(tensor, without[name]), name
 
 
+def test_the_item_count_on_the_host_trains_the_plain_trainers_weights(tmp_path: Path) -> None:
+    """SparkTrainer counts the step's predicted tokens as a Python int on the host (no copy to the device per step):
+    with accumulation 2 and some labels ignored, six steps give transformers' own Trainer's losses and weights, bit
+    for bit."""
+    class Masked(_Blocks):
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            labels = self.ids[i].clone()
+            labels[: i % 5] = -100  # a different count in each block
+            return {"input_ids": self.ids[i], "labels": labels}
+
+    counts: list = []
+
+    class Counting(SparkTrainer):
+        def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> object:
+            counts.append(super()._get_num_items_in_batch(batch_samples, device))
+            return counts[-1]
+
+    results = []
+    for cls in (Trainer, Counting):
+        args = TrainingArguments(output_dir=str(tmp_path / cls.__name__), max_steps=6, per_device_train_batch_size=2,
+                                 gradient_accumulation_steps=2, learning_rate=1e-3, use_cpu=True, report_to="none",
+                                 save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0,
+                                 dataloader_num_workers=0)
+        model = _model()
+        trainer = cls(model=model, args=args, train_dataset=Masked(48), data_collator=default_data_collator)
+        trainer.train()
+        losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+        results.append((losses, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+    assert all(type(c) is int for c in counts) and len(counts) == 6 and len(set(counts)) > 1, counts
+    (plain_losses, plain), (spark_losses, spark) = results
+    assert spark_losses == plain_losses and len(plain_losses) == 6
+    for name, tensor in plain.items():
+        assert torch.equal(spark[name], tensor), name
+
+
 def test_the_flop_count_is_the_trainers(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, _model())
     batch = default_data_collator([trainer.train_dataset[i] for i in range(4)])

@@ -16,6 +16,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from sparknet.errors import UserError
 from sparknet.train.batch import BatchPlan, GlobalBatchSampler
+from sparknet.train.safety import SafetyCallback
 from sparknet.train.settings import TrainSettings
 from sparknet.train.step_speed import CountedParameters, StepSpeed
 
@@ -186,7 +187,8 @@ class SparkTrainer(Trainer):
     # Private Trainer methods overridden or called below, each because no public hook gives the same: the input
     # copy to the device (_prepare_input), the per-step pre-clip grad norm as a device tensor (_get_grad_norm: the
     # `on_pre_optimizer_step` callback sees no norm), the best model's reload at a finished run's last step
-    # (_load_best_model, _load_from_checkpoint), the training sampler (_get_train_sampler: the one hook for it).
+    # (_load_best_model, _load_from_checkpoint), the training sampler (_get_train_sampler: the one hook for it), the
+    # step's item count (_get_num_items_in_batch: counted on the host, see there).
     # tests/test_hf_private_apis.py fails when transformers changes them.
     def _prepare_input(self, data: Any) -> Any:
         # the stream's batches (not moved by accelerate): pinned, so copied without waiting, as above
@@ -226,10 +228,31 @@ class SparkTrainer(Trainer):
                                     "HUB_RETRY_MINUTES (its error names the source)", ConnectionError("Hub outage"))
         raise HubUnavailable(f"{outage}; {self._save_at_outage(group)}", outage.cause) from None
 
+    def _get_num_items_in_batch(self, batch_samples: list, device: Any) -> Any:
+        """The step's count of predicted tokens (the loss's divisor under gradient accumulation) as a Python int,
+        counted on the host. The Trainer's own moves a host tensor to the device every step, a copy from pageable
+        memory that waits for the GPU's queue to drain, and under data parallelism gathers it on the device; here
+        the processes sum it on the CPU group instead. Batches already on the device go the Trainer's way."""
+        labels = [batch.get("labels") for batch in batch_samples]
+        group = next((c.group for c in self.callback_handler.callbacks if isinstance(c, SafetyCallback)), None)
+        summed = self.args.average_tokens_across_devices and self.args.world_size > 1
+        if (not labels or not (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
+                or "shift_labels" in batch_samples[0] or not self._loss_shifts_labels or (summed and group is None)
+                or any(not isinstance(t, torch.Tensor) or t.device.type != "cpu" for t in labels)
+                or self.args.n_gpu > 1):
+            return super()._get_num_items_in_batch(batch_samples, device)
+        count = sum(int(t[..., 1:].ne(-100).sum()) for t in labels)
+        if summed:
+            import torch.distributed as dist
+
+            total = torch.tensor([count], dtype=torch.int64)
+            dist.all_reduce(total, group=group)
+            count = int(total[0])
+        return count
+
     def _outage_group(self) -> Any:
         """The CPU process group the safety net created, when several processes read the Hub; else None."""
         from sparknet.runtime import world_size
-        from sparknet.train.safety import SafetyCallback
 
         if world_size() == 1 or not getattr(self.train_dataset, "reads_hub", False):
             return None
