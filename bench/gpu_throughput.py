@@ -42,11 +42,13 @@ DRY_RUN = False  # print the planned dataset and commands, run nothing
 MODEL_PRESET = "sparknet-70m"  # model of the GPU runs
 VOCAB_SIZE = 50257  # synthetic tokenizer's size (GPT-2's)
 # [--compile, blocks per micro-step, variant], in this order, the most telling first (a run that would end past
-# TIME_BUDGET_S is skipped). The variant, comma-separated: "fused" (FUSED_CROSS_ENTROPY=True) and/or step changes
-# left out (SPARKNET_STEP_OFF: sparknet/train/step_speed.py). Every change on, the fused loss, each change off
-# against the same micro-batch; then the micro-batch sizes; eager last.
+# TIME_BUDGET_S is skipped). The variant, comma-separated: "fused" (FUSED_CROSS_ENTROPY=True), "syncdebug" (the
+# places where the host waits for the GPU, from torch's sync debug warnings; its speed is not comparable) and/or step
+# changes left out (SPARKNET_STEP_OFF: sparknet/train/step_speed.py). Every change on, the fused loss, each change
+# off against the same micro-batch; then the micro-batch sizes; eager last.
 RUNS = [["on", 64, ""], ["on", 64, "fused"], ["on", 64, "padded_head"], ["on", 64, "fp32_outputs"],
-        ["on", 128, "fused"], ["on", 32, ""], ["on", 128, ""], ["on", 64, "gc"], ["off", 32, ""]]
+        ["on", 64, "syncdebug"], ["on", 128, "fused"], ["on", 32, ""], ["on", 128, ""], ["on", 64, "gc"],
+        ["off", 32, ""]]
 STEPS = 80  # optimizer steps per run (no accumulation)
 LOGGING_STEPS = 10  # the trainer's logging interval: the first window (warm-up) is excluded
 VAL_BLOCKS = 8  # validation blocks (the trainer evaluates at start and end)
@@ -71,6 +73,7 @@ class Row:
     compile: str = ""
     micro_batch: int = 0
     variant: str = ""  # "fused" and/or the step changes left out ("": every change on, the unfused loss)
+    syncs: list[str] | None = None  # with "syncdebug": where the host waited for the GPU (file:line, once each)
     status: str = ""  # "" when the run exited 0, else why it has no or partial figures
     tps: float | None = None  # trainer's tokens/s
     own_tps: float | None = None  # from the event wall times
@@ -93,7 +96,7 @@ def trainer_command(work: Path, run_name: str, preset: str, compile_: str, batch
             "--logs_dir", str(work / "logs")]
 
 
-def run_trainer(cmd: list[str], log: Path, changes_off: str = "") -> tuple[int, float | None]:
+def run_trainer(cmd: list[str], log: Path, changes_off: str = "", sync_debug: bool = False) -> tuple[int, float | None]:
     """Runs the trainer, echoing its output indented and saving it to `log`, killed with its process group after
     RUN_TIMEOUT_S. Returns (exit status, peak GPU memory in GiB above the reading before, by nvidia-smi, or None)."""
     smi = None
@@ -102,7 +105,7 @@ def run_trainer(cmd: list[str], log: Path, changes_off: str = "") -> tuple[int, 
                                 "-lms", "200"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "TORCH_LOGS": os.environ.get("TORCH_LOGS", "recompiles"),
-           "SPARKNET_STEP_OFF": changes_off,
+           "SPARKNET_STEP_OFF": changes_off, "SPARKNET_SYNC_DEBUG": "1" if sync_debug else "0",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -179,6 +182,14 @@ def print_table(rows: list[Row]) -> None:
               f"| {f(r.run_s, '.0f')} |")
 
 
+def sync_places(log: str) -> list[str]:
+    """The places torch's sync debug mode warned about ("path:line: UserWarning: called a synchronizing CUDA
+    operation"), in order, once each."""
+    places = [line.split(": UserWarning:")[0].strip() for line in log.splitlines()
+              if "synchronizing CUDA operation" in line and ": UserWarning:" in line]
+    return list(dict.fromkeys(places))
+
+
 def report_json(row: Row) -> None:
     """One JSON line per run ("JSON {...}" in the output, and in RESULTS_JSONL when set): the figures of each
     configuration, machine-readable, from the first GPU run on."""
@@ -225,11 +236,13 @@ def main() -> None:
         for compile_, batch, *rest in runs:
             variant = rest[0] if rest else ""
             parts = [v.strip() for v in variant.split(",") if v.strip()]
-            fused, off = "fused" in parts, ",".join(v for v in parts if v != "fused")
+            fused, sync_debug = "fused" in parts, "syncdebug" in parts
+            off = ",".join(v for v in parts if v not in ("fused", "syncdebug"))
             row = Row(f"{'compiled' if compile_ == 'on' else 'eager'} bs{batch}" + (" fused" if fused else "")
-                      + (f" without {off}" if off else ""), compile_, batch, variant)
+                      + (" sync debug" if sync_debug else "") + (f" without {off}" if off else ""), compile_, batch,
+                      variant)
             run_name = f"bench-{compile_}-bs{batch}" + ("-fused" if fused else "") + (
-                f"-no-{off.replace(',', '-')}" if off else "")
+                "-syncdebug" if sync_debug else "") + (f"-no-{off.replace(',', '-')}" if off else "")
             cmd = trainer_command(work, run_name, preset_name, compile_, batch, steps, block)
             cmd += ["--fused_cross_entropy", "true"] if fused else []
             if DRY_RUN:
@@ -243,7 +256,9 @@ def main() -> None:
                 continue
             print(f"\n[{row.name}] {shlex.join(cmd)}", flush=True)
             t = time.perf_counter()
-            rc, row.smi_gb = run_trainer(cmd, work / f"{run_name}.log", off)
+            rc, row.smi_gb = run_trainer(cmd, work / f"{run_name}.log", off, sync_debug)
+            if sync_debug:
+                row.syncs = sync_places((work / f"{run_name}.log").read_text())
             row.run_s = took[compile_] = time.perf_counter() - t
             row.status = "" if rc == 0 else f"exit {rc}"
             try:

@@ -16,6 +16,8 @@
 For measuring each change against the others (bench/gpu_throughput.py's runs, one JSON line each), the environment
 variable SPARKNET_STEP_OFF names changes to leave out, comma-separated: padded_head, fp32_outputs, gc. It is a
 benchmark's switch, not a setting: what is computed is the same either way (tests/test_step_speed.py).
+SPARKNET_SYNC_DEBUG=1 (another benchmark's switch) turns on torch's warning for every operation that makes the host
+wait for the GPU, from step SYNC_DEBUG_FROM_STEP on (past torch.compile's warm-up): the warnings name the places.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from transformers import TrainerCallback
 HEAD_MULTIPLE = 64
 GC_EVERY_STEPS = 50  # torchtitan's default: a young-generation collection this often keeps the heap small
 CHANGES = ("padded_head", "fp32_outputs", "gc")
+SYNC_DEBUG_FROM_STEP = 3
 
 
 def change_on(name: str) -> bool:
@@ -114,6 +117,9 @@ class StepSpeed(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not gc.isenabled() and state.global_step % self.every == 0:
             gc.collect(1)
+        if (state.global_step == SYNC_DEBUG_FROM_STEP and os.environ.get("SPARKNET_SYNC_DEBUG") == "1"
+                and torch.cuda.is_available()):
+            torch.cuda.set_sync_debug_mode("warn")
 
 
 @contextmanager
