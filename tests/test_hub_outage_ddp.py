@@ -86,3 +86,17 @@ def test_two_processes_stopped_by_a_hub_outage_save_their_last_step_and_resume_e
         for step in expected:
             assert got[step]["blocks"] == expected[step]["blocks"], (log, step)
             assert got[step]["lr"] == expected[step]["lr"], (log, step)
+
+
+def test_the_processes_wait_for_each_other_longer_than_a_hub_retry() -> None:
+    """While one process retries the Hub, the others wait at the step's agreement: the collectives' timeout (the
+    Trainer's ddp_timeout, and the CPU group's) outlasts HUB_RETRY_MINUTES."""
+    from sparknet.data import hub_reads
+    from sparknet.train.hf_trainer import collective_timeout_s
+
+    assert collective_timeout_s() == 1800  # the Trainer's default, for the default 15 minutes
+    hub_reads.set_hub_retry_minutes(45)
+    try:
+        assert collective_timeout_s() == 45 * 60 + 600
+    finally:
+        hub_reads.set_hub_retry_minutes(15)

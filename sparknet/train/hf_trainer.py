@@ -76,7 +76,17 @@ def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: 
         dataloader_num_workers=0,
         use_cpu=device["kind"] == "cpu",
         ddp_find_unused_parameters=False,  # every parameter gets a gradient: skip DDP's extra graph traversal
+        ddp_timeout=collective_timeout_s(),
     )
+
+
+def collective_timeout_s() -> int:
+    """How long a process waits for the others at a collective: the Trainer's 30 minutes, or longer where a Hub
+    source may be retried for longer (HUB_RETRY_MINUTES), since the other processes wait at the step's agreement
+    meanwhile (SparkTrainer.get_batch_samples) and would otherwise time out first."""
+    from sparknet.data import hub_reads
+
+    return max(1800, int(hub_reads.HUB_RETRY_SECONDS) + 600)
 
 
 def fsdp_launched() -> bool:

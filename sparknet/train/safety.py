@@ -51,7 +51,11 @@ class SafetyCallback(TrainerCallback):
         import torch.distributed as dist
 
         if self._distributed() and self._group is None:  # a collective: every process creates it here
-            self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+            from datetime import timedelta
+
+            timeout = timedelta(seconds=args.ddp_timeout)  # the default group's, from the Trainer's arguments
+            self._group = (dist.group.WORLD if dist.get_backend() == "gloo"
+                           else dist.new_group(backend="gloo", timeout=timeout))
 
     @property
     def group(self) -> Any:
