@@ -17,6 +17,7 @@ from sparknet.data.sources import (
     UnreadableSource,
     declared_columns,
     document_text,
+    hub_offline,
     is_hub_source,
     open_source,
     pick_text_field,
@@ -75,7 +76,7 @@ class _Retries:
         self.failed_at, self.attempt = None, 0
 
     def wait_or_raise(self, exc: UnreadableSource) -> None:
-        if not transient(exc.cause):
+        if not transient(exc.cause) or hub_offline():  # offline, no wait brings the Hub back
             raise exc
         now = time.monotonic()
         self.failed_at = now if self.failed_at is None else self.failed_at

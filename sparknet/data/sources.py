@@ -103,7 +103,7 @@ def is_hub_source(spec: SourceSpec) -> bool:
     return not _reads_no_revision(spec.name)
 
 
-def _offline() -> bool:
+def hub_offline() -> bool:
     """HF_HUB_OFFLINE (read by huggingface_hub at import) or either offline variable set now: datasets reads only
     its cache then, so a commit asked of the Hub would not name the data read."""
     from huggingface_hub import constants
@@ -120,7 +120,7 @@ def resolve_revisions(config: MixConfig) -> dict[str, str | None]:
     missing, an unknown revision), before any work."""
     out: dict[str, str | None] = {spec.label: None for spec in config.mix}
     hub = [spec for spec in config.mix if spec.name != "json" and not _reads_no_revision(spec.name)]
-    if not hub or _offline():
+    if not hub or hub_offline():
         return out
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
