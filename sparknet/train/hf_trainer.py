@@ -244,7 +244,7 @@ class SparkTrainer(Trainer):
         memory that waits for the GPU's queue to drain, and under data parallelism gathers it on the device; here
         the processes sum it on the CPU group instead. Batches already on the device go the Trainer's way."""
         labels = [batch.get("labels") for batch in batch_samples]
-        group = next((c.group for c in self.callback_handler.callbacks if isinstance(c, SafetyCallback)), None)
+        group = self._cpu_group()
         summed = self.args.average_tokens_across_devices and self.args.world_size > 1
         if (not labels or not (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
                 or "shift_labels" in batch_samples[0] or not self._loss_shifts_labels or (summed and group is None)
@@ -260,13 +260,17 @@ class SparkTrainer(Trainer):
             count = int(total[0])
         return count
 
+    def _cpu_group(self) -> Any:
+        """The CPU (gloo) process group the safety net created at the start of training; None on one process."""
+        return next((c.group for c in self.callback_handler.callbacks if isinstance(c, SafetyCallback)), None)
+
     def _outage_group(self) -> Any:
         """The CPU process group the safety net created, when several processes read the Hub; else None."""
         from sparknet.runtime import world_size
 
         if world_size() == 1 or not getattr(self.train_dataset, "reads_hub", False):
             return None
-        return next((c.group for c in self.callback_handler.callbacks if isinstance(c, SafetyCallback)), None)
+        return self._cpu_group()
 
     def _save_at_outage(self, group: Any) -> str:
         """A checkpoint of the last whole step, with the stream's position taken back to that step's end (the blocks
