@@ -20,6 +20,8 @@ from sparknet.errors import UserError
 from sparknet.model import PRESETS  # plain data: no heavy imports
 
 MAX_SEED = 2**32 - 1  # numpy's and the shuffles' seeds are 32-bit
+# the shortest block (BLOCK_SIZE, a config's context_length): checked by the build, the stream and the config
+MIN_BLOCK, MIN_BLOCK_WHY = 2, "a block of one token has no next token to predict"
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,7 @@ RULES: dict[str, Rule] = {
     "PEAK_TFLOPS": number(0, expected="a number >= 0 (0: from the table of GPUs)"),
     "NONFINITE": choice("stop", "skip"),
     # data
-    "BLOCK_SIZE": integer(2, expected="2 or more tokens (a block of one token has no next token to predict)",
-                          none=True),
+    "BLOCK_SIZE": integer(MIN_BLOCK, expected=f"{MIN_BLOCK} or more tokens ({MIN_BLOCK_WHY})", none=True),
     "VAL_TOKENS": integer(1, expected="a positive number (the trainer evaluates on them)"),
     "SHUFFLE_BUFFER": integer(0, expected="0 (each source's order) or a number of documents"),
     "ON_EXHAUSTED": choice("renormalise", "stop", "restart"),

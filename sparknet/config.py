@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sparknet.checks import MIN_BLOCK, MIN_BLOCK_WHY, RULES
 from sparknet.errors import UserError
 from sparknet.runtime import project_path
 
@@ -26,7 +27,6 @@ log = logging.getLogger(__name__)
 TOP_KEYS = ("seed", "context_length", "target_tokens", "mix")
 SOURCE_KEYS = ("name", "split", "prob", "data_files", "subset", "text_field", "revision")
 REQUIRED_SOURCE_KEYS = ("name", "prob")
-MAX_SEED = 2**32 - 1
 COMMIT_SHA = re.compile(r"[0-9a-f]{40}")  # a full commit id, shortened in labels as git shortens it
 
 
@@ -170,13 +170,13 @@ def parse_config(data: Any, path: str = "<config>") -> MixConfig:
         raise check.fail("", f"expected a JSON object with keys {', '.join(TOP_KEYS)}, got {_type_name(data)}")
     check.keys(data, "", TOP_KEYS, TOP_KEYS)
     seed = _whole(data["seed"])
-    # numpy's and the shuffle's seeds are 32-bit: a larger seed would fail deep inside a build
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise check.fail("seed", f"expected an integer from 0 to {MAX_SEED}, got {json.dumps(data['seed'])}")
+    # the rules of the constants SEED and BLOCK_SIZE (sparknet.checks), which these keys are the defaults of
+    if not RULES["SEED"].test(seed):
+        raise check.fail("seed", f"expected {RULES['SEED'].expected}, got {json.dumps(data['seed'])}")
     context_length = check.positive_int(_whole(data["context_length"]), "context_length")
-    if context_length < 2:
-        raise check.fail("context_length", f"expected 2 or more tokens, got {context_length}: a block of one token "
-                         "has no next token to predict")
+    if not RULES["BLOCK_SIZE"].test(context_length):
+        raise check.fail("context_length", f"expected {MIN_BLOCK} or more tokens, got {context_length}: "
+                         f"{MIN_BLOCK_WHY}")
     # 1e9 is a whole number in JSON too, as it is on the command line
     target_tokens = check.positive_int(_whole(data["target_tokens"]), "target_tokens")
     mix = data["mix"]

@@ -530,8 +530,8 @@ def test_a_ctrl_c_while_the_build_closes_still_stops_its_encoders(tokenizer_dir:
     the process then waited at exit for its encoders, for good) stops the encoders all the same."""
     from transformers import AutoTokenizer
 
-    from sparknet.data.build import _stop
     from sparknet.data.encoder_pool import EncoderPool
+    from sparknet.data.pipeline import stop
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     pool = EncoderPool(2, tok.backend_tokenizer.to_str(), tok.eos_token_id, np.dtype("uint16"))
@@ -545,7 +545,7 @@ def test_a_ctrl_c_while_the_build_closes_still_stops_its_encoders(tokenizer_dir:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        _stop({"src": InterruptedClose()}, pool, clean=True)
+        stop({"src": InterruptedClose()}, pool, clean=True)
     deadline = time.time() + 10
     while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in workers):
         assert time.time() < deadline, "the encoders outlived the interrupted close"

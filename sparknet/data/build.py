@@ -18,29 +18,24 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sparknet.checks import check_values
 from sparknet.config import MixConfig
 from sparknet.data.build_manifest import description, split_report
 from sparknet.data.build_state import STATE, load_state, restore_packers, save_state
-from sparknet.data.encoder_pool import EncoderPool
-from sparknet.data.mixing import Mixer
 from sparknet.data.packed import FORMAT_VERSION, MANIFEST, SPLITS, SplitWriter, read_manifest
 from sparknet.data.packing import (
     BlockPacker,
-    DocumentEncoder,
-    cut_document,
     token_dtype,
     val_document_caps,
 )
-from sparknet.data.prefetch import Done, EncodedDocuments
-from sparknet.data.reader import SourceReader
-from sparknet.data.sources import at_commits, is_hub_source, resolve_revisions
+from sparknet.data.pipeline import DocumentCaps, Encoders, Pipeline, stop
+from sparknet.data.sources import at_commits, resolve_revisions
 from sparknet.errors import UserError
 from sparknet.identity import describe_changes, local_files_fingerprint
 from sparknet.locks import exclusive
@@ -176,9 +171,7 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
 
 def _check_spec(spec: BuildSpec) -> None:
     config = spec.config
-    if spec.block_size < 2:
-        raise UserError(f"BLOCK_SIZE={spec.block_size}: expected 2 or more tokens (a block of one token has no next "
-                        "token to predict)")
+    check_values({"BLOCK_SIZE": spec.block_size, "VAL_TOKENS": spec.val_tokens})
     if spec.block_size > config.context_length:
         raise UserError(
             f"BLOCK_SIZE={spec.block_size} exceeds the model's context of {config.context_length} "
@@ -186,8 +179,6 @@ def _check_spec(spec: BuildSpec) -> None:
         )
     if spec.target_tokens < spec.block_size:
         raise UserError(f"TARGET_TOKENS={spec.target_tokens} is less than one block of {spec.block_size} tokens")
-    if spec.val_tokens <= 0:
-        raise UserError(f"VAL_TOKENS={spec.val_tokens}: expected a positive number (the trainer evaluates on them)")
 
 
 def _trained_context(spec: BuildSpec, tok: Any) -> int | None:
@@ -237,29 +228,18 @@ def _build(spec: BuildSpec, tok: Any, dtype: np.dtype, tmp: Path, saved: dict[st
            state: dict[str, Any] | None) -> dict[str, Any]:
     """Encodes, mixes and packs into `tmp` (from `state` when resuming); returns the split part of the manifest.
     Whatever stops it, the encoders and readers are stopped, and `tmp` is kept only if it holds a saved position."""
-    config = spec.config
-    tokenizer_json, eos_id = tok.backend_tokenizer.to_str(), int(tok.eos_token_id)
-    pool = None
-    sources: dict[str, EncodedDocuments] = {}
+    encoders = Encoders(spec.num_workers, tok.backend_tokenizer.to_str(), int(tok.eos_token_id), dtype)
+    pipeline = None
     try:
-        if spec.num_workers > 0:
-            pool = EncoderPool(spec.num_workers, tokenizer_json, eos_id, dtype)
-            submit = pool.submit
-        else:
-            encoder = DocumentEncoder(tokenizer_json, eos_id, dtype)
-
-            def submit(batch: list[str]) -> Any:
-                return Done(encoder(batch))
-
-        _open_sources(spec, submit, state, saved["commits"], sources)
-        cost = _ValCost(_val_caps(spec), active=state is None or state["split"] == "val")
-        mixer = Mixer(sources, {s.label: s.prob for s in config.mix}, costs={s.label: cost.of(s.label)
-                                                                            for s in config.mix})
-        if state is not None:
-            mixer.load_state_dict(state["mixer"])
-        manifest = _pack(spec, mixer, cost, sources, tmp, dtype, saved, state)
+        caps = DocumentCaps(_val_caps(spec), active=state is None or state["split"] == "val",
+                            documents_cut=state["val_cut"] if state is not None else None)
+        # read at the resolved commits (from the saved position when resuming)
+        pipeline = Pipeline(at_commits(spec.config, saved["commits"]), encoders, state=state, seed=spec.seed,
+                            shuffle_buffer=spec.shuffle_buffer, caps=caps, in_flight=max(2, 2 * spec.num_workers),
+                            batch_docs=spec.batch_docs, batch_chars=spec.batch_chars, read_ahead=spec.read_ahead)
+        manifest = _pack(spec, pipeline, tmp, dtype, saved, state)
     except BaseException:
-        _stop(sources, pool, clean=False)
+        stop(pipeline.sources if pipeline is not None else {}, encoders, clean=False)
         # kept whenever a position was saved, a UserError included: a Hub source that failed after the retries of
         # `datasets` is the very case a resume is for (a build of other inputs starts over anyway)
         if not (tmp / STATE).is_file():
@@ -267,64 +247,18 @@ def _build(spec: BuildSpec, tok: Any, dtype: np.dtype, tmp: Path, saved: dict[st
         else:
             log.warning("build stopped: the same command resumes it from its last saved position (%s)", tmp)
         raise
-    _stop(sources, pool, clean=True)
+    stop(pipeline.sources, encoders, clean=True)
     for leftover in (tmp / STATE, tmp / f".{STATE}.tmp"):  # the latter from a kill during a save
         leftover.unlink(missing_ok=True)
     return manifest
-
-
-class _ValCost:
-    """The mixer's cost of a document: its tokens, capped per source (`packing.val_document_caps`) while the
-    validation split is packed, where documents longer than the cap are cut; the manifest gives each source's cap
-    and validation documents cut."""
-
-    def __init__(self, caps: dict[str, int], active: bool) -> None:
-        self.caps, self.active = caps, active
-
-    def of(self, label: str) -> Callable[[np.ndarray], int]:
-        """The cost function of one source (it follows `active`, which the val -> train switch turns off)."""
-        return lambda doc: min(len(doc), self.caps[label]) if self.active else len(doc)
-
-    def cut(self, label: str, doc: np.ndarray) -> np.ndarray:
-        return cut_document(doc, self.caps[label]) if self.active else doc
 
 
 def _val_caps(spec: BuildSpec) -> dict[str, int]:
     return val_document_caps({s.label: s.prob for s in spec.config.mix}, spec.val_tokens)
 
 
-def _stop(sources: dict[str, EncodedDocuments], pool: EncoderPool | None, clean: bool) -> None:
-    """Closes the readers and the encoders: `clean`, waiting for the encoders to finish; else, or when anything
-    (a Ctrl-C included) interrupts that, stopping them at once. Encoders left running would hold the interpreter's
-    exit for good (it joins its child processes)."""
-    try:
-        for source in sources.values():
-            source.close()
-        if pool is not None and clean:
-            pool.close()
-            pool = None
-    finally:
-        if pool is not None:
-            pool.terminate()
-
-
-def _open_sources(spec: BuildSpec, submit: Any, state: dict[str, Any] | None, commits: dict[str, str | None],
-                  sources: dict[str, EncodedDocuments]) -> None:
-    """Each source read (from the saved position when resuming; at its resolved commit when the Hub gave one) and
-    encoded ahead, a bounded number of batches; added to `sources` one by one, so that a failure to open one leaves
-    the others there to be closed."""
-    positions = state["sources"] if state is not None else {}
-    for s in at_commits(spec.config, commits).mix:
-        position = positions.get(s.label, {})
-        read_ahead = spec.read_ahead if spec.read_ahead is not None else (8 if is_hub_source(s) else 0)
-        reader = SourceReader(s, shuffle_buffer=spec.shuffle_buffer, seed=spec.seed, state=position.get("reader"))
-        sources[s.label] = EncodedDocuments(reader, submit, in_flight=max(2, 2 * spec.num_workers),
-                                            max_docs=spec.batch_docs, max_chars=spec.batch_chars,
-                                            skip=position.get("skip", 0), read_ahead=read_ahead)
-
-
-def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, EncodedDocuments], folder: Path,
-          dtype: np.dtype, saved: dict[str, Any], state: dict[str, Any] | None) -> dict[str, Any]:
+def _pack(spec: BuildSpec, pipeline: Pipeline, folder: Path, dtype: np.dtype, saved: dict[str, Any],
+          state: dict[str, Any] | None) -> dict[str, Any]:
     """Runs the mixed documents through the val then the train packer, saving the position (with `saved`: the
     inputs and the commits read) every CHECKPOINT_SECONDS; returns the split part of the manifest."""
     from sparknet.progress import progress
@@ -338,14 +272,11 @@ def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, Enco
     bar = progress(total=(want["val"] + want["train"]) * block, unit="tok", unit_scale=True, desc="packing",
                    smoothing=0.1, initial=sum(p.tokens_added for p in packers.values()))
     split = state["split"] if state is not None else "val"
-    cut: dict[str, int] = dict(state["val_cut"]) if state is not None else {s.label: 0 for s in spec.config.mix}
+    mixer = pipeline.mixer
     saved_at, interval = time.monotonic(), spec.checkpoint_seconds
     try:
-        for label, doc in mixer:
+        for label, doc in pipeline:
             packer = packers[split]
-            if split == "val" and len(packed := cost.cut(label, doc)) < len(doc):
-                cut[label] += 1
-                doc = packed
             full = packer.add(label, doc)
             if full is not None:
                 writers[split].write(full)
@@ -355,15 +286,13 @@ def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, Enco
                 if split == "train":
                     break
                 split = "train"
-                cost.active = False  # whole documents from here on
-                mixer.restart_shares()  # train carries the mix by itself, whatever val's last document left out
+                pipeline.end_hold_out()
             elif spec.fail_on_exhausted and any(c.exhausted for c in mixer.counts.values()):
                 dry = ", ".join(name for name, c in mixer.counts.items() if c.exhausted)  # stop now, not hours later
                 raise UserError(f"source(s) {dry} ran dry before reaching their share (FAIL_ON_EXHAUSTED is on)")
             if spec.checkpoint_seconds and time.monotonic() - saved_at >= interval:
                 began = time.monotonic()
-                save_state(folder, saved=saved, split=split, sources=sources, mixer=mixer, packers=packers,
-                           writers=writers, val_cut=cut)
+                save_state(folder, saved=saved, split=split, pipeline=pipeline, packers=packers, writers=writers)
                 saved_at = time.monotonic()
                 # large shuffle buffers make a save slow: saving never takes more than a tenth of the build
                 interval = max(spec.checkpoint_seconds, 10 * (saved_at - began))
@@ -375,12 +304,13 @@ def _pack(spec: BuildSpec, mixer: Mixer, cost: _ValCost, sources: dict[str, Enco
         for w in writers.values():
             w.close()
 
+    cut = {s.label: pipeline.caps.documents_cut[s.label] for s in spec.config.mix}
     splits = split_report(spec, mixer, packers, writers, cut, _val_caps(spec))
     exhausted = [label for label, c in mixer.counts.items() if c.exhausted]
     if writers["train"].blocks == 0:
+        caps = pipeline.caps.caps
         read = ", ".join(f"{label} {c.documents} document(s)" + (f", {cut[label]} cut at the validation cap of "
-                                                                   f"{cost.caps[label]:,} tokens" if cut.get(label)
-                                                                   else "")
+                                                                   f"{caps[label]:,} tokens" if cut.get(label) else "")
                          for label, c in mixer.counts.items())
         raise UserError(
             f"the sources hold too few tokens for even one training block of {block} tokens after "

@@ -4,22 +4,21 @@ from the last save instead of starting over, and still writes the files an unint
 Saved every CHECKPOINT_SECONDS at a document boundary, after the token files are synced: each source's position
 (its reader's, shuffle buffer included, and the documents of the batch to skip), the mixer's counts, the split being
 packed, each packer's counts and pending tokens (under one block), and the blocks written per split. Written by hand
-because the pipeline is ours (reader, encoder batches, mixer, packer); it reuses the positions the streaming trainer
-saves. The token files are append-only: on resume they are cut back to the blocks the position counts.
+because the pipeline is ours (reader, encoder batches, mixer, packer); its "sources" and "mixer" are the
+pipeline's position, as the streaming trainer saves it (data/pipeline.py). The token files are append-only: on
+resume they are cut back to the blocks the position counts.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
-from sparknet.data.mixing import Mixer
 from sparknet.data.packed import SplitWriter
 from sparknet.data.packing import BlockPacker
-from sparknet.data.prefetch import EncodedDocuments
+from sparknet.data.pipeline import Pipeline
 from sparknet.runtime import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -33,11 +32,9 @@ def save_state(
     *,
     saved: dict[str, Any],
     split: str,
-    sources: dict[str, EncodedDocuments],
-    mixer: Mixer[Any],
+    pipeline: Pipeline,
     packers: dict[str, BlockPacker],
     writers: dict[str, SplitWriter],
-    val_cut: dict[str, int],
 ) -> None:
     """Writes the position after the documents mixed so far, with `saved` ({"inputs", "commits"}: what it is a
     position in); the packer being filled hands its full blocks to its writer first, so that only a partial block
@@ -51,15 +48,12 @@ def save_state(
         "inputs": saved["inputs"],
         "commits": saved["commits"],
         "split": split,
-        # documents taken from a source but not yet mixed (the mixer's read-ahead) are read again on resume
-        "sources": {
-            label: copy.deepcopy(source.position(source.handed_out - int(mixer.has_read_ahead(label))))
-            for label, source in sources.items()
-        },
-        "mixer": mixer.state_dict(),
+        # the pipeline's position, the stream's format ("sources", "mixer"): documents taken from a source but not
+        # yet mixed (the mixer's read-ahead) are read again on resume
+        **pipeline.state_dict(),
         "packers": {name: packer.state_dict() for name, packer in packers.items()},
         "written": {name: writer.blocks for name, writer in writers.items()},
-        "val_cut": val_cut,
+        "val_cut": {label: pipeline.caps.documents_cut[label] for label in pipeline.sources},
     }
     write_json_atomic(folder / STATE, state, compact=True)  # shuffle buffers make it large: no indentation
 

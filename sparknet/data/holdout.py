@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from sparknet.checks import check_values
 from sparknet.config import MixConfig
 from sparknet.data.packing import val_document_caps
 from sparknet.data.stream import TokenStream
-from sparknet.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -38,21 +38,20 @@ def hold_out_validation(
     With a shuffle buffer the rows skipped also hold the documents still in the buffer: at most `shuffle_buffer`
     documents per source are then neither validated nor trained on.
     """
-    if val_tokens <= 0:
-        raise UserError(f"VAL_TOKENS={val_tokens}: expected a positive number (the trainer evaluates on them)")
+    check_values({"VAL_TOKENS": val_tokens})
     wanted = math.ceil(val_tokens / block_size)
     caps = val_document_caps({s.label: s.prob for s in config.mix}, val_tokens)
     stream = TokenStream(config=config, tokenizer_json=tokenizer_json, eos_id=eos_id, block_size=block_size,
                          seed=seed, shuffle_buffer=shuffle_buffer, num_workers=num_workers, document_caps=caps)
     try:
-        pipeline = stream._start()
-        blocks = list(itertools.islice(pipeline.blocks(), wanted))
-        rows = pipeline.rows_used()
+        live = stream.start()
+        blocks = list(itertools.islice(live.blocks(), wanted))
+        rows = live.rows_used()
         stats = stream.stats()
-        cut = dict(pipeline.documents_cut)
+        cut = dict(live.pipeline.caps.documents_cut)
         # a source read to its end while holding out (small, or a shuffle buffer larger than it): its size is known
         sizes = {label: source.reader.rows if source.reader.draining or source.reader.passes else None
-                 for label, source in pipeline.sources.items()}
+                 for label, source in live.sources.items()}
     finally:
         stream.close()
     if len(blocks) < wanted:

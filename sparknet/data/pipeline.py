@@ -1,195 +1,187 @@
-"""One live run of the token stream from a saved position (sparknet.data.stream.TokenStream starts it): each
-source's reader and encoded documents, the mixer, the packer, and the position and statistics they add up to."""
+"""The one data pipeline: sources -> encoded -> mixed, from a saved position. The packed build (data/build.py) packs
+its documents into split files, the streaming trainer (data/stream.py, data/stream_blocks.py) into blocks handed to
+the Trainer; both wire it here, with the same reader, encoders, mixer, validation caps and position format.
+
+- `Encoders`: the batches of every source encoded on `num_workers` spawned processes, or in this process (0).
+- `Pipeline`: each source read (`SourceReader`) and encoded ahead (`EncodedDocuments`), the `Mixer` taking whole
+  documents by tokens, and, while a validation hold-out is taken, `DocumentCaps`.
+- The hold-out is the same rule for both: the first documents of the mixed stream, each cut to its source's cap.
+  The build then goes on in the same pass (`end_hold_out`: whole documents, shares counted afresh); the stream, whose
+  training is split among ranks while its validation is not, takes the hold-out in a pass of its own
+  (data/holdout.py) and starts each rank's training after the rows it used (`SourceReader`'s `skip`).
+
+Its position ("sources": per source the reader's position before the batch holding the first unused document and
+how many of that batch's documents to skip; "mixer": the mixer's counts) is part of both the build's saved state and
+the stream's. It is written by hand because no library gives it for this pipeline (see data/stream.py).
+"""
 
 from __future__ import annotations
 
 import copy
-import logging
-import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
+from sparknet.config import MixConfig
+from sparknet.data.encoder_pool import EncoderPool
 from sparknet.data.mixing import Mixer
-from sparknet.data.packing import BlockPacker, cut_document
-from sparknet.data.prefetch import EncodedDocuments
+from sparknet.data.packing import DocumentEncoder, cut_document
+from sparknet.data.prefetch import Done, EncodedDocuments
 from sparknet.data.reader import SourceReader
-from sparknet.errors import UserError
-
-log = logging.getLogger("sparknet.data.stream")  # its warnings are the stream's, under the stream's name
-STATE_FORMAT = 1  # of the position TokenStream.state_dict() gives
+from sparknet.data.sources import is_hub_source
 
 
-class Pipeline:
-    """One live run of the stream from a position: readers -> encoders -> mixer -> packer. `stream` is the
-    TokenStream it runs for (not imported here: the stream imports this module)."""
+class Encoders:
+    """Encoding of the sources' batches of texts: `submit(texts)` returns an object whose `get()` gives
+    `(flat tokens, lengths)`, computed on `num_workers` spawned processes, or here when it is 0."""
 
-    def __init__(self, stream: Any, state: dict[str, Any], submit: Callable[[list[str]], Any]) -> None:
-        self.settings = stream.settings
-        self.block_size = stream.block_size
-        self.on_exhausted = stream.on_exhausted
-        self.sources: dict[str, EncodedDocuments] = {}
-        for spec in stream.config.mix:
-            position = state["sources"][spec.label]
-            reader = SourceReader(
-                spec,
-                skip=stream.skip_documents[spec.label],
-                rank=stream.rank,
-                world_size=stream.world_size,
-                restart=stream.on_exhausted == "restart",
-                shuffle_buffer=stream.shuffle_buffer,
-                seed=stream.seed,
-                state=position["reader"],
-            )
-            self.sources[spec.label] = EncodedDocuments(
-                reader,
-                submit,
-                in_flight=max(2, 2 * stream.num_workers),
-                max_docs=stream.batch_docs,
-                max_chars=stream.batch_chars,
-                skip=position["skip"],
-            )
-        self.caps = stream.document_caps
-        costs = {label: (lambda d, c=cap: min(len(d), c)) for label, cap in (self.caps or {}).items()}
-        self.mixer: Mixer[np.ndarray] = Mixer(self.sources, {s.label: s.prob for s in stream.config.mix}, cost=len,
-                                              costs=costs)
-        self.documents_cut: Counter[str] = Counter()
-        self.mixer.load_state_dict(state["mixer"])
-        self.packer = BlockPacker(self.block_size, stream.dtype, flush_tokens=sys.maxsize)
-        self.blocks_yielded = int(state["blocks_yielded"])
-        self.end: str | None = state["end"]
-        self.warned = set(state["warned"])
-        self._restarts = dict(state["restarts"])  # at the position, before any document of this run
-        self._taken_back: Counter[str] = Counter()  # documents handed out by a source, then given back unused
-        # The document being cut: [label, its length, its tokens in blocks given so far (negative while tokens of
-        # earlier documents still fill the block it starts in)]. At every block given, it alone is pending.
-        self._current: list[Any] | None = None
-        current = state["current"]
-        if current is not None and self.end is None:
-            doc = next(self.sources[current["label"]], None)
-            doc = self._cut(current["label"], doc) if doc is not None else None
-            if doc is None or current["offset"] >= len(doc):
-                raise UserError(f"source {current['label']!r} no longer holds the document the saved stream position "
-                                "was cutting: its data changed since the checkpoint; start a new run")
-            self.packer.add(current["label"], doc[current["offset"]:])
-            self._current = [current["label"], len(doc), current["offset"]]
-        self.packer.tokens_by_source = Counter(state["packer"]["tokens"])
-        self.packer.documents_by_source = Counter(state["packer"]["documents"])
-        self.packer.blocks = self.blocks_yielded
-        self._mixed = iter(self.mixer)
+    def __init__(self, num_workers: int, tokenizer_json: str, eos_id: int, dtype: np.dtype) -> None:
+        self._pool = EncoderPool(num_workers, tokenizer_json, eos_id, dtype) if num_workers > 0 else None
+        self._encoder = None if self._pool is not None else DocumentEncoder(tokenizer_json, eos_id, dtype)
 
-    def blocks(self) -> Iterator[np.ndarray]:
-        """The blocks from the position on, one at a time (so that every block given has an exact position)."""
-        size = self.block_size
-        while self.end is None:
-            at_block, pulled = copy.copy(self._current), []
-            try:
-                while self.packer.pending_tokens < size:
-                    item = next(self._mixed, None)
-                    dry = self._note_dry()
-                    if item is None:
-                        self._finish("every source ran dry")
-                        return
-                    if dry and self.on_exhausted == "stop":
-                        self._finish(f"source {dry[0]!r} ran dry (ON_EXHAUSTED=stop)")
-                        return
-                    label, doc = item
-                    pulled.append(item)
-                    doc = self._cut(label, doc)
-                    self._current = [label, len(doc), -self.packer.pending_tokens]
-                    self.packer.add(label, doc)
-            except BaseException:
-                # a source failed while this block filled (the Hub gone for good): the position stays that of the
-                # last block given, the documents taken for this one read again on resume
-                for label, doc in pulled:
-                    self.mixer.take_back(label, doc)
-                    self.packer.documents_by_source[label] -= 1
-                    self._taken_back[label] += 1
-                self._current = at_block
-                raise
-            block = self.packer.take(1)[0]
-            assert self._current is not None
-            self._current[2] += size
-            self.blocks_yielded += 1
-            yield block
+    def submit(self, texts: list[str]) -> Any:
+        if self._pool is not None:
+            return self._pool.submit(texts)
+        assert self._encoder is not None
+        return Done(self._encoder(texts))
 
-    def _cut(self, label: str, doc: np.ndarray) -> np.ndarray:
-        if self.caps is None or len(doc) <= self.caps[label]:
+    def close(self) -> None:
+        """Waits for the processes to finish what they were given, then lets them exit."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def terminate(self) -> None:
+        """Stops the processes now (batches not yet encoded are dropped)."""
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool = None
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class _Encoding(Protocol):
+    def close(self) -> None: ...
+
+    def terminate(self) -> None: ...
+
+
+def stop(sources: Mapping[str, _Closable], encoders: _Encoding | None, *, clean: bool) -> None:
+    """Closes the readers and the encoders: `clean`, waiting for the encoders to finish; else, or when anything
+    (a Ctrl-C included) interrupts that, stopping them at once. Encoders left running would hold the interpreter's
+    exit for good (it joins its child processes)."""
+    try:
+        for source in sources.values():
+            source.close()
+        if encoders is not None and clean:
+            encoders.close()
+            encoders = None
+    finally:
+        if encoders is not None:
+            encoders.terminate()
+
+
+class DocumentCaps:
+    """The validation hold-out's longest document per source (`packing.val_document_caps`): while `active`, a
+    document costs the mixer at most its source's cap and is cut to it, and `documents_cut` counts the cuts. No
+    caps: whole documents."""
+
+    def __init__(self, caps: dict[str, int] | None, *, active: bool = True,
+                 documents_cut: Mapping[str, int] | None = None) -> None:
+        self.caps = dict(caps) if caps else {}
+        self.active = active and bool(self.caps)
+        self.documents_cut: Counter[str] = Counter(documents_cut or {})
+
+    def costs(self) -> dict[str, Any]:
+        """The mixer's cost function of each capped source (they follow `active`)."""
+        return {label: (lambda doc, cap=cap: min(len(doc), cap) if self.active else len(doc))
+                for label, cap in self.caps.items()}
+
+    def cut(self, label: str, doc: np.ndarray) -> np.ndarray:
+        if not self.active or len(doc) <= self.caps[label]:
             return doc
         self.documents_cut[label] += 1
         return cut_document(doc, self.caps[label])
 
-    def state_dict(self) -> dict[str, Any]:
-        current = self._current
-        cutting = current is not None and current[2] < current[1]
-        sources = {}
-        for label, source in self.sources.items():
-            # documents handed out but not used are read again: the mixer's read-ahead and the one being cut
-            unused = (int(self.mixer.has_read_ahead(label)) + int(cutting and current[0] == label)
-                      + self._taken_back[label])
-            # a copy: the live batch records hold these dicts
-            sources[label] = copy.deepcopy(source.position(source.handed_out - unused))
+
+class Pipeline:
+    """Iterate for `(label, document)` in mix order: each source of `config` read from its position (`state`'s
+    "sources"; none: from the start), encoded ahead by `encoders` (at most `in_flight` batches of up to `batch_docs`
+    documents or `batch_chars` characters per source), mixed by tokens (`state`'s "mixer": the counts so far) and
+    cut to `caps` while they are active.
+
+    Reader options are SourceReader's: `skip` rows per source never read, this `rank`'s share of `world_size`,
+    `restart` a dry source, a seeded `shuffle_buffer`. `read_ahead`: batches each source reads ahead on a thread
+    (None: 8 for a Hub source, whose network waits release the GIL, 0 for local files).
+    """
+
+    def __init__(self, config: MixConfig, encoders: Encoders, *, state: dict[str, Any] | None = None,
+                 seed: int, shuffle_buffer: int = 0, caps: DocumentCaps | None = None, in_flight: int = 2,
+                 batch_docs: int = 256, batch_chars: int = 1 << 20, read_ahead: int | None = 0,
+                 skip: Mapping[str, int] | None = None, rank: int = 0, world_size: int = 1,
+                 restart: bool = False) -> None:
+        positions = (state or {}).get("sources") or {}
+        self.sources: dict[str, EncodedDocuments] = {}
+        try:  # added one by one, so that a failure to open one closes the others
+            for spec in config.mix:
+                position = positions.get(spec.label) or {}
+                reader = SourceReader(spec, skip=(skip or {}).get(spec.label, 0), rank=rank, world_size=world_size,
+                                      restart=restart, shuffle_buffer=shuffle_buffer, seed=seed,
+                                      state=position.get("reader"))
+                ahead = read_ahead if read_ahead is not None else (8 if is_hub_source(spec) else 0)
+                self.sources[spec.label] = EncodedDocuments(reader, encoders.submit, in_flight=in_flight,
+                                                            max_docs=batch_docs, max_chars=batch_chars,
+                                                            skip=position.get("skip", 0), read_ahead=ahead)
+        except BaseException:
+            self.close()
+            raise
+        self.caps = caps or DocumentCaps(None)
+        self.mixer: Mixer[np.ndarray] = Mixer(self.sources, {s.label: s.prob for s in config.mix}, cost=len,
+                                              costs=self.caps.costs())
+        if state is not None and state.get("mixer") is not None:
+            self.mixer.load_state_dict(state["mixer"])
+        self._mixed = iter(self.mixer)
+
+    def __iter__(self) -> Iterator[tuple[str, np.ndarray]]:
+        return self
+
+    def __next__(self) -> tuple[str, np.ndarray]:
+        label, doc = next(self._mixed)
+        return label, self.caps.cut(label, doc)
+
+    def next_of(self, label: str) -> np.ndarray | None:
+        """The next document of one source, outside the mix (a saved document being cut, read again), capped."""
+        doc = next(self.sources[label], None)
+        return None if doc is None else self.caps.cut(label, doc)
+
+    def end_hold_out(self) -> None:
+        """Whole documents from here on, and shares counted afresh: what follows carries the mix by itself, whatever
+        the hold-out's last document left out."""
+        self.caps.active = False
+        self.mixer.restart_shares()
+
+    def used(self, label: str, unused: int = 0) -> int:
+        """Documents of `label` used so far: those its source handed out, less the mixer's read-ahead and `unused`
+        more that the consumer holds but has not used (the one being cut, those given back)."""
+        return self.sources[label].handed_out - int(self.mixer.has_read_ahead(label)) - unused
+
+    def state_dict(self, unused: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """The position after the documents used (`used`): unused ones are read again from it."""
         return {
-            "format": STATE_FORMAT,
-            "settings": copy.deepcopy(self.settings),
-            "blocks_yielded": self.blocks_yielded,
-            "end": self.end,
-            "sources": sources,
+            # copies: the live batch records hold these dicts
+            "sources": {label: copy.deepcopy(source.position(self.used(label, (unused or {}).get(label, 0))))
+                        for label, source in self.sources.items()},
             "mixer": self.mixer.state_dict(),
-            "packer": {
-                "tokens": {label: int(self.packer.tokens_by_source[label]) for label in self.sources},
-                "documents": {label: int(self.packer.documents_by_source[label]) for label in self.sources},
-            },
-            "current": {"label": current[0], "offset": int(current[2])} if cutting else None,
-            "warned": sorted(self.warned),
-            "restarts": self.restarts(),
         }
 
-    def _last_used(self, label: str) -> tuple[int, int] | None:
-        """(passes, rows read) of the source's last document used (the one being cut included), None if none yet."""
-        source = self.sources[label]
-        return source.mark(source.handed_out - int(self.mixer.has_read_ahead(label)) - self._taken_back[label])
+    def exhausted(self) -> list[str]:
+        return [label for label, c in self.mixer.counts.items() if c.exhausted]
 
-    def restarts(self) -> dict[str, int]:
-        """Per source, the restarts before its last document used (read-ahead restarts not counted)."""
-        return {label: (mark[0] if (mark := self._last_used(label)) else self._restarts[label])
-                for label in self.sources}
-
-    def rows_used(self) -> dict[str, int]:
-        """Per source, rows to skip so that no document used so far (the one being cut included) is read again."""
-        return {label: (mark[1] if (mark := self._last_used(label)) else 0) for label in self.sources}
-
-    def _note_dry(self) -> list[str]:
-        """Every source found dry so far (a warning for each, the first time)."""
-        dry = [label for label, c in self.mixer.counts.items() if c.exhausted]
-        for label in dry:
-            if label not in self.warned:
-                self.warned.add(label)
-                then = ("the stream stops here" if self.on_exhausted == "stop"
-                        else "the other sources go on in proportion")
-                log.warning("source %r ran dry after %d documents: %s (ON_EXHAUSTED=%s)", label,
-                            self.mixer.counts[label].documents, then, self.on_exhausted)
-        return dry
-
-    def _finish(self, reason: str) -> None:
-        if self.blocks_yielded == 0:
-            settings = self.settings
-            skipped = settings["skip_documents"]
-            counts = ", ".join(f"{label}: {c.documents} documents" + (
-                f" after {skipped[label]} rows held out for validation" if skipped.get(label) else "")
-                for label, c in self.mixer.counts.items())
-            rank = f" for rank {settings['rank']} of {settings['world_size']}" if settings["world_size"] > 1 else ""
-            # the hold-out's rows include the documents still in the shuffle buffer: a whole small source
-            buffer = (f"lower SHUFFLE_BUFFER (the hold-out also skips the up to {settings['shuffle_buffer']:,} "
-                      "documents in each source's shuffle buffer) below the sources' row counts, "
-                      if any(skipped.values()) and settings["shuffle_buffer"] else "")
-            raise UserError(
-                f"{reason} before one block of {self.block_size} tokens could be made{rank} ({counts}): "
-                f"{buffer}add data, or lower BLOCK_SIZE or VAL_TOKENS"
-            )
-        log.warning("the stream ended after %d blocks: %s", self.blocks_yielded, reason)
-        self.end = reason
-        self._current = None
-        self.packer.finish()  # the partial rest is dropped, as in the packed build
+    def close(self) -> None:
+        """Stops the sources' read-ahead threads; positions stay valid."""
+        for source in self.sources.values():
+            source.close()

@@ -11,7 +11,8 @@ Per rank, every source goes reader -> encoder -> mixer -> packer:
   the blocks carry the mix from the first one on;
 - `BlockPacker` (data/packing.py): documents end with eos, are concatenated and cut into `block_size` blocks;
   nothing is padded.
-The blocks depend only on the inputs and the saved position, never on `num_workers`.
+The blocks depend only on the inputs and the saved position, never on `num_workers`. The pipeline up to the mixer is
+the packed build's (data/pipeline.py); the blocks and their position are data/stream_blocks.py's.
 
 The position is the one thing written by hand here, because no library gives it for this pipeline: `datasets`
 saves a plain stream's position but not a shuffle buffer's, nor which encoded documents a mixer has used, nor a
@@ -29,20 +30,17 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
+from sparknet.checks import problems as check_problems
 from sparknet.config import MixConfig
-from sparknet.data.encoder_pool import EncoderPool
-from sparknet.data.packing import (
-    DocumentEncoder,
-    token_dtype,
-)
-from sparknet.data.pipeline import STATE_FORMAT, Pipeline
-from sparknet.data.prefetch import Done
+from sparknet.data.packing import token_dtype
+from sparknet.data.pipeline import DocumentCaps, Encoders, Pipeline
+from sparknet.data.stream_blocks import STATE_FORMAT, StreamBlocks
 from sparknet.errors import UserError
 from sparknet.identity import describe_changes
 
@@ -96,28 +94,9 @@ class TokenStream(torch.utils.data.IterableDataset):
         from tokenizers import Tokenizer
 
         super().__init__()
-        labels = [spec.label for spec in config.mix]
         skip_documents = dict(skip_documents or {})
-        problems = []  # every mistake at once
-        if on_exhausted not in ON_EXHAUSTED:
-            problems.append(f"ON_EXHAUSTED={on_exhausted!r}: expected one of {', '.join(ON_EXHAUSTED)}")
-        if block_size < 2:
-            problems.append(f"BLOCK_SIZE={block_size}: expected 2 or more tokens (a block of one token has no next "
-                            "token to predict)")
-        if shuffle_buffer < 0:
-            problems.append(f"SHUFFLE_BUFFER={shuffle_buffer}: expected 0 (no shuffling) or a number of documents")
-        if num_workers < 0:
-            problems.append(f"num_workers={num_workers}: expected 0 (encode in this process) or more")
-        if not 0 <= rank < world_size:
-            problems.append(f"rank {rank} of world size {world_size}: expected 0 <= rank < world size")
-        unknown = sorted(set(skip_documents) - set(labels))
-        if unknown:
-            problems.append(f"skip_documents names no source of the mix: {', '.join(unknown)} (sources: "
-                            f"{', '.join(labels)})")
-        if any(not isinstance(n, int) or n < 0 for n in skip_documents.values()):
-            problems.append(f"skip_documents: expected counts >= 0, got {skip_documents}")
-        if problems:
-            raise UserError("; ".join(problems))
+        _check_arguments(config, on_exhausted, block_size, shuffle_buffer, num_workers, rank, world_size,
+                         skip_documents)
         vocab_size = Tokenizer.from_str(tokenizer_json).get_vocab_size()
         if not 0 <= eos_id < vocab_size:
             raise UserError(f"eos id {eos_id} is outside the tokenizer's vocabulary of {vocab_size}")
@@ -130,29 +109,15 @@ class TokenStream(torch.utils.data.IterableDataset):
         self.on_exhausted = on_exhausted
         self.num_workers = num_workers
         self.rank, self.world_size = rank, world_size
-        self.skip_documents = {label: skip_documents.get(label, 0) for label in labels}
+        self.skip_documents = {spec.label: skip_documents.get(spec.label, 0) for spec in config.mix}
         self.batch_docs, self.batch_chars = batch_docs, batch_chars
         self.dtype = token_dtype(vocab_size)
         # a validation hold-out cuts documents longer than its source's cap (packing.val_document_caps)
         self.document_caps = dict(document_caps) if document_caps else None
-        self.settings = _plain(
-            {
-                "sources": config.to_dict()["mix"],
-                "block_size": block_size,
-                "seed": seed,
-                "shuffle_buffer": shuffle_buffer,
-                "rank": rank,
-                "world_size": world_size,
-                "skip_documents": self.skip_documents,
-                "tokenizer_sha256": hashlib.sha256(tokenizer_json.encode()).hexdigest(),
-                "eos_id": eos_id,
-                **({"document_caps": self.document_caps} if self.document_caps else {}),
-            }
-        )
+        self.settings = self._settings()
         self._state: dict[str, Any] | None = None  # loaded, not yet iterated
-        self._pipeline: Pipeline | None = None
-        self._pool: Any = None
-        self._encoder: DocumentEncoder | None = None
+        self._pipeline: StreamBlocks | None = None
+        self._encoders: Encoders | None = None
         self._busy_seconds = 0.0
         self._timed_tokens = 0
         # Blocks given since the last optimizer step ended, and blocks to give again before the pipeline's next:
@@ -160,13 +125,28 @@ class TokenStream(torch.utils.data.IterableDataset):
         self._since_step: list[np.ndarray] = []
         self._replay: list[np.ndarray] = []
 
+    def _settings(self) -> dict[str, Any]:
+        """What a saved position is a position of: a position taken with other settings is refused."""
+        return _plain({
+            "sources": self.config.to_dict()["mix"],
+            "block_size": self.block_size,
+            "seed": self.seed,
+            "shuffle_buffer": self.shuffle_buffer,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "skip_documents": self.skip_documents,
+            "tokenizer_sha256": hashlib.sha256(self.tokenizer_json.encode()).hexdigest(),
+            "eos_id": self.eos_id,
+            **({"document_caps": self.document_caps} if self.document_caps else {}),
+        })
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         if torch.utils.data.get_worker_info() is not None:
             raise UserError(
                 "TokenStream cannot run in DataLoader worker processes (its position lives in the main process and "
                 "it runs its own encoders): use DataLoader(num_workers=0) and the stream's num_workers"
             )
-        pipeline = self._start()
+        pipeline = self.start()
         started = time.perf_counter()
         for block in self._blocks(pipeline):
             self._since_step.append(block)
@@ -177,7 +157,7 @@ class TokenStream(torch.utils.data.IterableDataset):
             yield {"input_ids": ids, "labels": ids}
             started = time.perf_counter()
 
-    def _blocks(self, pipeline: Pipeline) -> Iterator[np.ndarray]:
+    def _blocks(self, pipeline: StreamBlocks) -> Iterator[np.ndarray]:
         while self._replay:
             pipeline.blocks_yielded += 1
             yield self._replay.pop(0)
@@ -235,57 +215,50 @@ class TokenStream(torch.utils.data.IterableDataset):
         across resumes), the production rate in tokens/s (time spent producing blocks in this process, the
         consumer's time excluded), blocks, documents and restarts per source, dry sources, and why it ended."""
         if self._pipeline is not None:
-            p = self._pipeline
-            tokens = {label: int(p.packer.tokens_by_source[label]) for label in p.sources}
-            documents = {label: c.documents for label, c in p.mixer.counts.items()}
-            restarts = p.restarts()
-            exhausted = [label for label, c in p.mixer.counts.items() if c.exhausted]
-            blocks, end = p.blocks_yielded, p.end
+            counts = self._pipeline.counts()
         else:
             state = self.state_dict()
-            tokens = dict(state["packer"]["tokens"])
-            documents = {label: c["documents"] for label, c in state["mixer"].items()}
-            restarts = dict(state["restarts"])
-            exhausted = [label for label, c in state["mixer"].items() if c["exhausted"]]
-            blocks, end = state["blocks_yielded"], state["end"]
-        total = sum(tokens.values())
+            counts = {
+                "tokens": dict(state["packer"]["tokens"]),
+                "documents": {label: c["documents"] for label, c in state["mixer"].items()},
+                "restarts": dict(state["restarts"]),
+                "exhausted": [label for label, c in state["mixer"].items() if c["exhausted"]],
+                "blocks": state["blocks_yielded"],
+                "end": state["end"],
+            }
+        total = sum(counts["tokens"].values())
         return {
-            "shares": {label: (n / total if total else 0.0) for label, n in tokens.items()},
-            "tokens": tokens,
+            "shares": {label: (n / total if total else 0.0) for label, n in counts["tokens"].items()},
             "tokens_per_second": self._timed_tokens / self._busy_seconds if self._busy_seconds else 0.0,
             "busy_seconds": self._busy_seconds,  # time this process spent waiting inside the stream
             "timed_tokens": self._timed_tokens,
-            "blocks": blocks,
-            "documents": documents,
-            "restarts": restarts,
-            "exhausted": exhausted,
-            "end": end,
+            **counts,
         }
 
     def close(self) -> None:
         """Terminates the encoding processes; the position stays readable."""
-        if self._pool is not None:
-            self._pool_finalizer.detach()
-            self._pool.terminate()
-            self._pool = None
+        if self._encoders is not None:
+            self._encoders_finalizer.detach()
+            self._encoders.terminate()
+            self._encoders = None
 
-    def _start(self) -> Pipeline:
+    def start(self) -> StreamBlocks:
+        """The live blocks from the current position (what iterating runs; data/holdout.py takes the validation
+        blocks from it)."""
         state = self.state_dict()
         state.pop("replay", None)  # kept in self._replay
         self._state = None
-        self._pipeline = Pipeline(self, state, self._submitter())
+        if self._encoders is None:  # kept across iterators: the processes start once
+            self._encoders = Encoders(self.num_workers, self.tokenizer_json, self.eos_id, self.dtype)
+            self._encoders_finalizer = weakref.finalize(self, self._encoders.terminate)
+        pipeline = Pipeline(self.config, self._encoders, state=state, seed=self.seed,
+                            shuffle_buffer=self.shuffle_buffer, caps=DocumentCaps(self.document_caps),
+                            in_flight=max(2, 2 * self.num_workers), batch_docs=self.batch_docs,
+                            batch_chars=self.batch_chars, skip=self.skip_documents, rank=self.rank,
+                            world_size=self.world_size, restart=self.on_exhausted == "restart")
+        self._pipeline = StreamBlocks(pipeline, state, block_size=self.block_size, dtype=self.dtype,
+                                      on_exhausted=self.on_exhausted, settings=self.settings)
         return self._pipeline
-
-    def _submitter(self) -> Callable[[list[str]], Any]:
-        if self.num_workers == 0:
-            if self._encoder is None:
-                self._encoder = DocumentEncoder(self.tokenizer_json, self.eos_id, self.dtype)
-            encoder = self._encoder
-            return lambda texts: Done(encoder(texts))
-        if self._pool is None:
-            self._pool = EncoderPool(self.num_workers, self.tokenizer_json, self.eos_id, self.dtype)
-            self._pool_finalizer = weakref.finalize(self, self._pool.terminate)
-        return self._pool.submit
 
     def _initial_state(self) -> dict[str, Any]:
         labels = list(self.skip_documents)
@@ -306,3 +279,25 @@ class TokenStream(torch.utils.data.IterableDataset):
 def _plain(data: Any) -> Any:
     """`data` as JSON would give it back (tuples as lists), so that saved and current settings compare equal."""
     return json.loads(json.dumps(data))
+
+
+def _check_arguments(config: MixConfig, on_exhausted: str, block_size: int, shuffle_buffer: int, num_workers: int,
+                     rank: int, world_size: int, skip_documents: dict[str, int]) -> None:
+    """Every mistake at once, in one UserError."""
+    labels = [spec.label for spec in config.mix]
+    problems = []
+    if on_exhausted not in ON_EXHAUSTED:
+        problems.append(f"ON_EXHAUSTED={on_exhausted!r}: expected one of {', '.join(ON_EXHAUSTED)}")
+    # by the rules of the scripts' constants
+    problems += check_problems({"BLOCK_SIZE": block_size, "SHUFFLE_BUFFER": shuffle_buffer,
+                                "NUM_WORKERS": num_workers})
+    if not 0 <= rank < world_size:
+        problems.append(f"rank {rank} of world size {world_size}: expected 0 <= rank < world size")
+    unknown = sorted(set(skip_documents) - set(labels))
+    if unknown:
+        problems.append(f"skip_documents names no source of the mix: {', '.join(unknown)} (sources: "
+                        f"{', '.join(labels)})")
+    if any(not isinstance(n, int) or n < 0 for n in skip_documents.values()):
+        problems.append(f"skip_documents: expected counts >= 0, got {skip_documents}")
+    if problems:
+        raise UserError("; ".join(problems))
