@@ -64,9 +64,9 @@ def main() -> None:
     from sparknet.data.hub_reads import set_hub_retry_minutes
 
     set_hub_retry_minutes(HUB_RETRY_MINUTES)
-    from sparknet.train.data_plan import StreamSpec, stream_plan
     from sparknet.train.run import report_outcome, train
     from sparknet.train.settings import TrainSettings
+    from sparknet.train.stream_plan import StreamSpec, stream_plan
 
     settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
     if settings.target_tokens is None:

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sparknet.train.data_plan import STREAM_STATE
 from sparknet.train.run_folder import latest_complete_checkpoint
+from sparknet.train.stream_plan import STREAM_STATE
 from tests import hub_server
 from tests.hub_server import HubServer
 from tests.test_hub_path import README, _mix, _shards, _texts

@@ -1,30 +1,27 @@
 """What a trainer trains on: its blocks, its validation blocks, its tokenizer, and what they add to the run's
-identity and metadata. The two trainers differ only here: the packed dataset (scripts/train_sparknet_v5.py) or
-the live stream (scripts/train_sparknet.py)."""
+identity and metadata. The two trainers differ only here: `DataPlan` is the base (a plan needs nothing more than
+its fields), `PackedPlan` the packed dataset (scripts/train_sparknet_v5.py) and `StreamPlan` (train/stream_plan.py)
+the live stream (scripts/train_sparknet.py), in the shape of LitGPT's `DataModule`."""
 
 from __future__ import annotations
 
-import json
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from transformers import TrainerCallback
 
 from sparknet.config import MixConfig
 from sparknet.errors import UserError
-from sparknet.train.run_folder import VAL_BLOCKS, VAL_REPORT
 
 log = logging.getLogger("sparknet.train")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DataPlan:
-    """A trainer's data, ready for the Trainer."""
+    """A trainer's data, ready for the Trainer. The methods are the hooks a plan may add to a run; the base's do
+    nothing."""
 
     train: Any  # a torch Dataset (random access) or IterableDataset of {"input_ids", "labels"} blocks
     val: Any  # a torch Dataset of validation blocks
@@ -34,19 +31,38 @@ class DataPlan:
     tokenizer_source: str
     target_tokens: int  # the budget when TARGET_TOKENS is not set
     identity: dict[str, Any]  # what about the data makes a run this run (compared on resume)
-    metadata: dict[str, Any]  # what training_metadata.json records about the data
     train_blocks: int | None = None  # for the passes-over-the-data line; None for a stream
     # identity that cannot change even with ALLOW_CONFIG_CHANGE, with why: {key: (value, reason and fix)}
     fixed_identity: dict[str, tuple[Any, str]] = field(default_factory=dict)
-    # TrainerCallbacks the data needs (e.g. saving its position), given the TensorBoard writer
-    callbacks: Callable[[Any], list[Any]] = lambda _writer: []
-    trainer_overrides: dict[str, Any] = field(default_factory=dict)  # TrainingArguments the data needs
-    # called once the run folder is open: (run folder, checkpoint resumed from or None)
-    prepare_run: Callable[[Path, Path | None], None] = lambda _run_dir, _resume: None
-    close: Callable[[], None] = lambda: None  # releases what the data holds (e.g. encoding processes)
+    # TrainingArguments the data needs (given to its constructor, so that its checks see them)
+    trainer_arguments: dict[str, Any] = field(default_factory=dict)
+
+    def metadata(self) -> dict[str, Any]:
+        """What training_metadata.json records about the data (read when it is written: the end of training)."""
+        return {}
+
+    def callbacks(self, writer: Any) -> list[Any]:
+        """TrainerCallbacks the data needs (e.g. saving its position), given the TensorBoard writer."""
+        return []
+
+    def prepare_run(self, run_dir: Path, resume: Path | None) -> None:
+        """Called once the run folder is open, with the checkpoint resumed from (or None)."""
+
+    def close(self) -> None:
+        """Releases what the data holds (e.g. encoding processes)."""
 
 
-def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig | None) -> DataPlan:
+@dataclass(kw_only=True)
+class PackedPlan(DataPlan):
+    """The packed dataset: its manifest's record of the data goes into the metadata."""
+
+    manifest_metadata: dict[str, Any]
+
+    def metadata(self) -> dict[str, Any]:
+        return self.manifest_metadata
+
+
+def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig | None) -> PackedPlan:
     """The packed dataset (scripts/build_dataset_v5.py) with the tokenizer it was built with.
 
     `config`, the script's CONFIG, is checked against the mix the dataset was built from."""
@@ -69,7 +85,7 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
         raise UserError(f"dataset {val.folder} has no validation blocks: rebuild it with VAL_TOKENS > 0")
     for split in (train, val):
         split.check_vocabulary(len(tokenizer))
-    return DataPlan(
+    return PackedPlan(
         train=train,
         val=val,
         val_tokens=np.asarray(val.tokens),
@@ -78,7 +94,7 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
         tokenizer_source=source,
         target_tokens=manifest["config"]["target_tokens"],
         identity={"dataset_dir": dataset_dir, "dataset_inputs": manifest.get("inputs")},
-        metadata={
+        manifest_metadata={
             "config": manifest["config"],
             "dataset": {"path": str(train.folder), "inputs": manifest.get("inputs"),
                         "realised_mixture": {k: v["sources"] for k, v in manifest["splits"].items()}},
@@ -101,219 +117,3 @@ class BlockDataset:
 
         ids = torch.from_numpy(self.tokens[index].astype(np.int64))
         return {"input_ids": ids, "labels": ids}
-
-
-STREAM_STATE = "stream_state.rank{rank}.json"
-
-
-@dataclass
-class StreamSpec:
-    """The streaming trainer's data constants (scripts/train_sparknet.py), resolved."""
-
-    config: MixConfig
-    tokenizer_dir: str
-    block_size: int
-    val_tokens: int
-    seed: int
-    shuffle_buffer: int
-    on_exhausted: str
-    num_workers: int
-    target_tokens: int | None = None  # the run's budget, for the check that each source can give its share
-
-
-def stream_plan(spec: StreamSpec, run_dir: Path) -> DataPlan:
-    """The mix streamed live: validation blocks held out from the start of the mix (computed once, then read from
-    the run folder so a resumed run evaluates on the same blocks), and each rank's training stream after them."""
-    from sparknet.data.holdout import hold_out_validation
-    from sparknet.data.sources import at_commits, resolve_revisions
-    from sparknet.data.stream import TokenStream
-    from sparknet.identity import local_files_fingerprint
-    from sparknet.runtime import process_rank, world_size
-    from sparknet.tokenizer import load_tokenizer, tokenizer_fingerprint
-
-    tokenizer = load_tokenizer(spec.tokenizer_dir)
-    tokenizer_json = tokenizer.backend_tokenizer.to_str()
-    eos = int(tokenizer.eos_token_id)
-    resumed = (run_dir / VAL_BLOCKS).is_file() and (run_dir / VAL_REPORT).is_file()
-    report = json.loads((run_dir / VAL_REPORT).read_text()) if resumed else {}
-    # every read of the run (hold-out, training, each resume) at the commits its start resolved: a branch that
-    # moves during a run of days does not change its data. A run from before this was recorded reads as it did.
-    commits = report["commits"] if "commits" in report else resolve_revisions(spec.config)
-    common = dict(config=at_commits(spec.config, commits), tokenizer_json=tokenizer_json, eos_id=eos,
-                  block_size=spec.block_size, seed=spec.seed, shuffle_buffer=spec.shuffle_buffer)
-    if resumed:
-        val_tokens = np.load(run_dir / VAL_BLOCKS)
-    else:
-        log.info("holding out %s validation tokens from the start of the mix", f"{spec.val_tokens:,}")
-        val_tokens, rows, report = hold_out_validation(**common, val_tokens=spec.val_tokens,
-                                                       num_workers=spec.num_workers)
-        report = {**report, "rows_held_out": rows, "commits": commits}
-    if len(val_tokens) == 0:
-        raise UserError("the mix gave no validation block: add data, or lower VAL_TOKENS")
-    _check_training_left(report, spec)
-    log.info("stream: %d encoding process(es) for this training process", spec.num_workers)
-    stream = TokenStream(**common, on_exhausted=spec.on_exhausted, num_workers=spec.num_workers,
-                         rank=process_rank(), world_size=world_size(), skip_documents=report["rows_held_out"])
-
-    def prepare_run(run: Path, resume: Path | None) -> None:
-        from sparknet.runtime import write_json_atomic
-
-        if process_rank() == 0 and not (run / VAL_REPORT).is_file():
-            np.save(run / VAL_BLOCKS, val_tokens)
-            write_json_atomic(run / VAL_REPORT, report)
-        if resume is not None:
-            path = resume / STREAM_STATE.format(rank=process_rank())
-            if not path.is_file():
-                raise UserError(f"{resume} holds no stream position for rank {process_rank()} ({path.name}): it "
-                                "was not written by the streaming trainer with this number of processes")
-            stream.load_state_dict(json.loads(path.read_text()))
-
-    identity = {
-        "data": "stream",
-        "mix": spec.config.to_dict()["mix"],
-        "local_files_sha256": local_files_fingerprint(spec.config),
-        "tokenizer_sha256": tokenizer_fingerprint(spec.tokenizer_dir, tokenizer),
-        "block_size": spec.block_size,
-        "data_seed": spec.seed,
-        "shuffle_buffer": spec.shuffle_buffer,
-        "on_exhausted": spec.on_exhausted,
-        "val_tokens": spec.val_tokens,
-    }
-    world = world_size()
-    return DataPlan(
-        train=stream,
-        fixed_identity={"stream_processes": (world, (
-            "the stream's position is kept per process, each reading its own documents, so it resumes only on the "
-            "same number of processes: run with that many (torchrun --nproc_per_node N), or start a new RUN_NAME "
-            "(the packed trainer, train_sparknet_v5.py, resumes on any number)"))},
-        val=BlockDataset(val_tokens),
-        val_tokens=np.asarray(val_tokens),
-        block_size=spec.block_size,
-        tokenizer=tokenizer,
-        tokenizer_source=spec.tokenizer_dir,
-        target_tokens=spec.config.target_tokens,
-        identity=identity,
-        metadata={"config": {"path": spec.config.path, **spec.config.to_dict()},
-                  "source_revisions": {s.label: {"revision": s.revision, "commit": commits.get(s.label)}
-                                       for s in spec.config.mix},
-                  "stream": {"validation": report, "training": _Later(stream)}},
-        callbacks=lambda writer: [StreamCallback(stream=stream, writer=writer)],
-        # the stream restores its own position: the Trainer must not replay (read and drop) the blocks seen
-        trainer_overrides={"ignore_data_skip": True},
-        prepare_run=prepare_run,
-        close=stream.close,
-    )
-
-
-def _check_training_left(report: dict[str, Any], spec: StreamSpec) -> None:
-    """Refuses, at the start, a source the validation hold-out used up or nearly so: it would give no training
-    tokens, or far less than its share, and the run would train on the other sources behind a warning. Known when
-    the hold-out read a source to its end (a small source, or a shuffle buffer larger than it): its rows left for
-    training, times its tokens per document, against its share of the budget. ON_EXHAUSTED=stop or restart says
-    the user expects a source to run dry, and then only an empty one is refused."""
-    total_prob = sum(s.prob for s in spec.config.mix)
-    budget = spec.target_tokens or spec.config.target_tokens
-    problems = []
-    for source_spec in spec.config.mix:
-        source = report.get("sources", {}).get(source_spec.label, {})
-        total = source.get("rows_in_source")
-        if total is None:
-            continue
-        left = total - source["rows_held_out"]
-        per_doc = source["tokens"] / max(source["documents"], 1)
-        share = budget * source_spec.prob / total_prob
-        if left <= 0:
-            problems.append(f"{source_spec.label!r} ({total} rows) would give no training tokens: all its rows "
-                            "held out for validation or left in the shuffle buffer")
-        elif spec.on_exhausted == "renormalise" and not source.get("documents_cut") and left * per_doc < 0.5 * share:
-            # (documents cut to the hold-out's cap make tokens per document a lower bound: no estimate then)
-            problems.append(f"{source_spec.label!r} ({total} rows) would give about {left * per_doc:,.0f} training "
-                            f"tokens after the rows held out for validation, far less than its share of "
-                            f"{share:,.0f}")
-    if problems:
-        raise UserError(f"source {'; source '.join(problems)} (VAL_TOKENS={spec.val_tokens:,}, SHUFFLE_BUFFER="
-                        f"{spec.shuffle_buffer:,}): lower SHUFFLE_BUFFER well below the source's rows (or to 0), lower "
-                        "VAL_TOKENS, give the source more data or a lower prob, or set ON_EXHAUSTED=restart to "
-                        "reuse it")
-
-
-class _Later:
-    """A metadata value read when the metadata is written (the stream's realised mix at the end of training)."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-
-    def resolve(self) -> dict[str, Any]:
-        stats = self.stream.stats()
-        realised = {k: stats[k] for k in ("shares", "tokens", "documents", "blocks", "restarts", "exhausted", "end")}
-        return {**realised, "requested_shares": requested_shares(self.stream.config)}
-
-
-def requested_shares(config: MixConfig) -> dict[str, float]:
-    total = sum(s.prob for s in config.mix)
-    return {s.label: s.prob / total for s in config.mix}
-
-
-def resolve_later(data: Any) -> Any:
-    """`data` with every deferred value read now."""
-    if isinstance(data, _Later):
-        return data.resolve()
-    if isinstance(data, dict):
-        return {k: resolve_later(v) for k, v in data.items()}
-    return data
-
-
-class StreamCallback(TrainerCallback):
-    """Saves each rank's stream position into every checkpoint (before it is marked complete), checking that it is
-    the position after exactly the blocks the steps consumed; at each logging step writes the realised mix
-    (`data/share/<source>`), the stream's rate over the window (`data/tokens_per_second`: tokens handed out per second
-    spent waiting for them; far above perf/tokens_per_second when data is not the bottleneck) and the share of the
-    window's time the trainer waited for data (`data/wait_fraction`), and the Hub reads retried so far
-    (`data/hub_retries`)."""
-
-    def __init__(self, *, stream: Any, writer: Any) -> None:
-        self.stream, self.writer = stream, writer
-        self._last = (0.0, 0, time.perf_counter())  # busy seconds, tokens, wall clock at the last log
-
-    def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        from sparknet.runtime import process_rank, write_json_atomic
-
-        position = self.stream.state_dict()
-        consumed = state.global_step * args.gradient_accumulation_steps * args.per_device_train_batch_size
-        if position["blocks_yielded"] != consumed:
-            raise RuntimeError(f"stream position after {position['blocks_yielded']} blocks, but {consumed} were "
-                               "trained on: the checkpoint would not resume exactly")
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        write_json_atomic(folder / STREAM_STATE.format(rank=process_rank()), position)
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.stream.step_done()
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        """The realised training mix against the one asked, as the packed build reports it (this rank's stream;
-        every rank reads its own share of each source)."""
-        if not state.is_world_process_zero:
-            return
-        stats, asked = self.stream.stats(), requested_shares(self.stream.config)
-        log.info("training mix (this process's stream):")
-        for label, share in asked.items():
-            log.info("  %-24s %14s tokens  %6.2f%% (asked %.2f%%)%s", label, f"{stats['tokens'][label]:,}",
-                     100 * stats["shares"][label], 100 * share, "  ran dry" if label in stats["exhausted"] else "")
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any) -> None:
-        if not logs or "loss" not in logs or not state.is_world_process_zero:
-            return
-        stats = self.stream.stats()
-        now = time.perf_counter()
-        busy, tokens, wall = stats["busy_seconds"] - self._last[0], stats["timed_tokens"] - self._last[1], \
-            now - self._last[2]
-        self._last = (stats["busy_seconds"], stats["timed_tokens"], now)
-        for label, share in stats["shares"].items():
-            self.writer.add_scalar(f"data/share/{label}", share, state.global_step)
-        if busy > 0:
-            self.writer.add_scalar("data/tokens_per_second", tokens / busy, state.global_step)
-        self.writer.add_scalar("data/wait_fraction", min(1.0, busy / max(wall, 1e-9)), state.global_step)
-        from sparknet.data.hub_reads import hub_retries
-
-        # Hub reads retried after a transient failure, since this process started (each one is also a log line)
-        self.writer.add_scalar("data/hub_retries", sum(hub_retries.values()), state.global_step)

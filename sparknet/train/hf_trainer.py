@@ -24,10 +24,11 @@ log = logging.getLogger("sparknet.train")
 
 
 def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: int, batch: BatchPlan,
-                       device: dict[str, Any], fresh: bool) -> TrainingArguments:
+                       device: dict[str, Any], fresh: bool,
+                       data_arguments: dict[str, Any] | None = None) -> TrainingArguments:
     """The Trainer's arguments: the global batch as micro-batches and accumulation on this many devices,
     cosine-with-floor LR, AdamW (fused on CUDA), bf16/TF32 where the GPU has them, periodic eval and save, the best
-    checkpoint (eval loss) kept and reloaded at the end."""
+    checkpoint (eval loss) kept and reloaded at the end; plus those the data plan needs (`data_arguments`)."""
     cuda = device["kind"] == "cuda"
     return TrainingArguments(
         output_dir=str(output_dir),
@@ -77,6 +78,7 @@ def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: 
         use_cpu=device["kind"] == "cpu",
         ddp_find_unused_parameters=False,  # every parameter gets a gradient: skip DDP's extra graph traversal
         ddp_timeout=collective_timeout_s(),
+        **(data_arguments or {}),
     )
 
 

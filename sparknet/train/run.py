@@ -31,7 +31,7 @@ from sparknet.runtime import device_info, process_rank, project_path, world_size
 from sparknet.tokenizer import portable_config
 from sparknet.train.batch import BatchPlan, TokenCount, budget, plan_batch
 from sparknet.train.callbacks import MetricsCallback, SamplingCallback
-from sparknet.train.data_plan import DataPlan, resolve_later
+from sparknet.train.data_plan import DataPlan
 from sparknet.train.fused_loss import fuse_head
 from sparknet.train.hf_trainer import SparkTrainer, check_launch, compiles, training_arguments
 from sparknet.train.run_folder import EVAL_START, METADATA, RunFolder, latest_complete_checkpoint, open_run
@@ -134,9 +134,7 @@ def report_outcome(result: TrainResult, logs_dir: str) -> None:
 
 def model_preset(settings: TrainSettings, data: DataPlan) -> Preset:
     preset = get_preset(settings.model_preset)
-    if data.block_size < 2:
-        raise UserError(f"blocks of {data.block_size} token: a block needs 2 tokens or more (one to predict the next "
-                        "from): use a larger BLOCK_SIZE (or context_length)")
+    # (blocks of at least 2 tokens: the packed build and the stream refuse shorter ones, by checks.RULES)
     if data.block_size > preset.n_positions:
         raise UserError(f"blocks of {data.block_size} tokens exceed {settings.model_preset}'s context of "
                         f"{preset.n_positions}: use a smaller BLOCK_SIZE (or context_length) or a larger preset")
@@ -203,9 +201,7 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     else:
         pad_head(model)
     args = training_arguments(s, output_dir=run.run_dir, max_steps=max_steps, batch=batch, device=device,
-                              fresh=run.resume is None)
-    for key, value in data.trainer_overrides.items():
-        setattr(args, key, value)
+                              fresh=run.resume is None, data_arguments=data.trainer_arguments)
     # purge what a killed attempt logged after its checkpoint: the resumed run writes those steps again
     writer = (SummaryWriter(str(run.log_dir), purge_step=run.resume_step + 1 if run.resume else None)
               if main_process else NullWriter())
@@ -298,7 +294,7 @@ def run_metadata(s: TrainSettings, data: DataPlan, run: RunFolder, parts: Traine
     return {
         "run_name": s.run_name,
         "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(s).items()},
-        **resolve_later(data.metadata),
+        **data.metadata(),
         "tokenizer": {"path": data.tokenizer_source, "vocab_size": len(tokenizer),
                       "eos_token_id": tokenizer.eos_token_id},
         "model": {**preset_dict(s.model_preset), "vocab_size": len(tokenizer), "parameters": parts.n_params},

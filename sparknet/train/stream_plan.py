@@ -1,0 +1,255 @@
+"""The streaming trainer's data plan (scripts/train_sparknet.py): validation blocks held out from the start of the
+mix, each rank's `TokenStream` after them, its position saved into every checkpoint and restored on resume, and its
+realised mix in TensorBoard and the metadata."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transformers import TrainerCallback
+
+from sparknet.config import MixConfig
+from sparknet.errors import UserError
+from sparknet.train.data_plan import BlockDataset, DataPlan
+from sparknet.train.run_folder import VAL_BLOCKS, VAL_REPORT
+
+log = logging.getLogger("sparknet.train")
+
+STREAM_STATE = "stream_state.rank{rank}.json"
+
+
+@dataclass
+class StreamSpec:
+    """The streaming trainer's data constants (scripts/train_sparknet.py), resolved."""
+
+    config: MixConfig
+    tokenizer_dir: str
+    block_size: int
+    val_tokens: int
+    seed: int
+    shuffle_buffer: int
+    on_exhausted: str
+    num_workers: int
+    target_tokens: int | None = None  # the run's budget, for the check that each source can give its share
+
+
+@dataclass(kw_only=True)
+class StreamPlan(DataPlan):
+    """The live stream: it restores its position on resume, saves it into every checkpoint, and reports its realised
+    mix into the metadata at the end."""
+
+    stream: Any  # the TokenStream (also `train`)
+    spec: StreamSpec
+    report: dict[str, Any]  # the validation hold-out's (train_sparknet's VAL_REPORT)
+    commits: dict[str, str | None]
+
+    def metadata(self) -> dict[str, Any]:
+        stats = self.stream.stats()
+        realised = {k: stats[k] for k in ("shares", "tokens", "documents", "blocks", "restarts", "exhausted", "end")}
+        config = self.spec.config
+        return {"config": {"path": config.path, **config.to_dict()},
+                "source_revisions": {s.label: {"revision": s.revision, "commit": self.commits.get(s.label)}
+                                     for s in config.mix},
+                "stream": {"validation": self.report,
+                           "training": {**realised, "requested_shares": requested_shares(self.stream.config)}}}
+
+    def callbacks(self, writer: Any) -> list[Any]:
+        return [StreamCallback(stream=self.stream, writer=writer)]
+
+    def prepare_run(self, run_dir: Path, resume: Path | None) -> None:
+        """Writes the validation blocks into a new run folder; on resume, restores this rank's stream position."""
+        from sparknet.runtime import process_rank, write_json_atomic
+
+        if process_rank() == 0 and not (run_dir / VAL_REPORT).is_file():
+            np.save(run_dir / VAL_BLOCKS, self.val_tokens)
+            write_json_atomic(run_dir / VAL_REPORT, self.report)
+        if resume is not None:
+            path = resume / STREAM_STATE.format(rank=process_rank())
+            if not path.is_file():
+                raise UserError(f"{resume} holds no stream position for rank {process_rank()} ({path.name}): it "
+                                "was not written by the streaming trainer with this number of processes")
+            self.stream.load_state_dict(json.loads(path.read_text()))
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
+    """The mix streamed live: validation blocks held out from the start of the mix (computed once, then read from
+    the run folder so a resumed run evaluates on the same blocks), and each rank's training stream after them."""
+    from sparknet.data.sources import at_commits
+    from sparknet.data.stream import TokenStream
+    from sparknet.runtime import process_rank, world_size
+    from sparknet.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(spec.tokenizer_dir)
+    common = dict(tokenizer_json=tokenizer.backend_tokenizer.to_str(), eos_id=int(tokenizer.eos_token_id),
+                  block_size=spec.block_size, seed=spec.seed, shuffle_buffer=spec.shuffle_buffer)
+    val_tokens, report, commits = _validation(spec, run_dir, common)
+    _check_training_left(report, spec)
+    log.info("stream: %d encoding process(es) for this training process", spec.num_workers)
+    stream = TokenStream(**common, config=at_commits(spec.config, commits), on_exhausted=spec.on_exhausted,
+                         num_workers=spec.num_workers, rank=process_rank(), world_size=world_size(),
+                         skip_documents=report["rows_held_out"])
+    return StreamPlan(
+        train=stream,
+        stream=stream,
+        spec=spec,
+        report=report,
+        commits=commits,
+        fixed_identity={"stream_processes": (world_size(), (
+            "the stream's position is kept per process, each reading its own documents, so it resumes only on the "
+            "same number of processes: run with that many (torchrun --nproc_per_node N), or start a new RUN_NAME "
+            "(the packed trainer, train_sparknet_v5.py, resumes on any number)"))},
+        val=BlockDataset(val_tokens),
+        val_tokens=np.asarray(val_tokens),
+        block_size=spec.block_size,
+        tokenizer=tokenizer,
+        tokenizer_source=spec.tokenizer_dir,
+        target_tokens=spec.config.target_tokens,
+        identity=_identity(spec, tokenizer),
+        # the stream restores its own position: the Trainer must not replay (read and drop) the blocks seen
+        trainer_arguments={"ignore_data_skip": True},
+    )
+
+
+def _validation(spec: StreamSpec, run_dir: Path,
+                common: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any], dict[str, str | None]]:
+    """The validation blocks, their report and the commits read: held out now for a new run, read from the run
+    folder on resume.
+
+    Every read of the run (hold-out, training, each resume) is at the commits its start resolved: a branch that
+    moves during a run of days does not change its data. A run from before this was recorded reads as it did."""
+    from sparknet.data.holdout import hold_out_validation
+    from sparknet.data.sources import at_commits, resolve_revisions
+
+    resumed = (run_dir / VAL_BLOCKS).is_file() and (run_dir / VAL_REPORT).is_file()
+    report = json.loads((run_dir / VAL_REPORT).read_text()) if resumed else {}
+    commits = report["commits"] if "commits" in report else resolve_revisions(spec.config)
+    if resumed:
+        val_tokens = np.load(run_dir / VAL_BLOCKS)
+    else:
+        log.info("holding out %s validation tokens from the start of the mix", f"{spec.val_tokens:,}")
+        val_tokens, rows, report = hold_out_validation(**common, config=at_commits(spec.config, commits),
+                                                       val_tokens=spec.val_tokens, num_workers=spec.num_workers)
+        report = {**report, "rows_held_out": rows, "commits": commits}
+    if len(val_tokens) == 0:
+        raise UserError("the mix gave no validation block: add data, or lower VAL_TOKENS")
+    return val_tokens, report, commits
+
+
+def _identity(spec: StreamSpec, tokenizer: Any) -> dict[str, Any]:
+    """What about the stream makes a run this run."""
+    from sparknet.identity import local_files_fingerprint
+    from sparknet.tokenizer import tokenizer_fingerprint
+
+    return {
+        "data": "stream",
+        "mix": spec.config.to_dict()["mix"],
+        "local_files_sha256": local_files_fingerprint(spec.config),
+        "tokenizer_sha256": tokenizer_fingerprint(spec.tokenizer_dir, tokenizer),
+        "block_size": spec.block_size,
+        "data_seed": spec.seed,
+        "shuffle_buffer": spec.shuffle_buffer,
+        "on_exhausted": spec.on_exhausted,
+        "val_tokens": spec.val_tokens,
+    }
+
+
+def _check_training_left(report: dict[str, Any], spec: StreamSpec) -> None:
+    """Refuses, at the start, a source the validation hold-out used up or nearly so: it would give no training
+    tokens, or far less than its share, and the run would train on the other sources behind a warning. Known when
+    the hold-out read a source to its end (a small source, or a shuffle buffer larger than it): its rows left for
+    training, times its tokens per document, against its share of the budget. ON_EXHAUSTED=stop or restart says
+    the user expects a source to run dry, and then only an empty one is refused."""
+    total_prob = sum(s.prob for s in spec.config.mix)
+    budget = spec.target_tokens or spec.config.target_tokens
+    problems = []
+    for source_spec in spec.config.mix:
+        source = report.get("sources", {}).get(source_spec.label, {})
+        total = source.get("rows_in_source")
+        if total is None:
+            continue
+        left = total - source["rows_held_out"]
+        per_doc = source["tokens"] / max(source["documents"], 1)
+        share = budget * source_spec.prob / total_prob
+        if left <= 0:
+            problems.append(f"{source_spec.label!r} ({total} rows) would give no training tokens: all its rows "
+                            "held out for validation or left in the shuffle buffer")
+        elif spec.on_exhausted == "renormalise" and not source.get("documents_cut") and left * per_doc < 0.5 * share:
+            # (documents cut to the hold-out's cap make tokens per document a lower bound: no estimate then)
+            problems.append(f"{source_spec.label!r} ({total} rows) would give about {left * per_doc:,.0f} training "
+                            f"tokens after the rows held out for validation, far less than its share of "
+                            f"{share:,.0f}")
+    if problems:
+        raise UserError(f"source {'; source '.join(problems)} (VAL_TOKENS={spec.val_tokens:,}, SHUFFLE_BUFFER="
+                        f"{spec.shuffle_buffer:,}): lower SHUFFLE_BUFFER well below the source's rows (or to 0), lower "
+                        "VAL_TOKENS, give the source more data or a lower prob, or set ON_EXHAUSTED=restart to "
+                        "reuse it")
+
+
+def requested_shares(config: MixConfig) -> dict[str, float]:
+    total = sum(s.prob for s in config.mix)
+    return {s.label: s.prob / total for s in config.mix}
+
+
+class StreamCallback(TrainerCallback):
+    """Saves each rank's stream position into every checkpoint (before it is marked complete), checking that it is
+    the position after exactly the blocks the steps consumed; at each logging step writes the realised mix
+    (`data/share/<source>`), the stream's rate over the window (`data/tokens_per_second`: tokens handed out per second
+    spent waiting for them; far above perf/tokens_per_second when data is not the bottleneck) and the share of the
+    window's time the trainer waited for data (`data/wait_fraction`), and the Hub reads retried so far
+    (`data/hub_retries`)."""
+
+    def __init__(self, *, stream: Any, writer: Any) -> None:
+        self.stream, self.writer = stream, writer
+        self._last = (0.0, 0, time.perf_counter())  # busy seconds, tokens, wall clock at the last log
+
+    def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        from sparknet.runtime import process_rank, write_json_atomic
+
+        position = self.stream.state_dict()
+        consumed = state.global_step * args.gradient_accumulation_steps * args.per_device_train_batch_size
+        if position["blocks_yielded"] != consumed:
+            raise RuntimeError(f"stream position after {position['blocks_yielded']} blocks, but {consumed} were "
+                               "trained on: the checkpoint would not resume exactly")
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        write_json_atomic(folder / STREAM_STATE.format(rank=process_rank()), position)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.stream.step_done()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        """The realised training mix against the one asked, as the packed build reports it (this rank's stream;
+        every rank reads its own share of each source)."""
+        if not state.is_world_process_zero:
+            return
+        stats, asked = self.stream.stats(), requested_shares(self.stream.config)
+        log.info("training mix (this process's stream):")
+        for label, share in asked.items():
+            log.info("  %-24s %14s tokens  %6.2f%% (asked %.2f%%)%s", label, f"{stats['tokens'][label]:,}",
+                     100 * stats["shares"][label], 100 * share, "  ran dry" if label in stats["exhausted"] else "")
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any) -> None:
+        if not logs or "loss" not in logs or not state.is_world_process_zero:
+            return
+        stats = self.stream.stats()
+        now = time.perf_counter()
+        busy, tokens, wall = stats["busy_seconds"] - self._last[0], stats["timed_tokens"] - self._last[1], \
+            now - self._last[2]
+        self._last = (stats["busy_seconds"], stats["timed_tokens"], now)
+        for label, share in stats["shares"].items():
+            self.writer.add_scalar(f"data/share/{label}", share, state.global_step)
+        if busy > 0:
+            self.writer.add_scalar("data/tokens_per_second", tokens / busy, state.global_step)
+        self.writer.add_scalar("data/wait_fraction", min(1.0, busy / max(wall, 1e-9)), state.global_step)
+        from sparknet.data.hub_reads import hub_retries
+
+        # Hub reads retried after a transient failure, since this process started (each one is also a log line)
+        self.writer.add_scalar("data/hub_retries", sum(hub_retries.values()), state.global_step)
