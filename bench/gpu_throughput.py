@@ -234,15 +234,7 @@ def main() -> None:
                                  SEED)
         started, took = time.perf_counter(), {k: 0.0 if smoke else v for k, v in _GUESS_S.items()}
         for compile_, batch, *rest in runs:
-            variant = rest[0] if rest else ""
-            parts = [v.strip() for v in variant.split(",") if v.strip()]
-            fused, sync_debug = "fused" in parts, "syncdebug" in parts
-            off = ",".join(v for v in parts if v not in ("fused", "syncdebug"))
-            row = Row(f"{'compiled' if compile_ == 'on' else 'eager'} bs{batch}" + (" fused" if fused else "")
-                      + (" sync debug" if sync_debug else "") + (f" without {off}" if off else ""), compile_, batch,
-                      variant)
-            run_name = f"bench-{compile_}-bs{batch}" + ("-fused" if fused else "") + (
-                "-syncdebug" if sync_debug else "") + (f"-no-{off.replace(',', '-')}" if off else "")
+            row, run_name, (fused, sync_debug, off) = named_run(compile_, batch, rest[0] if rest else "")
             cmd = trainer_command(work, run_name, preset_name, compile_, batch, steps, block)
             cmd += ["--fused_cross_entropy", "true"] if fused else []
             if DRY_RUN:
@@ -280,6 +272,18 @@ def main() -> None:
     failed = any(r.status and not r.status.startswith("skipped") for r in rows)
     if failed or (rows and not any(r.own_tps for r in rows)):
         raise SystemExit(1)
+
+
+def named_run(compile_: str, batch: int, variant: str) -> tuple[Row, str, tuple[bool, bool, str]]:
+    """A run's table row and run name, and what its variant asks: (fused loss, sync debug, step changes off)."""
+    parts = [v.strip() for v in variant.split(",") if v.strip()]
+    fused, sync_debug = "fused" in parts, "syncdebug" in parts
+    off = ",".join(v for v in parts if v not in ("fused", "syncdebug"))
+    row = Row(f"{'compiled' if compile_ == 'on' else 'eager'} bs{batch}" + (" fused" if fused else "")
+              + (" sync debug" if sync_debug else "") + (f" without {off}" if off else ""), compile_, batch, variant)
+    run_name = f"bench-{compile_}-bs{batch}" + ("-fused" if fused else "") + (
+        "-syncdebug" if sync_debug else "") + (f"-no-{off.replace(',', '-')}" if off else "")
+    return row, run_name, (fused, sync_debug, off)
 
 
 if __name__ == "__main__":

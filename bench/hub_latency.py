@@ -65,15 +65,6 @@ CONFIGS = [  # (name, added latency, READ_AHEAD or None for the default)
     ("b: 50 ms, read-ahead default", LATENCY_S, None),
     ("c: 50 ms, READ_AHEAD 0", LATENCY_S, 0),
 ]
-README = """---
-configs:
-- config_name: default
-  data_files:
-  - split: train
-    path: data/train-*.parquet
----
-# The SparkNet demo corpus, for bench/hub_latency.py
-"""
 
 
 def chunks(text: str) -> list[str]:
@@ -96,9 +87,12 @@ def write_hub_files(corpus: Path) -> tuple[dict[str, bytes], list[str]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from tests.hub_server import dataset_card
+
     texts = [row for name in ("prose", "code") for line in (corpus / f"{name}.train.jsonl").open(encoding="utf-8")
              for row in chunks(json.loads(line)["text"])]
-    files: dict[str, bytes] = {"README.md": README.encode()}
+    readme = dataset_card("data/train-*.parquet", "The SparkNet demo corpus, for bench/hub_latency.py")
+    files: dict[str, bytes] = {"README.md": readme.encode()}
     for k in range(SHARDS):
         buf = io.BytesIO()
         pq.write_table(pa.table({"text": texts[k::SHARDS]}), buf, row_group_size=ROW_GROUP_ROWS)

@@ -110,3 +110,21 @@ def tiny_dataset(corpus_config: Path, tokenizer_dir: Path, tmp_path_factory: pyt
     build_dataset(BuildSpec(config=load_config(corpus_config), tokenizer=str(tokenizer_dir), output_dir=out,
                             target_tokens=100_000, val_tokens=4_000, block_size=128, seed=0, num_workers=0))
     return out
+
+
+def random_run_folder(tokenizer_dir: Path, out: Path) -> Path:
+    """A randomly initialised 2-layer GPT-2 (context 32, seed 0) with the test tokenizer, saved at `out` as a run
+    folder."""
+    import shutil
+
+    import torch
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    config = GPT2Config(vocab_size=len(tok), n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    GPT2LMHeadModel(config).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, out / name)
+    return out

@@ -453,6 +453,13 @@ class HubServer:
         return env
 
 
+def dataset_card(train_files: str, title: str) -> str:
+    """A dataset repo's README.md whose YAML gives its train split's files (a glob in the repo), as the Hub reads
+    it to find the splits."""
+    return (f"---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: {train_files}\n---\n"
+            f"# {title}\n")
+
+
 @pytest.fixture
 def hub() -> Iterator[HubServer]:
     """A started HubServer, closed after the test; a server-side exception fails the test."""

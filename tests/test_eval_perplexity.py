@@ -12,7 +12,7 @@ import pytest
 
 from sparknet.eval.models import load_model, resolve_model
 from sparknet.eval.perplexity import score_documents, sliding_windows
-from tests.conftest import run_script, write_jsonl
+from tests.conftest import random_run_folder, run_script, write_jsonl
 
 TEXTS = ["The quick brown fox jumps over the lazy dog. " * 9 + "Ünïcödé ✓ 日本語",
          "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n" * 3,
@@ -22,18 +22,7 @@ TEXTS = ["The quick brown fox jumps over the lazy dog. " * 9 + "Ünïcödé ✓ 
 @pytest.fixture(scope="module")
 def random_model(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A randomly initialised 2-layer GPT-2 (context 32) saved with the test tokenizer, as a run folder."""
-    import torch
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    config = GPT2Config(vocab_size=len(tok), n_positions=32, n_embd=32, n_layer=2, n_head=2,
-                        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
-    out = tmp_path_factory.mktemp("models") / "randrun"
-    GPT2LMHeadModel(config).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer_dir / name, out / name)
-    return out
+    return random_run_folder(tokenizer_dir, tmp_path_factory.mktemp("models") / "randrun")
 
 
 def reference_nll(model_dir: Path, texts: list[str], context: int, stride: int) -> tuple[float, int]:

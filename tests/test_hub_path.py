@@ -16,20 +16,12 @@ import pytest
 from sparknet.train.run_folder import latest_complete_checkpoint
 from tests import hub_server
 from tests.conftest import run_script, write_config, write_jsonl
-from tests.hub_server import HubServer
+from tests.hub_server import HubServer, dataset_card
 from tests.test_packed_dataset import _build_until
 
 hub = hub_server.hub
 REPO = "sparknet-test/prose"
-README = """---
-configs:
-- config_name: default
-  data_files:
-  - split: train
-    path: data/train-*.jsonl
----
-# Prose for SparkNet's tests
-"""
+README = dataset_card("data/train-*.jsonl", "Prose for SparkNet's tests")
 
 
 def _texts(path: Path) -> list[str]:

@@ -5,13 +5,12 @@ the HTTP client's request lines out of the console, and say in one line that a d
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from tests import hub_server
-from tests.conftest import run_script, write_config, write_jsonl
+from tests.conftest import random_run_folder, run_script, write_config, write_jsonl
 from tests.hub_server import HubServer
 from tests.test_hub_path import README, REPO, _texts  # REPO's label `prose` matches its twins, prose.N.jsonl
 
@@ -73,18 +72,7 @@ def test_a_tokenizer_trained_on_a_hub_id_is_the_one_trained_on_the_same_local_fi
 @pytest.fixture(scope="module")
 def model_dir(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A randomly initialised 2-layer GPT-2 (context 32) with the test tokenizer, as a run folder."""
-    import torch
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    config = GPT2Config(vocab_size=len(tok), n_positions=32, n_embd=32, n_layer=2, n_head=2,
-                        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
-    out = tmp_path_factory.mktemp("models") / "hubrun"
-    GPT2LMHeadModel(config).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer_dir / name, out / name)
-    return out
+    return random_run_folder(tokenizer_dir, tmp_path_factory.mktemp("models") / "hubrun")
 
 
 def _eval(model: Path, data: object, eval_dir: Path, *extra: object, env: dict[str, str] | None = None):  # noqa: ANN202

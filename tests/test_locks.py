@@ -16,20 +16,13 @@ from sparknet.runtime import PROJECT_ROOT
 from tests.conftest import OFFLINE_ENV, run_script
 from tests.test_packed_dataset import _script_args as _build_args
 from tests.test_training import _script_args as _train_args
+from tests.test_training import _wait_for
 
 
 def _start(script: str, args: list[object]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, f"scripts/{script}", *map(str, args)], cwd=PROJECT_ROOT,
                             env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
-
-
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while not path.exists():
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        assert time.time() < deadline, f"{path} never appeared"
-        time.sleep(0.01)
 
 
 def _big_config(tmp_path: Path, corpus_dir: Path) -> Path:

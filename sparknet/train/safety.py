@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,8 @@ from sparknet.train.run_folder import mark_complete
 
 log = logging.getLogger("sparknet.train")
 
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what asks a run to stop
 
 class SafetyCallback(TrainerCallback):
     """Stops cleanly on SIGINT/SIGTERM (saving a checkpoint first) and on a non-finite loss or grad norm (saving
@@ -125,8 +127,7 @@ def stop_on_signals(safety: SafetyCallback) -> Iterator[None]:
 
     Under torchrun a Ctrl-C reaches each worker twice (from the terminal, then forwarded by torchrun), so repeats
     within a few seconds of the first count as the same request there."""
-    signals = (signal.SIGINT, signal.SIGTERM)
-    previous = {sig: signal.getsignal(sig) for sig in signals}
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     first_at: list[float] = []
     grace = 5.0 if "TORCHELASTIC_RUN_ID" in os.environ else 0.0
 
@@ -135,8 +136,7 @@ def stop_on_signals(safety: SafetyCallback) -> Iterator[None]:
         if first_at and now - first_at[0] <= grace:
             return
         if first_at:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            _restore(previous)
             signal.raise_signal(signum)
             return
         first_at.append(now)
@@ -144,13 +144,8 @@ def stop_on_signals(safety: SafetyCallback) -> Iterator[None]:
                     signal.Signals(signum).name)
         safety.request_stop(signum)
 
-    for sig in signals:
-        signal.signal(sig, on_signal)
-    try:
+    with _handled_by(on_signal, previous):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 class Interrupted(Exception):
@@ -165,18 +160,27 @@ class Interrupted(Exception):
 def signals_interrupt() -> Iterator[None]:
     """While the final model is written: SIGINT/SIGTERM raise `Interrupted`, so the run ends with a line saying
     what happened and what to do (the default SIGTERM ends the process without a word)."""
-    signals = (signal.SIGINT, signal.SIGTERM)
-    previous = {sig: signal.getsignal(sig) for sig in signals}
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
 
     def on_signal(signum: int, _frame: Any) -> None:
-        for sig, handler in previous.items():  # a second signal acts as it would have
-            signal.signal(sig, handler)
+        _restore(previous)  # a second signal acts as it would have
         raise Interrupted(signum)
 
-    for sig in signals:
-        signal.signal(sig, on_signal)
+    with _handled_by(on_signal, previous):
+        yield
+
+
+@contextmanager
+def _handled_by(handler: Callable[[int, Any], None], previous: dict[int, Any]) -> Iterator[None]:
+    """`handler` for the signals of `previous` while the block runs; their previous handlers after it."""
+    for sig in previous:
+        signal.signal(sig, handler)
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        _restore(previous)
+
+
+def _restore(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
