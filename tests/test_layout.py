@@ -73,3 +73,14 @@ def test_every_training_setting_is_declared_once_with_doc_identity_and_rule() ->
         "allow_config_change", "record_batches", "peak_tflops", "nonfinite", "checkpoints_dir", "logs_dir",
         "batch_size",  # the micro-batch: the global batch is the recipe (tests/test_device_count.py)
         "fused_cross_entropy"}  # the same loss and gradients either way (tests/test_fused_loss.py)
+
+
+def test_what_the_data_package_hands_on_resolves() -> None:
+    import sparknet.data
+    from sparknet.data.holdout import hold_out_validation
+    from sparknet.data.packed import PackedDataset
+    from sparknet.data.stream import TokenStream
+
+    assert sparknet.data.__all__ == ["PackedDataset", "TokenStream", "hold_out_validation"]
+    assert (sparknet.data.PackedDataset, sparknet.data.TokenStream, sparknet.data.hold_out_validation) == (
+        PackedDataset, TokenStream, hold_out_validation)

@@ -16,8 +16,12 @@ def __getattr__(name: str) -> Any:
         from sparknet.data.packed import PackedDataset
 
         return PackedDataset
-    if name in ("TokenStream", "hold_out_validation"):
-        from sparknet.data import stream
+    if name == "TokenStream":
+        from sparknet.data.stream import TokenStream
 
-        return getattr(stream, name)
+        return TokenStream
+    if name == "hold_out_validation":
+        from sparknet.data.holdout import hold_out_validation
+
+        return hold_out_validation
     raise AttributeError(f"module 'sparknet.data' has no attribute {name!r}")

@@ -228,9 +228,9 @@ def _build(spec: BuildSpec, tok: Any, dtype: np.dtype, tmp: Path, saved: dict[st
            state: dict[str, Any] | None) -> dict[str, Any]:
     """Encodes, mixes and packs into `tmp` (from `state` when resuming); returns the split part of the manifest.
     Whatever stops it, the encoders and readers are stopped, and `tmp` is kept only if it holds a saved position."""
-    encoders = Encoders(spec.num_workers, tok.backend_tokenizer.to_str(), int(tok.eos_token_id), dtype)
-    pipeline = None
+    encoders = pipeline = None
     try:
+        encoders = Encoders(spec.num_workers, tok.backend_tokenizer.to_str(), int(tok.eos_token_id), dtype)
         caps = DocumentCaps(_val_caps(spec), active=state is None or state["split"] == "val",
                             documents_cut=state["val_cut"] if state is not None else None)
         # read at the resolved commits (from the saved position when resuming)
@@ -247,6 +247,7 @@ def _build(spec: BuildSpec, tok: Any, dtype: np.dtype, tmp: Path, saved: dict[st
         else:
             log.warning("build stopped: the same command resumes it from its last saved position (%s)", tmp)
         raise
+    assert pipeline is not None
     stop(pipeline.sources, encoders, clean=True)
     for leftover in (tmp / STATE, tmp / f".{STATE}.tmp"):  # the latter from a kill during a save
         leftover.unlink(missing_ok=True)

@@ -126,7 +126,7 @@ class Pipeline:
                  restart: bool = False) -> None:
         positions = (state or {}).get("sources") or {}
         self.sources: dict[str, EncodedDocuments] = {}
-        try:  # added one by one, so that a failure to open one closes the others
+        try:  # added one by one, so that a failure (to open one, or later here) closes those opened
             for spec in config.mix:
                 position = positions.get(spec.label) or {}
                 reader = SourceReader(spec, skip=(skip or {}).get(spec.label, 0), rank=rank, world_size=world_size,
@@ -136,14 +136,14 @@ class Pipeline:
                 self.sources[spec.label] = EncodedDocuments(reader, encoders.submit, in_flight=in_flight,
                                                             max_docs=batch_docs, max_chars=batch_chars,
                                                             skip=position.get("skip", 0), read_ahead=ahead)
+            self.caps = caps or DocumentCaps(None)
+            self.mixer: Mixer[np.ndarray] = Mixer(self.sources, {s.label: s.prob for s in config.mix}, cost=len,
+                                                  costs=self.caps.costs())
+            if state is not None and state.get("mixer") is not None:
+                self.mixer.load_state_dict(state["mixer"])
         except BaseException:
             self.close()
             raise
-        self.caps = caps or DocumentCaps(None)
-        self.mixer: Mixer[np.ndarray] = Mixer(self.sources, {s.label: s.prob for s in config.mix}, cost=len,
-                                              costs=self.caps.costs())
-        if state is not None and state.get("mixer") is not None:
-            self.mixer.load_state_dict(state["mixer"])
         self._mixed = iter(self.mixer)
 
     def __iter__(self) -> Iterator[tuple[str, np.ndarray]]:

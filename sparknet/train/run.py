@@ -23,6 +23,7 @@ import torch
 from transformers import default_data_collator
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from sparknet.checks import RULES
 from sparknet.errors import UserError
 from sparknet.eval.metrics import bytes_of_tokens, perplexity
 from sparknet.locks import exclusive
@@ -134,7 +135,9 @@ def report_outcome(result: TrainResult, logs_dir: str) -> None:
 
 def model_preset(settings: TrainSettings, data: DataPlan) -> Preset:
     preset = get_preset(settings.model_preset)
-    # (blocks of at least 2 tokens: the packed build and the stream refuse shorter ones, by checks.RULES)
+    if not RULES["BLOCK_SIZE"].test(data.block_size):  # a dataset not built by SparkNet (the build refuses them)
+        raise UserError(f"blocks of {data.block_size} token: a block needs 2 tokens or more (one to predict the next "
+                        "from): use a larger BLOCK_SIZE (or context_length)")
     if data.block_size > preset.n_positions:
         raise UserError(f"blocks of {data.block_size} tokens exceed {settings.model_preset}'s context of "
                         f"{preset.n_positions}: use a smaller BLOCK_SIZE (or context_length) or a larger preset")

@@ -22,6 +22,7 @@ log = logging.getLogger("sparknet.train")
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what asks a run to stop
 
+
 class SafetyCallback(TrainerCallback):
     """Stops cleanly on SIGINT/SIGTERM (saving a checkpoint first) and on a non-finite loss or grad norm (saving
     nothing, so the last good checkpoint stays the latest); marks each checkpoint complete once every process has
