@@ -1,4 +1,4 @@
-"""Benchmarks the packed build reading a Hub dataset through the loopback Hub of tests/hub_server.py when every
+"""Benchmarks the packed build reading a Hub dataset through the loopback Hub (sparknet.testing) when every
 request pays a network round trip, measured side by side in one run (ratios, not absolute times).
 
 The Hub dataset: the demo corpus (stdlib prose and code, real text) cut at blank lines into rows of ~CHUNK_CHARS
@@ -43,10 +43,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tests.hub_server import HubServer
+    from sparknet.testing.hub_server import HubServer
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # tests/hub_server.py
 
 REPO = "sparknet-bench/corpus"
 SHARDS = 16  # Parquet files of the Hub dataset
@@ -87,7 +86,7 @@ def write_hub_files(corpus: Path) -> tuple[dict[str, bytes], list[str]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tests.hub_server import dataset_card
+    from sparknet.testing.hub_server import dataset_card
 
     texts = [row for name in ("prose", "code") for line in (corpus / f"{name}.train.jsonl").open(encoding="utf-8")
              for row in chunks(json.loads(line)["text"])]
@@ -153,8 +152,8 @@ def main() -> None:
     runtime.setup(0)
     from sparknet.demo.corpus import write_demo_corpus
     from sparknet.runtime import available_cores
+    from sparknet.testing.hub_server import HubServer
     from sparknet.tokenizer import save, train_bpe, wrap
-    from tests.hub_server import HubServer
 
     started = time.perf_counter()
     load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())

@@ -1,63 +1,34 @@
-"""Shared fixtures: a small real corpus from the standard library and a tokenizer trained on it."""
+"""Shared fixtures, each built once per test run (session scope) where tests only read it: a small real corpus
+from the standard library, a tokenizer trained on it, a packed dataset, a finished tiny run, a random model folder
+and the loopback Hub server. Helpers (functions) are in tests/helpers.py.
+
+The tiers: `make test` runs the tests not marked `slow` (minutes); `make test-all` runs every test, the end-to-end
+scenarios (torchrun, kill -9, Hub faults, a full disk, the demo) included."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sparknet.runtime import PROJECT_ROOT
+from sparknet.testing.hub_server import HubServer
+from tests.helpers import (
+    HUB_REPO,
+    OFFLINE_ENV,
+    hub_readme,
+    random_run_folder,
+    read_texts,
+    run_script,
+    train_packed,
+    train_settings,
+    write_config,
+    write_shards,
+)
 
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 # Offline however pytest is started: the HF libraries read these when first imported.
 os.environ.update(OFFLINE_ENV)
-
-
-def run_script(script: str, *args: object, cwd: Path | None = None, timeout: int = 300,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Runs scripts/<script> as a user would, offline (or with `env`'s variables: tests/hub_server.py's online
-    ones), capturing its output."""
-    env = {**os.environ, **OFFLINE_ENV, **(env or {})}
-    return subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "scripts" / script), *(str(a) for a in args)],
-        cwd=cwd or PROJECT_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def encoder_processes(pid: int) -> list[int]:
-    """The spawned encoder processes under process `pid` (not multiprocessing's resource tracker)."""
-    import psutil
-
-    found = []
-    for child in psutil.Process(pid).children(recursive=True):
-        try:
-            if "spawn_main" in " ".join(child.cmdline()):
-                found.append(child.pid)
-        except psutil.Error:
-            pass
-    return found
-
-
-def write_jsonl(path: Path, texts: list[str], field: str = "text") -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for t in texts:
-            f.write(json.dumps({field: t}) + "\n")
-    return path
-
-
-def write_config(path: Path, mix: list[dict], **top: object) -> Path:
-    data = {"seed": 1, "context_length": 128, "target_tokens": 10_000, "mix": mix, **top}
-    path.write_text(json.dumps(data))
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -83,19 +54,8 @@ def corpus_config(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def tokenizer_dir(corpus_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1024-token byte-level BPE trained by the real script."""
     out = tmp_path_factory.mktemp("tok") / "tokenizer"
-    proc = run_script(
-        "train_tokenizer_v5.py",
-        "--config",
-        corpus_config,
-        "--vocab_size",
-        1024,
-        "--max_bytes",
-        300_000,
-        "--heldout_docs",
-        10,
-        "--output_dir",
-        out,
-    )
+    proc = run_script("train_tokenizer_v5.py", "--config", corpus_config, "--vocab_size", 1024, "--max_bytes", 300_000,
+                      "--heldout_docs", 10, "--output_dir", out)
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -112,19 +72,57 @@ def tiny_dataset(corpus_config: Path, tokenizer_dir: Path, tmp_path_factory: pyt
     return out
 
 
-def random_run_folder(tokenizer_dir: Path, out: Path) -> Path:
-    """A randomly initialised 2-layer GPT-2 (context 32, seed 0) with the test tokenizer, saved at `out` as a run
-    folder."""
-    import shutil
+@pytest.fixture(scope="session")
+def finished(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - (TrainResult, Path)
+    """A FAST packed run (40 steps, tiny preset) trained to the end in this process: (its result, its folder's
+    parent). Tests only read it; one that changes a run copies it first."""
+    tmp = tmp_path_factory.mktemp("train")
+    result = train_packed(train_settings(tmp, peak_tflops=0.001), tiny_dataset)
+    assert result.status == "finished"
+    return result, tmp
 
-    import torch
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-    torch.manual_seed(0)
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    config = GPT2Config(vocab_size=len(tok), n_positions=32, n_embd=32, n_layer=2, n_head=2,
-                        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
-    GPT2LMHeadModel(config).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer_dir / name, out / name)
-    return out
+@pytest.fixture(scope="session")
+def random_model(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A randomly initialised 2-layer GPT-2 (context 32) saved with the test tokenizer, as a run folder."""
+    return random_run_folder(tokenizer_dir, tmp_path_factory.mktemp("models") / "randrun")
+
+
+@pytest.fixture(scope="session")
+def hub_server() -> Iterator[HubServer]:
+    server = HubServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def hub(hub_server: HubServer) -> Iterator[HubServer]:
+    """The loopback Hub as new (no datasets, faults or requests); a server-side exception fails the test."""
+    hub_server.reset()
+    yield hub_server
+    errors = list(hub_server.errors)
+    hub_server.reset()
+    assert not errors, errors
+
+
+@pytest.fixture
+def prose_hub(hub: HubServer, corpus_dir: Path, tmp_path: Path) -> tuple[HubServer, str, list[Path]]:
+    """The corpus's prose as a Hub dataset of eight shards (HUB_REPO), and the same shards as local files."""
+    local = write_shards(read_texts(corpus_dir / "prose.train.jsonl"), tmp_path / "local", "prose")
+    files = {f"data/train-0000{i}.jsonl": path.read_bytes() for i, path in enumerate(local)}
+    sha = hub.add_dataset(HUB_REPO, {**files, "README.md": hub_readme()})
+    return hub, sha, local
+
+
+# The longest modules first, so that under `make test-all`'s worker processes (pytest-xdist, whole modules per
+# worker) they start at once and the others fill in around them, instead of one starting last.
+LONGEST_FIRST = ("test_demo.py", "test_hub_path.py", "test_hub_faults.py", "test_stream_training.py",
+                 "test_device_count.py", "test_hub_outage_ddp.py", "test_distributed.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a module, and of the other modules, is kept

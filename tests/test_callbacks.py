@@ -8,7 +8,7 @@ from pathlib import Path
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from sparknet.train.callbacks import MetricsCallback
-from tests.test_training import _events
+from tests.helpers import read_events
 
 
 def _callback(tmp_path: Path, **kw: object) -> tuple[MetricsCallback, object]:
@@ -21,7 +21,7 @@ def _callback(tmp_path: Path, **kw: object) -> tuple[MetricsCallback, object]:
     return metrics, writer
 
 
-def _steps(metrics: MetricsCallback, state: TrainerState, n: int, train_s: float, pause_s: float = 0.0) -> None:
+def read_steps(metrics: MetricsCallback, state: TrainerState, n: int, train_s: float, pause_s: float = 0.0) -> None:
     args, control = TrainingArguments(output_dir="unused", report_to="none"), TrainerControl()
     for _ in range(n):
         metrics.on_step_begin(args, state, control)
@@ -42,10 +42,10 @@ def test_pauses_are_excluded_once_and_the_compile_warmup_is_left_out(tmp_path: P
     state.max_steps = 100
     args, control = TrainingArguments(output_dir="unused", report_to="none"), TrainerControl()
     metrics.on_train_begin(args, state, control)
-    _steps(metrics, state, 2, train_s=0.2)  # the first window: compile warm-up
-    _steps(metrics, state, 4, train_s=0.05, pause_s=0.2)  # 0.2 s of training, 0.8 s of pauses
+    read_steps(metrics, state, 2, train_s=0.2)  # the first window: compile warm-up
+    read_steps(metrics, state, 4, train_s=0.05, pause_s=0.2)  # 0.2 s of training, 0.8 s of pauses
     writer.close()  # type: ignore[attr-defined]
-    events = _events(tmp_path)
+    events = read_events(tmp_path)
     rates = dict(events["perf/tokens_per_second"])
     assert list(rates) == [6]  # nothing for the warm-up window
     assert 4000 / 0.2 * 0.6 < rates[6] <= 4000 / 0.2 * 1.05  # 4 steps x 1000 tokens in about 0.2 s of training

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparknet.config import ConfigError, load_config, parse_config
-from tests.conftest import run_script, write_config, write_jsonl
+from tests.helpers import run_script, write_config, write_jsonl
 
 GOOD = {"name": "json", "prob": 1.0, "data_files": "PLACEHOLDER"}
 
@@ -87,16 +87,26 @@ def _cases(data_file: str) -> list[tuple[str, object, str]]:
     ]
 
 
-@pytest.mark.parametrize("case", range(21))
-def test_bad_config_exits_nonzero_with_path_and_no_traceback(case: int, data_file: str, tmp_path: Path) -> None:
-    name, content, message = _cases(data_file)[case]
+CASE_NAMES = [name for name, _, _ in _cases("")]
+
+
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_bad_config_is_one_error_naming_the_file_and_the_json_path(case: str, data_file: str, tmp_path: Path) -> None:
+    name, content, message = next(c for c in _cases(data_file) if c[0] == case)
     path = tmp_path / f"{name}.json"
     path.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}:") and "\n" not in str(info.value), str(info.value)
+    assert message in str(info.value), (name, str(info.value))
+
+
+def test_a_bad_config_stops_a_script_with_one_line_before_any_work(data_file: str, tmp_path: Path) -> None:
+    """What the user sees of any case above: exit 1, the error line, no traceback, nothing written."""
+    path = write_config(tmp_path / "bad.json", [{**GOOD, "data_files": data_file, "probb": 1}])
     proc = run_script("train_tokenizer_v5.py", "--config", path, "--output_dir", tmp_path / "tok")
-    assert proc.returncode == 1, (name, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    assert proc.stderr.startswith(f"error: {path}:"), proc.stderr
-    assert message in proc.stderr, (name, proc.stderr)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"error: {path}: mix[0].probb: unknown key; did you mean 'prob'?"), proc.stderr
     assert not (tmp_path / "tok").exists()
 
 

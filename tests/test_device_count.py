@@ -14,9 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.train.run_folder import latest_complete_checkpoint
-from tests.conftest import OFFLINE_ENV
-from tests.test_training import _script_args, _steps, _wait_for
+from tests.helpers import (
+    OFFLINE_ENV,
+    checkpoint_step,
+    finish_ok,
+    kill_when,
+    read_steps,
+    start_script,
+    stopped_checkpoint,
+    stream_args,
+    train_args,
+    train_packed,
+    train_settings,
+    wait_for,
+)
 
 STEPS = 120  # 8 blocks of 128 tokens per step; the tiny dataset's 781 blocks make 97 steps an epoch
 GLOBAL = 8
@@ -24,31 +35,20 @@ SETTINGS = dict(target_tokens=STEPS * GLOBAL * 128, global_batch_size=GLOBAL, ba
                 save_steps=20, sample_steps=0, logging_steps=1000, record_batches=True)
 
 
-def _start(args: list[object], processes: int) -> subprocess.Popen:
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
-                if processes > 1 else [sys.executable])
-    return subprocess.Popen([*launcher, "scripts/train_sparknet_v5.py", *map(str, args)],
-                            env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-
-
-def _finish(proc: subprocess.Popen, timeout: float = 400) -> str:
-    out, _ = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, out[-3000:]
-    return out
+def _packed(args: list[str], processes: int) -> subprocess.Popen:
+    return start_script("train_sparknet_v5.py", args, processes=processes)
 
 
 def _stop_after(run_dir: Path, step: int, args: list[object], processes: int) -> Path:
     """Starts the run, sends SIGINT once checkpoint-`step` is complete, returns the checkpoint it saved."""
-    proc = _start(args, processes)
-    _wait_for(run_dir / f"checkpoint-{step}" / ".complete", proc, timeout=300)
+    proc = _packed(args, processes)
+    wait_for(run_dir / f"checkpoint-{step}" / ".complete", proc, timeout=300)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     # torchrun itself ends with its SignalException (exit 1) once its workers have saved and stopped
     assert proc.returncode == (128 + signal.SIGINT if processes == 1 else 1), out[-3000:]
-    assert "checkpoint saved in" in out, out[-3000:]
-    saved = latest_complete_checkpoint(run_dir)
-    assert saved is not None and step <= int(saved.name.split("-")[1]) < STEPS
+    saved = stopped_checkpoint(out, run_dir)
+    assert step < checkpoint_step(saved) < STEPS
     return saved
 
 
@@ -56,7 +56,7 @@ def _step_blocks(run_dir: Path) -> dict[int, tuple[list[str], float]]:
     """Each optimizer step's blocks over all ranks (as a sorted list) and its LR."""
     out: dict[int, tuple[list[str], float]] = {}
     for log in sorted(run_dir.glob("batches*.jsonl")):
-        for step, record in _steps(log).items():
+        for step, record in read_steps(log).items():
             blocks, lr = out.get(step, ([], record["lr"]))
             assert lr == record["lr"], (log, step)
             out[step] = (sorted(blocks + record["blocks"]), lr)
@@ -88,23 +88,24 @@ def runs(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     tmp = tmp_path_factory.mktemp("count")
     out: dict[str, Path] = {}
     for name, processes in (("one", 1), ("two", 2)):
-        log = _finish(_start(_script_args(tmp / name, tiny_dataset, **SETTINGS), processes))
+        log = finish_ok(_packed(train_args(tmp / name, tiny_dataset, **SETTINGS), processes))
         assert (f"global batch {GLOBAL} blocks of 128 tokens = micro-batch 4 x accum {2 // processes} x "
                 f"{processes} device(s)") in log, log[-3000:]
         out[name] = tmp / name / "ckpt" / "run"
     # 2 -> 1: stopped in the first epoch, resumed on one process
-    args = _script_args(tmp / "2to1", tiny_dataset, **SETTINGS)
+    args = train_args(tmp / "2to1", tiny_dataset, **SETTINGS)
     out["2to1_stop"] = _stop_after(tmp / "2to1" / "ckpt" / "run", 40, args, 2)
-    log = _finish(_start(args, 1))
+    log = finish_ok(_packed(args, 1))
     assert f"resuming from {out['2to1_stop']}" in log and "changed settings" not in log, log[-3000:]
     # 1 -> 2: stopped after the epoch boundary (step 97), resumed on two processes
-    args = _script_args(tmp / "1to2", tiny_dataset, **SETTINGS)
+    args = train_args(tmp / "1to2", tiny_dataset, **SETTINGS)
     out["1to2_stop"] = _stop_after(tmp / "1to2" / "ckpt" / "run", 100, args, 1)
-    _finish(_start(args, 2))
+    finish_ok(_packed(args, 2))
     out.update({"2to1": tmp / "2to1" / "ckpt" / "run", "1to2": tmp / "1to2" / "ckpt" / "run"})
     return out
 
 
+@pytest.mark.slow
 def test_one_and_two_processes_train_the_same_blocks_with_the_same_lr(runs: dict[str, Path]) -> None:
     one, two = _step_blocks(runs["one"]), _step_blocks(runs["two"])
     assert sorted(one) == sorted(two) == list(range(1, STEPS + 1))
@@ -119,6 +120,7 @@ def test_one_and_two_processes_train_the_same_blocks_with_the_same_lr(runs: dict
         assert meta["steps"] == STEPS and meta["tokens_seen"] == STEPS * GLOBAL * 128
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["2to1", "1to2"])
 def test_a_run_resumed_on_another_process_count_continues_exactly(runs: dict[str, Path], name: str) -> None:
     reference = _step_blocks(runs["one"])
@@ -133,19 +135,20 @@ def test_a_run_resumed_on_another_process_count_continues_exactly(runs: dict[str
     assert meta["world_size"] == (1 if name == "2to1" else 2)
 
 
+@pytest.mark.slow
 def test_allow_config_change_keeps_tokens_seen_true(tiny_dataset: Path, tmp_path: Path) -> None:
     """A run killed at step 8 of 4-block steps, continued with GLOBAL_BATCH_SIZE=8 under ALLOW_CONFIG_CHANGE:
     tokens_seen is what the steps trained (counted from the per-step block log), not steps x today's step size."""
-    from tests.test_training import _kill_when, _popen, _settings, train_packed
 
     settings = dict(target_tokens=40 * 4 * 128, global_batch_size=4, eval_steps=4, save_steps=8, sample_steps=0,
                     record_batches=True)
     run_dir = tmp_path / "ckpt" / "run"
-    _kill_when(run_dir / "checkpoint-8" / ".complete", _popen(_script_args(tmp_path, tiny_dataset, **settings)))
-    result = train_packed(_settings(tmp_path, **{**settings, "global_batch_size": 8, "allow_config_change": True}),
+    kill_when(run_dir / "checkpoint-8" / ".complete",
+              start_script("train_sparknet_v5.py", train_args(tmp_path, tiny_dataset, **settings)))
+    result = train_packed(train_settings(tmp_path, **{**settings, "global_batch_size": 8, "allow_config_change": True}),
                           tiny_dataset)
     assert result.status == "finished"
-    steps = _steps(run_dir / "batches.jsonl")
+    steps = read_steps(run_dir / "batches.jsonl")
     assert sorted(steps) == list(range(1, 21)) and len(steps[8]["blocks"]) == 4 and len(steps[9]["blocks"]) == 8
     trained = sum(len(record["blocks"]) for record in steps.values()) * 128
     assert result.metadata["tokens_seen"] == trained == (8 * 4 + 12 * 8) * 128
@@ -156,7 +159,7 @@ def test_a_global_batch_that_does_not_split_is_one_line(tiny_dataset: Path, tmp_
     from sparknet.train.batch import plan_batch
 
     proc = subprocess.run([sys.executable, "scripts/train_sparknet_v5.py",
-                           *map(str, _script_args(tmp_path, tiny_dataset, global_batch_size=8, batch_size=3))],
+                           *map(str, train_args(tmp_path, tiny_dataset, global_batch_size=8, batch_size=3))],
                           env={**os.environ, **OFFLINE_ENV}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "BATCH_SIZE=3 does not divide a device's share of the global batch" in proc.stderr
@@ -191,6 +194,7 @@ def test_a_run_from_before_the_global_batch_resumes_unchanged(tmp_path: Path) ->
     assert json.loads((run_dir / RUN_CONFIG).read_text()) == old  # the refused attempt wrote nothing
 
 
+@pytest.mark.slow
 def test_two_launchers_over_loopback_train_data_parallel_with_a_nodes_cores_each(corpus_config: Path,
                                                                                  tokenizer_dir: Path,
                                                                                  tmp_path: Path) -> None:
@@ -200,12 +204,11 @@ def test_two_launchers_over_loopback_train_data_parallel_with_a_nodes_cores_each
     import socket
 
     from sparknet.runtime import available_cores
-    from tests.test_stream_training import _args
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = _args(tmp_path, corpus_config, tokenizer_dir, target_tokens=10 * 8 * 128, global_batch_size=8,
+    args = stream_args(tmp_path, corpus_config, tokenizer_dir, target_tokens=10 * 8 * 128, global_batch_size=8,
                  eval_steps=5, save_steps=5, logging_steps=5, record_batches=True)
     at = args.index("--num_workers")
     del args[at:at + 2]  # the default: the node's cores over its processes
@@ -214,11 +217,11 @@ def test_two_launchers_over_loopback_train_data_parallel_with_a_nodes_cores_each
          "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
          "scripts/train_sparknet.py", *args], env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
-    logs = [_finish(proc, timeout=300) for proc in launchers]
+    logs = [finish_ok(proc, timeout=300) for proc in launchers]
     # (the main process logs; the other node's, started the same way, counts the same)
     assert f"stream: {available_cores()} encoding process(es) for this training process" in logs[0], logs[0][-3000:]
     run_dir = tmp_path / "ckpt" / "run"
-    rank0, rank1 = _steps(run_dir / "batches.jsonl"), _steps(run_dir / "batches.rank1.jsonl")
+    rank0, rank1 = read_steps(run_dir / "batches.jsonl"), read_steps(run_dir / "batches.rank1.jsonl")
     assert sorted(rank0) == sorted(rank1) == list(range(1, 11))
     assert all(rank0[s]["data_parallel"] and rank0[s]["weights"] == rank1[s]["weights"] for s in rank0)
     assert not {b for r in rank0.values() for b in r["blocks"]} & {b for r in rank1.values() for b in r["blocks"]}

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from sparknet.train.run_folder import latest_complete_checkpoint
-from tests.conftest import run_script
-from tests.test_packed_dataset import _script_args as _build_args
-from tests.test_training import _script_args as _train_args
+from tests.helpers import build_args, run_script, train_args
+
+pytestmark = pytest.mark.slow  # end-to-end scenarios: the full tier (make test-all)
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def small_disk(tmp_path: Path) -> Iterator[callable]:
 
 def test_a_build_on_a_full_disk_is_one_line(corpus_config: Path, tokenizer_dir: Path, small_disk) -> None:  # noqa: ANN001
     disk = small_disk("150k")
-    proc = run_script("build_dataset_v5.py", *_build_args(corpus_config, disk / "ds", tokenizer_dir),
+    proc = run_script("build_dataset_v5.py", *build_args(corpus_config, disk / "ds", tokenizer_dir),
                       "--target_tokens", 200_000)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert f"error: no space left on the device writing {disk}" in proc.stderr, proc.stderr[-3000:]
@@ -50,7 +50,7 @@ def test_a_build_on_a_full_disk_is_one_line(corpus_config: Path, tokenizer_dir: 
 def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_resumes(tiny_dataset: Path, tmp_path: Path,
                                                                    small_disk) -> None:  # noqa: ANN001
     disk = small_disk("3m")
-    args = _train_args(tmp_path, tiny_dataset, checkpoints_dir=str(disk / "ckpt"), target_tokens=40 * 4 * 128,
+    args = train_args(tmp_path, tiny_dataset, checkpoints_dir=str(disk / "ckpt"), target_tokens=40 * 4 * 128,
                        eval_steps=4, save_steps=4, sample_steps=0, save_total_limit=10)
     proc = run_script("train_sparknet_v5.py", *args)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -60,11 +60,11 @@ def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_resumes(tiny_dataset: 
 
     shutil.copytree(disk / "ckpt", tmp_path / "ckpt")
     saved = latest_complete_checkpoint(tmp_path / "ckpt" / "run")
-    args = _train_args(tmp_path, tiny_dataset, target_tokens=40 * 4 * 128, eval_steps=4, save_steps=4,
+    args = train_args(tmp_path, tiny_dataset, target_tokens=40 * 4 * 128, eval_steps=4, save_steps=4,
                        sample_steps=0, save_total_limit=10)
     proc = run_script("train_sparknet_v5.py", *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert saved is None or f"resuming from {tmp_path / 'ckpt' / 'run' / saved.name}" in proc.stderr
+    assert saved is not None and f"resuming from {tmp_path / 'ckpt' / 'run' / saved.name}" in proc.stderr
 
 
 def test_the_final_export_on_a_full_disk_is_one_line_and_the_same_command_completes_it(
@@ -72,7 +72,7 @@ def test_the_final_export_on_a_full_disk_is_one_line_and_the_same_command_comple
     # room for the one checkpoint (2.2 MB at step 40) but not for the exported weights beside it
     disk = small_disk("2600k")
     kw = dict(target_tokens=40 * 4 * 128, eval_steps=4, save_steps=40, sample_steps=0, save_total_limit=1)
-    proc = run_script("train_sparknet_v5.py", *_train_args(tmp_path, tiny_dataset, checkpoints_dir=str(disk / "ckpt"),
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset, checkpoints_dir=str(disk / "ckpt"),
                                                            **kw))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert f"error: no space left on the device writing {disk / 'ckpt'}" in proc.stderr, proc.stderr[-3000:]
@@ -80,7 +80,7 @@ def test_the_final_export_on_a_full_disk_is_one_line_and_the_same_command_comple
     import shutil
 
     shutil.copytree(disk / "ckpt", tmp_path / "ckpt")
-    proc = run_script("train_sparknet_v5.py", *_train_args(tmp_path, tiny_dataset, **kw))
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset, **kw))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "checkpoint-40 is the run's last step: going straight to the final eval and export" in proc.stderr
     metadata = json.loads((tmp_path / "ckpt" / "run" / "training_metadata.json").read_text())
@@ -91,22 +91,22 @@ def test_the_final_export_on_a_full_disk_is_one_line_and_the_same_command_comple
     from safetensors.torch import load_file
 
     saved = load_file(tmp_path / "ckpt" / "run" / "checkpoint-40" / "model.safetensors")
-    for name, tensor in exported.state_dict().items():
-        if name in saved:
-            assert torch.equal(tensor, saved[name]), name
+    weights = exported.state_dict()
+    assert saved and set(saved) <= set(weights)  # (the tied output layer is saved once, as the embedding)
+    for name, tensor in saved.items():
+        assert torch.equal(weights[name], tensor), name
 
 
 def test_tensorboard_on_a_full_disk_is_one_line_and_the_run_resumes(tiny_dataset: Path, tmp_path: Path,
                                                                     small_disk) -> None:  # noqa: ANN001
     disk = small_disk("12k")  # the run's event file grows to about 16 kB
     kw = dict(target_tokens=40 * 4 * 128, eval_steps=4, save_steps=8, sample_steps=0, save_total_limit=10)
-    proc = run_script("train_sparknet_v5.py", *_train_args(tmp_path, tiny_dataset, logs_dir=str(disk / "logs"), **kw))
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset, logs_dir=str(disk / "logs"), **kw))
     # the event writer's thread dies first: its traceback stays out, the main thread's one line says it all
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert f"error: no space left on the device writing {disk / 'logs'}" in proc.stderr, proc.stderr[-3000:]
     stopped = latest_complete_checkpoint(tmp_path / "ckpt" / "run")
-    proc = run_script("train_sparknet_v5.py", *_train_args(tmp_path, tiny_dataset, **kw))
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset, **kw))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    if stopped is not None:
-        assert f"resuming from {tmp_path / 'ckpt' / 'run' / stopped.name}" in proc.stderr
+    assert stopped is not None and f"resuming from {tmp_path / 'ckpt' / 'run' / stopped.name}" in proc.stderr
     assert json.loads((tmp_path / "ckpt" / "run" / "training_metadata.json").read_text())["steps"] == 40

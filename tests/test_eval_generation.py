@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,55 @@ import pytest
 from sparknet.errors import UserError
 from sparknet.eval.generation import SamplingSettings, generate_samples, load_prompts
 from sparknet.eval.models import load_model, resolve_model
-from tests.conftest import run_script
-from tests.test_eval_perplexity import random_model  # noqa: F401 - the module-scoped fixture, shared
+from tests.helpers import random_run_folder, run_script
 
 SETTINGS = SamplingSettings(temperature=1.0, top_p=0.95, top_k=0, max_new_tokens=12, num_samples=2, seed=7)
+
+
+def _prompt_ids(model_dir: Path, prompt: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))(prompt, add_special_tokens=False)["input_ids"]
+
+
+def _generated(model_dir: Path, prompt_ids: list[int], settings: SamplingSettings) -> list[str]:
+    """What plain transformers generates after `prompt_ids` with `settings` (the seed set just before; greedy, one
+    sample, at temperature 0), the generated text only: the reference a report is checked against."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    options: dict = dict(do_sample=False)
+    if settings.temperature > 0:
+        options = dict(do_sample=True, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
+                       num_return_sequences=settings.num_samples)
+    ids = torch.tensor([prompt_ids])
+    set_seed(settings.seed)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=settings.max_new_tokens,
+                             repetition_penalty=settings.repetition_penalty, pad_token_id=tokenizer.eos_token_id,
+                             **options)
+    return [tokenizer.decode(row[len(prompt_ids):], skip_special_tokens=True) for row in out]
+
+
+def _report_samples(report: str, prompts: list[str], models: int) -> list[list[list[str]]]:
+    """generation.md read back: per prompt, per model (column), its samples, with the prompt taken off each cell
+    and the table's escapes (<br> for a newline, \\| for |) undone."""
+    sections = report.split("## Prompt ")[1:]
+    assert len(sections) == len(prompts), report
+    out = []
+    for section, prompt in zip(sections, prompts, strict=True):
+        columns: list[list[str]] = [[] for _ in range(models)]
+        for row in (line for line in section.splitlines() if re.match(r"\| \d+ \| ", line)):
+            cells = row[:-len(" |")].split(" | ")[1:]
+            assert len(cells) == models, row
+            for column, cell in zip(columns, cells, strict=True):
+                text = re.sub(r"\\+\|", "|", cell).replace("<br>", "\n")
+                assert text.startswith(f"**{prompt}**"), (cell, prompt)
+                column.append(text[len(f"**{prompt}**"):])
+        out.append(columns)
+    return out
 
 
 def test_fixed_seed_gives_the_same_text(random_model: Path) -> None:  # noqa: F811
@@ -29,21 +75,25 @@ def test_fixed_seed_gives_the_same_text(random_model: Path) -> None:  # noqa: F8
     assert other_seed[0] != first[1]
 
 
-def test_script_report_side_by_side(random_model: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_script_report_side_by_side(random_model: Path, tokenizer_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Two models with different weights, one column each: each column holds what its own model generates with
+    the report's settings (plain transformers, the same seed), so the columns differ."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Hello\n\ndef f(x):\\n    return\n")
-    second = tmp_path / "other"
-    second.symlink_to(random_model)
-    args = ["--models", json.dumps([str(random_model), str(second)]), "--prompts_file", prompts, "--max_new_tokens", 8,
-            "--eval_dir", tmp_path / "eval"]
+    second = random_run_folder(tokenizer_dir, tmp_path / "other", seed=1)
+    settings = SamplingSettings(temperature=0.8, top_p=0.95, top_k=50, max_new_tokens=8, num_samples=2, seed=1234)
+    args = ["--models", json.dumps([str(random_model), str(second)]), "--prompts_file", prompts, "--eval_dir",
+            tmp_path / "eval", *(a for name, value in vars(settings).items() for a in (f"--{name}", value))]
     proc = run_script("eval_generation.py", *args)
     assert proc.returncode == 0, proc.stderr
     report = (tmp_path / "eval" / "randrun_vs_other" / "generation.md").read_text()
     assert report.count("## Prompt") == 2 and "def f(x):\n    return" in report
     assert f"| # | {random_model} | {second} |" in report
-    rows = [line for line in report.splitlines() if line.startswith("| 1 |")]
-    cells = rows[0].split(" | ")
-    assert cells[1] == cells[2].rstrip(" |")  # the same weights and seed: the same text in both columns
+    texts = ["Hello", "def f(x):\n    return"]
+    for prompt, (first, other) in zip(texts, _report_samples(report, texts, models=2), strict=True):
+        assert first == _generated(random_model, _prompt_ids(random_model, prompt), settings), prompt
+        assert other == _generated(second, _prompt_ids(second, prompt), settings), prompt
+        assert first != other and len(first) == settings.num_samples, prompt
     with pytest.raises(UserError, match="prompts file .*nope.txt not found"):
         load_prompts(["unused"], str(tmp_path / "nope.txt"))
 
@@ -56,13 +106,25 @@ def test_out_of_range_sampling_settings_are_one_line(flag: str, value: float, ra
     assert f"{flag.upper()}={value}" in proc.stderr and ": expected" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_prompt_longer_than_the_context_keeps_its_end(random_model: Path, tmp_path: Path) -> None:  # noqa: F811
+    """The model sees the prompt's last tokens (its context less MAX_NEW_TOKENS), not its first: the greedy
+    continuation is plain transformers' after those last tokens, which is not its continuation of the first."""
+    prompt = " ".join(str(n) for n in range(100, 160)) + " and the end of the prompt"  # far more than 32 tokens
     prompts = tmp_path / "long.txt"
-    prompts.write_text("the quick brown fox jumps over the lazy dog " * 20 + "\n")  # far more than 32 tokens
+    prompts.write_text(prompt + "\n")
     proc = run_script("eval_generation.py", "--models", json.dumps([str(random_model)]), "--prompts_file", prompts,
-                      "--max_new_tokens", 8, "--eval_dir", tmp_path / "eval")
+                      "--max_new_tokens", 8, "--temperature", 0, "--eval_dir", tmp_path / "eval")
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "only its last 24 are used (the model's context is 32, 8 of them for new tokens)" in proc.stderr
+    ids = _prompt_ids(random_model, prompt)
+    assert len(ids) > 2 * 24
+    greedy = SamplingSettings(temperature=0, max_new_tokens=8, num_samples=1)
+    end, start = _generated(random_model, ids[-24:], greedy), _generated(random_model, ids[:24], greedy)
+    assert end != start  # else this random model could not tell which end was kept
+    assert end not in (_generated(random_model, ids[-25:-1], greedy), _generated(random_model, ids[-23:], greedy))
+    report = (tmp_path / "eval" / "randrun" / "generation.md").read_text()
+    assert _report_samples(report, [prompt], models=1) == [[end]]
     proc = run_script("eval_generation.py", "--models", json.dumps([str(random_model)]), "--max_new_tokens", 32,
                       "--eval_dir", tmp_path / "eval")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]

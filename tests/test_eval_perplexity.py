@@ -12,17 +12,11 @@ import pytest
 
 from sparknet.eval.models import load_model, resolve_model
 from sparknet.eval.perplexity import score_documents, sliding_windows
-from tests.conftest import random_run_folder, run_script, write_jsonl
+from tests.helpers import FAST, run_script, write_jsonl
 
 TEXTS = ["The quick brown fox jumps over the lazy dog. " * 9 + "Ünïcödé ✓ 日本語",
          "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n" * 3,
          "short"]
-
-
-@pytest.fixture(scope="module")
-def random_model(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A randomly initialised 2-layer GPT-2 (context 32) saved with the test tokenizer, as a run folder."""
-    return random_run_folder(tokenizer_dir, tmp_path_factory.mktemp("models") / "randrun")
 
 
 def reference_nll(model_dir: Path, texts: list[str], context: int, stride: int) -> tuple[float, int]:
@@ -120,6 +114,7 @@ def _saved(eval_root: Path, name: str) -> dict:
     return next(iter(json.loads((eval_root / name / "perplexity.json").read_text()).values()))
 
 
+@pytest.mark.slow
 def test_a_dataset_split_scores_that_split_only(random_model: Path, tmp_path: Path) -> None:
     """A folder of data files that `datasets` loads as a Hub dataset would be (its splits from the file names)."""
     from sparknet.tokenizer import load_tokenizer
@@ -148,11 +143,11 @@ def test_a_dataset_split_scores_that_split_only(random_model: Path, tmp_path: Pa
     assert proc.returncode == 1 and "not found" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_mix_config_scores_the_rows_the_streaming_run_held_out(corpus_config: Path, tokenizer_dir: Path,
                                                                   random_model: Path, tmp_path: Path) -> None:
     from sparknet.config import load_config
     from sparknet.tokenizer import load_tokenizer
-    from tests.test_training import FAST
 
     args = {**FAST, "target_tokens": 8 * 4 * 128, "val_tokens": 2048, "shuffle_buffer": 20, "num_workers": 0,
             "sample_steps": 0, "run_name": "streamed", "config": corpus_config, "tokenizer_dir": tokenizer_dir,
@@ -198,6 +193,7 @@ def test_a_mix_config_scores_the_rows_the_streaming_run_held_out(corpus_config: 
     assert _saved(tmp_path / "eval", "randrun")["bytes"] == sum(len(t.encode("utf-8")) for t in three)
 
 
+@pytest.mark.slow
 def test_one_table_scores_every_model_on_the_same_text_unless_told(tiny_dataset: Path, random_model: Path,
                                                                    tmp_path: Path) -> None:
     """A packed run and a run trained on other data, no DATA: both are scored on the first run's held-out split
@@ -251,6 +247,7 @@ def test_a_damaged_results_file_stops_before_the_work_and_results_are_never_drop
     assert (results.parent / "perplexity.json.damaged").read_text() == '{"earlier": {"nll": 1.0'
 
 
+@pytest.mark.slow
 def test_the_runs_own_dataset_rebuilt_with_other_inputs_is_refused(corpus_config: Path, tokenizer_dir: Path,
                                                                     random_model: Path, tmp_path: Path) -> None:
     from sparknet.config import load_config

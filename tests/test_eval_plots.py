@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sparknet.eval.plots import plot_runs, read_scalars, tokens_per_step
-from tests.conftest import run_script
+from tests.helpers import run_script
 
 TOKENS_PER_STEP = 512
 

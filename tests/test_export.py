@@ -1,5 +1,6 @@
 """export_model: a clean folder that loads, a card whose YAML header the Hub's parser accepts and whose body holds
-the run's facts, and a push that is attempted (offline here: one clear line, the token never printed)."""
+the run's facts, and a push that is attempted (offline, or refused by the loopback Hub: one clear line, the token
+never printed)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from sparknet.errors import UserError
-from tests.conftest import run_script
-from tests.test_eval_perplexity import random_model  # noqa: F401 - the module-scoped fixture, shared
+from sparknet.testing.hub_server import HubServer
+from tests.helpers import run_script
 
 METADATA = {
     "config": {"path": "configs/mix.json", "mix": [{"name": "HuggingFaceFW/fineweb-edu", "prob": 0.7},
@@ -85,6 +86,23 @@ def test_push_is_attempted_and_fails_clearly_offline(tmp_path: Path, monkeypatch
     assert secret not in str(error.value) + captured.out + captured.err
 
 
+def test_a_push_the_hub_refuses_is_one_line_and_never_prints_the_token(run: tuple[Path, Path], hub: HubServer,
+                                                                         tmp_path: Path) -> None:
+    """Online, the token sent (HF_TOKEN, implicit tokens allowed): the loopback Hub answers the repository's
+    creation with an HTTP error (it serves datasets only, so 404), which is one line naming the status, and the
+    token is printed nowhere."""
+    folder, tmp = run
+    secret = "hf_thisIsNotARealTokenButMustNotBePrinted"
+    env = hub.env(tmp_path, HF_TOKEN=secret, HF_HUB_DISABLE_IMPLICIT_TOKEN=0)
+    proc = run_script("export_model.py", "--model", folder, "--output_dir", tmp / "exported", "--eval_dir",
+                      tmp / "eval", "--push_to_hub", "someone/sparknet-test", env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.splitlines()[-1] == "error: cannot push to someone/sparknet-test (HTTP 404)", proc.stderr
+    assert [(r.method, r.status) for r in hub.requests if r.path.startswith("/api/repos/create")] == [("POST", 404)]
+    assert secret not in proc.stdout + proc.stderr
+    assert (tmp / "exported" / "README.md").is_file()  # the folder is ready to push again
+
+
 def test_not_a_run(tmp_path: Path) -> None:
     from sparknet.export import export_model
 
@@ -96,24 +114,45 @@ def test_not_a_run(tmp_path: Path) -> None:
 
 def test_an_interrupted_overwrite_leaves_the_old_export_whole(run: tuple[Path, Path],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """An overwrite whose folder differs (its card loads another repository) is killed as late as it can be while
+    the old folder is in place: the new folder written in full beside it, at the rename that would move the old one
+    aside. The old export is still there, byte for byte; the same command again puts the new one in place and
+    leaves nothing beside it."""
+    import os
+
     import sparknet.export as export_module
-    import sparknet.tokenizer as tokenizer_module
+    import sparknet.runtime as runtime_module
 
     folder, tmp = run
     out = tmp / "exported"
     export_module.export_model(str(folder), out, eval_root=str(tmp / "eval"))
     before = {p.name: p.read_bytes() for p in out.iterdir()}
+    renamed = 'AutoModelForCausalLM.from_pretrained("someone/renamed")'
+    assert renamed not in before["README.md"].decode()
 
-    def killed(*_args: object, **_kwargs: object) -> None:  # the process dies half way through the new folder
-        raise KeyboardInterrupt
+    class KilledAtTheOldFolder:
+        """The os module of sparknet.runtime, but the process dies when a rename would touch the export."""
 
-    monkeypatch.setattr(tokenizer_module, "save", killed)
+        def __getattr__(self, name: str) -> object:
+            return getattr(os, name)
+
+        def replace(self, src: object, dst: object) -> None:
+            if out in (Path(src), Path(dst)):
+                beside = [p for p in tmp.glob(f".{out.name}*/README.md") if renamed in p.read_text()]
+                assert beside, "killed before the new folder was written"
+                raise KeyboardInterrupt
+            os.replace(src, dst)
+
+    monkeypatch.setattr(runtime_module, "os", KilledAtTheOldFolder())
     with pytest.raises(KeyboardInterrupt):
-        export_module.export_model(str(folder), out, eval_root=str(tmp / "eval"), overwrite=True)
+        export_module.export_model(str(folder), out, eval_root=str(tmp / "eval"), overwrite=True,
+                                   repo_id="someone/renamed")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     monkeypatch.undo()
-    export_module.export_model(str(folder), out, eval_root=str(tmp / "eval"), overwrite=True)  # the same command
+    export_module.export_model(str(folder), out, eval_root=str(tmp / "eval"), overwrite=True,
+                               repo_id="someone/renamed")  # the same command
     assert sorted(p.name for p in out.iterdir()) == sorted(before)
+    assert renamed in (out / "README.md").read_text()
     assert not list(tmp.glob(".exported.*"))  # nothing left beside it
 
 

@@ -14,15 +14,15 @@ import pytest
 import yaml
 
 from sparknet.runtime import PROJECT_ROOT
-from tests.conftest import OFFLINE_ENV
-from tests.test_training import _script_args
+from tests.helpers import OFFLINE_ENV, train_args
 
 CONFIG = PROJECT_ROOT / "configs" / "accelerate_fsdp.yaml"
 
 
+@pytest.mark.slow
 def test_an_fsdp_launch_without_gpus_is_refused_in_one_line(tiny_dataset: Path, tmp_path: Path) -> None:
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIG), "--num_processes",
-               "2", "scripts/train_sparknet_v5.py", *map(str, _script_args(tmp_path, tiny_dataset))]
+               "2", "scripts/train_sparknet_v5.py", *map(str, train_args(tmp_path, tiny_dataset))]
     proc = subprocess.run(command, env={**os.environ, **OFFLINE_ENV}, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0

@@ -15,8 +15,7 @@ from transformers import TrainingArguments, default_data_collator
 from sparknet.model import build_model, get_preset
 from sparknet.train.fused_loss import FusedHead, fuse_head
 from sparknet.train.hf_trainer import SparkTrainer
-from tests.conftest import run_script
-from tests.test_step_speed import assert_saves_alike
+from tests.helpers import assert_saves_alike, run_script, train_args
 
 
 def _model(preset: str = "sparknet-tiny") -> torch.nn.Module:
@@ -101,12 +100,11 @@ def test_training_with_the_fused_loss_gives_the_unfused_weights(tmp_path: Path) 
 
 
 def test_a_missing_package_is_one_line_before_the_run_folder(tiny_dataset: Path, tmp_path: Path) -> None:
-    from tests.test_training import _script_args
 
     shadow = tmp_path / "shadow" / "cut_cross_entropy"  # an install whose import fails, as without triton
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'triton'\")\n")
-    proc = run_script("train_sparknet_v5.py", *_script_args(tmp_path, tiny_dataset, fused_cross_entropy=True),
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset, fused_cross_entropy=True),
                       env={"PYTHONPATH": str(shadow.parent)})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     error = proc.stderr.strip().splitlines()[-1]

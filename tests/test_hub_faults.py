@@ -1,5 +1,5 @@
 """Hub faults that outlast huggingface_hub's own retries, end to end through the scripts and the loopback Hub of
-tests/hub_server.py: a reset connection, a rate limit and a stalled read on one data file, and an outage of the
+sparknet.testing.hub_server: a reset connection, a rate limit and a stalled read on one data file, and an outage of the
 whole repository during SparkNet's retry, each retried by SparkNet (sparknet/data/hub_reads.py, `retried_rows`) from
 the row reached, so that the build is byte for byte the build from the same files on disk; and a rate limit in the
 middle of a streamed training run, which trains every step on the blocks of a local run and counts the retry in
@@ -17,13 +17,24 @@ from pathlib import Path
 import pytest
 
 from sparknet.runtime import PROJECT_ROOT
-from tests import hub_server, test_hub_path
-from tests.conftest import OFFLINE_ENV, run_script
-from tests.hub_server import Fault, HubServer
-from tests.test_hub_path import README, REPO, _build, _mix, _shards, _texts
+from sparknet.testing.hub_server import Fault, HubServer
+from tests.helpers import (
+    HUB_MANY,
+    HUB_REPO,
+    OFFLINE_ENV,
+    add_many_shards,
+    hub_build,
+    hub_mix,
+    read_events,
+    read_steps,
+    read_texts,
+    run_script,
+    stream_args,
+    write_shards,
+)
 
-hub = hub_server.hub  # the fixtures, under the names the tests ask for
-prose_hub = test_hub_path.prose_hub
+pytestmark = pytest.mark.slow  # end-to-end scenarios: the full tier (make test-all)
+
 FILE = "data/train-00003.jsonl"  # a shard of the Hub prose (226 kB), read once the build is under way
 RETRIED = "reading from the Hub failed"  # SparkNet's retry warning
 LIBRARY_RETRY_LINES = ("Retrying in 0sec", "Got disconnected from remote data host")  # datasets', left out
@@ -43,9 +54,9 @@ def local_build(corpus_dir: Path, tokenizer_dir: Path, tmp_path_factory: pytest.
     """The build from the local twin of the Hub prose (same file names, so the same label and shuffle), made once
     for the module: every fault below must leave the Hub build equal to it."""
     tmp = tmp_path_factory.mktemp("local")
-    local = _shards(_texts(corpus_dir / "prose.train.jsonl"), tmp / "local", "prose")
-    _, offline = _mix(corpus_dir, tmp, local)
-    proc = _build(offline, tmp / "ds", tokenizer_dir, None, "--shuffle_buffer", 4)
+    local = write_shards(read_texts(corpus_dir / "prose.train.jsonl"), tmp / "local", "prose")
+    _, offline = hub_mix(corpus_dir, tmp, local)
+    proc = hub_build(offline, tmp / "ds", tokenizer_dir, None, "--shuffle_buffer", 4)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return tmp / "ds"
 
@@ -53,9 +64,9 @@ def local_build(corpus_dir: Path, tokenizer_dir: Path, tmp_path_factory: pytest.
 # Each fault answers six requests: huggingface_hub's first try and its five retries (1+2+4+8+8 s), so that it gives
 # up and SparkNet's retry must take over. A reset or a stall cuts the file mid-body.
 FAULTS: dict[str, Callable[[HubServer], Fault]] = {
-    "reset": lambda hub: hub.reset_after(REPO, 100_000, times=6, path=FILE),
-    "rate-limit": lambda hub: hub.fail(REPO, 429, times=6, path=FILE, kind="resolve-get", retry_after=0),
-    "stall": lambda hub: hub.stall(REPO, 60, after=100, times=6, path=FILE),
+    "reset": lambda hub: hub.reset_after(HUB_REPO, 100_000, times=6, path=FILE),
+    "rate-limit": lambda hub: hub.fail(HUB_REPO, 429, times=6, path=FILE, kind="resolve-get", retry_after=0),
+    "stall": lambda hub: hub.stall(HUB_REPO, 60, after=100, times=6, path=FILE),
 }
 
 
@@ -66,10 +77,10 @@ def test_a_fault_past_the_librarys_retries_is_retried_once_and_the_build_is_unch
     """Each fault reaches SparkNet after huggingface_hub's retries (datasets' own are set to one try, their
     warnings left out): one retry warning, and the reopened source goes on from the row reached."""
     hub, _, local = prose_hub
-    online, _ = _mix(corpus_dir, tmp_path, local)
+    online, _ = hub_mix(corpus_dir, tmp_path, local)
     fault = FAULTS[kind](hub)
     timeout = {"HF_HUB_DOWNLOAD_TIMEOUT": 2} if kind == "stall" else {}  # not 10 s per stalled try
-    proc = _build(online, tmp_path / "ds", tokenizer_dir, hub.env(tmp_path, **timeout), "--shuffle_buffer", 4)
+    proc = hub_build(online, tmp_path / "ds", tokenizer_dir, hub.env(tmp_path, **timeout), "--shuffle_buffer", 4)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert fault.hits == 6
     warnings = _retries(proc.stderr)
@@ -98,8 +109,8 @@ def test_an_outage_of_the_whole_repo_during_the_retry_is_retried_until_it_passes
     23 s. The reopening itself survives it (datasets falls back to the module it cached at the first open, after its
     three HEADs fail); the re-read of the file then fails, which is SparkNet's second retry."""
     hub, _, local = prose_hub
-    online, _ = _mix(corpus_dir, tmp_path, local)
-    first = hub.fail(REPO, 503, path=FILE, kind="resolve-get")
+    online, _ = hub_mix(corpus_dir, tmp_path, local)
+    first = hub.fail(HUB_REPO, 503, path=FILE, kind="resolve-get")
     argv = [sys.executable, str(PROJECT_ROOT / "scripts" / "build_dataset_v5.py"), "--config", str(online),
             "--tokenizer_dir", str(tokenizer_dir), "--output_dir", str(tmp_path / "ds"), "--target_tokens", "60000",
             "--val_tokens", "6000", "--num_workers", "0", "--shuffle_buffer", "4"]
@@ -109,7 +120,7 @@ def test_an_outage_of_the_whole_repo_during_the_retry_is_retried_until_it_passes
                                 stdout=subprocess.DEVNULL, stderr=err, text=True)
     try:
         _wait_until(lambda: first.hits >= 6, proc, stderr, timeout=120)  # huggingface_hub gave up
-        everything = hub.fail(REPO, 429, retry_after=0)
+        everything = hub.fail(HUB_REPO, 429, retry_after=0)
         _wait_until(lambda: len(_retries(stderr.read_text())) >= 2, proc, stderr, timeout=120)
         hub.clear_faults()
         proc.wait(timeout=120)
@@ -131,36 +142,27 @@ def test_a_rate_limit_mid_run_is_retried_and_the_streamed_run_trains_the_same_bl
     """A rate limit past huggingface_hub's retries on a shard the run reaches only mid-run (the sixth of 64 short
     shards: the first four are read at the start, the sixth around step 55 of 120): the run goes on with every step
     on the blocks of a local run, and TensorBoard's data/hub_retries goes from 0 to 1 (a total, not per source)."""
-    from tests.test_stream_training import _args
-    from tests.test_training import _events, _steps
 
-    # the outage test's dataset (tests/test_hub_path.py): the prose's lines three by three in 64 shards, so that
-    # the run reads all along
-    lines = [line for text in _texts(corpus_dir / "prose.train.jsonl") for line in text.splitlines() if line.strip()]
-    local = _shards(["\n".join(lines[i:i + 3]) for i in range(0, len(lines), 3)], tmp_path / "many", "prose", n=64)
-    many = "sparknet-test-many/prose"
-    hub.add_dataset(many, {**{f"data/train-{i:05d}.jsonl": p.read_bytes() for i, p in enumerate(local)},
-                           "README.md": README})
-    online, offline = _mix(corpus_dir, tmp_path, local)
-    online.write_text(online.read_text().replace(REPO, many))
+    # the outage test's dataset (tests/test_hub_path.py): short documents in 64 shards, read all along the run
+    online, offline = hub_mix(corpus_dir, tmp_path, add_many_shards(hub, corpus_dir, tmp_path), repo=HUB_MANY)
     settings = dict(target_tokens=120 * 8 * 128, eval_steps=20, save_steps=20, logging_steps=10, record_batches=True,
                     shuffle_buffer=4, global_batch_size=8, batch_size=4, num_workers=0)
-    reference = run_script("train_sparknet.py", *_args(tmp_path / "a", offline, tokenizer_dir, **settings))
+    reference = run_script("train_sparknet.py", *stream_args(tmp_path / "a", offline, tokenizer_dir, **settings))
     assert reference.returncode == 0, reference.stderr[-3000:]
 
-    fault = hub.fail(many, 429, times=6, path="data/train-00005.jsonl", kind="resolve-get", retry_after=0)
-    proc = run_script("train_sparknet.py", *_args(tmp_path / "b", online, tokenizer_dir, **settings),
+    fault = hub.fail(HUB_MANY, 429, times=6, path="data/train-00005.jsonl", kind="resolve-get", retry_after=0)
+    proc = run_script("train_sparknet.py", *stream_args(tmp_path / "b", online, tokenizer_dir, **settings),
                       env=hub.env(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert fault.hits == 6
     warnings = _retries(proc.stderr)
     assert len(warnings) == 1 and "source 'prose'" in warnings[0], proc.stderr[-3000:]
-    expected, got = _steps(tmp_path / "a" / "ckpt" / "run" / "batches.jsonl"), \
-        _steps(tmp_path / "b" / "ckpt" / "run" / "batches.jsonl")
+    expected, got = read_steps(tmp_path / "a" / "ckpt" / "run" / "batches.jsonl"), \
+        read_steps(tmp_path / "b" / "ckpt" / "run" / "batches.jsonl")
     assert sorted(got) == sorted(expected) == list(range(1, 121))
     for step in expected:
         assert got[step]["blocks"] == expected[step]["blocks"], step
-    retries = _events(tmp_path / "b" / "logs" / "run")["data/hub_retries"]
+    retries = read_events(tmp_path / "b" / "logs" / "run")["data/hub_retries"]
     assert [s for s, _ in retries] == list(range(10, 121, 10)), retries
     values = [v for _, v in retries]
     assert values[0] == 0 and values[-1] == 1 and values == sorted(values), retries  # mid-run, counted once

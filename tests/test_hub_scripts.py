@@ -1,4 +1,4 @@
-"""train_tokenizer_v5.py and eval_perplexity.py read Hub dataset ids through the loopback Hub of tests/hub_server.py
+"""train_tokenizer_v5.py and eval_perplexity.py read Hub dataset ids through the loopback Hub (sparknet.testing)
 as they read the same rows from local files (the same tokenizer, byte for byte; the same perplexity, exactly), keep
 the HTTP client's request lines out of the console, and say in one line that a dataset is gated or missing."""
 
@@ -9,20 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from tests import hub_server
-from tests.conftest import random_run_folder, run_script, write_config, write_jsonl
-from tests.hub_server import HubServer
-from tests.test_hub_path import README, REPO, _texts  # REPO's label `prose` matches its twins, prose.N.jsonl
-
-hub = hub_server.hub
+from sparknet.testing.hub_server import HubServer
+from tests.helpers import HUB_REPO, hub_readme, random_run_folder, read_texts, run_script, write_config, write_jsonl
 
 
 def _publish(hub: HubServer, texts: list[str], folder: Path, n: int) -> tuple[list[Path], str]:
-    """`texts` as REPO's train split in `n` JSONL shards, and the same shards as local files prose.0.jsonl, ...
+    """`texts` as HUB_REPO's train split in `n` JSONL shards, and the same shards as local files prose.0.jsonl, ...
     (read in the same order: the Hub's data/train-0000{i}.jsonl sort as the local shards are listed)."""
     local = [write_jsonl(folder / f"prose.{i}.jsonl", texts[i::n]) for i in range(n)]
-    sha = hub.add_dataset(REPO, {**{f"data/train-0000{i}.jsonl": p.read_bytes() for i, p in enumerate(local)},
-                                 "README.md": README})
+    sha = hub.add_dataset(HUB_REPO, {**{f"data/train-0000{i}.jsonl": p.read_bytes() for i, p in enumerate(local)},
+                                 "README.md": hub_readme()})
     return local, sha
 
 
@@ -39,9 +35,9 @@ def _train_tokenizer(cfg: Path, out: Path, env: dict[str, str] | None = None):  
 
 def test_a_tokenizer_trained_on_a_hub_id_is_the_one_trained_on_the_same_local_files(
         hub: HubServer, corpus_dir: Path, tmp_path: Path) -> None:
-    local, sha = _publish(hub, _texts(corpus_dir / "prose.train.jsonl"), tmp_path / "local", 8)
+    local, sha = _publish(hub, read_texts(corpus_dir / "prose.train.jsonl"), tmp_path / "local", 8)
     code = str(corpus_dir / "code.train.jsonl")
-    online = write_config(tmp_path / "hub.json", [{"name": REPO, "split": "train", "prob": 0.5},
+    online = write_config(tmp_path / "hub.json", [{"name": HUB_REPO, "split": "train", "prob": 0.5},
                                                   {"name": "json", "data_files": code, "prob": 0.5}])
     offline = write_config(tmp_path / "local.json", [{"name": "json", "data_files": [str(p) for p in local],
                                                       "prob": 0.5},
@@ -88,20 +84,21 @@ def _result(eval_dir: Path, model: Path, data: object) -> dict:
 
 def _short(path: Path, n: int) -> list[str]:
     """The first `n` documents of a corpus file, each cut to 2,000 characters: a few thousand tokens to score."""
-    return [t[:2000] for t in _texts(path)[:n]]
+    return [t[:2000] for t in read_texts(path)[:n]]
 
 
+@pytest.mark.slow
 def test_perplexity_on_a_hub_id_is_that_of_the_same_local_files(hub: HubServer, model_dir: Path, corpus_dir: Path,
                                                                 tmp_path: Path) -> None:
     """DATA = the Hub id (its train split, streamed): every row, against the same shards as JSONL files."""
     texts = _short(corpus_dir / "prose.val.jsonl", 12)
     local, _ = _publish(hub, texts, tmp_path / "local", 4)
     env = hub.env(tmp_path)
-    proc = _eval(model_dir, REPO, tmp_path / "eval", "--split", "train", env=env)
+    proc = _eval(model_dir, HUB_REPO, tmp_path / "eval", "--split", "train", env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     _quiet(proc.stderr)
     assert hub.counts["resolve-get"] > 0
-    got = _result(tmp_path / "eval", model_dir, REPO)
+    got = _result(tmp_path / "eval", model_dir, HUB_REPO)
     files = ",".join(str(p) for p in local)
     proc = _eval(model_dir, files, tmp_path / "eval")
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -112,13 +109,14 @@ def test_perplexity_on_a_hub_id_is_that_of_the_same_local_files(hub: HubServer, 
     assert got["bytes"] == sum(len(t.encode("utf-8")) for t in texts)
 
 
+@pytest.mark.slow
 def test_perplexity_on_a_mix_config_naming_a_hub_id_is_that_of_the_same_local_files(
         hub: HubServer, model_dir: Path, corpus_dir: Path, tmp_path: Path) -> None:
     """DATA = a mix config with the Hub id among its sources: the first HOLDOUT_ROWS rows of each source (here
     across two of the Hub dataset's shards), against the same config on the same shards as JSONL files."""
     local, _ = _publish(hub, _short(corpus_dir / "prose.val.jsonl", 12), tmp_path / "local", 4)
     code = write_jsonl(tmp_path / "code.jsonl", _short(corpus_dir / "code.val.jsonl", 6))
-    online = write_config(tmp_path / "hub.json", [{"name": REPO, "split": "train", "prob": 0.5},
+    online = write_config(tmp_path / "hub.json", [{"name": HUB_REPO, "split": "train", "prob": 0.5},
                                                   {"name": "json", "data_files": str(code), "prob": 0.5}])
     offline = write_config(tmp_path / "local.json", [{"name": "json", "data_files": [str(p) for p in local],
                                                       "prob": 0.5},
@@ -132,34 +130,34 @@ def test_perplexity_on_a_mix_config_naming_a_hub_id_is_that_of_the_same_local_fi
     assert proc.returncode == 0, proc.stderr[-4000:]
     expected = _result(tmp_path / "eval", model_dir, offline)
     assert got == expected and got["kind"] == "config"
-    four = [t for p in local for t in _texts(p)][:4] + _texts(code)[:4]  # rows of shards 0 and 1, then code's
+    four = [t for p in local for t in read_texts(p)][:4] + read_texts(code)[:4]  # rows of shards 0 and 1, then code's
     assert got["bytes"] == sum(len(t.encode("utf-8")) for t in four)
 
 
 # --- a gated or missing dataset: one line ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("status", [401, 404])
+@pytest.mark.parametrize("status", [pytest.param(401, marks=pytest.mark.slow), 404])  # 401: the full tier
 @pytest.mark.parametrize("script", ["train_tokenizer_v5.py", "eval_perplexity.py --data ID",
                                     "eval_perplexity.py --data CONFIG"])
 def test_a_gated_or_missing_hub_dataset_is_one_line(script: str, status: int, hub: HubServer, model_dir: Path,
                                                     corpus_dir: Path, tmp_path: Path) -> None:
     _publish(hub, _short(corpus_dir / "prose.val.jsonl", 12), tmp_path / "local", 4)
-    hub.fail(REPO, status)
+    hub.fail(HUB_REPO, status)
     env = hub.env(tmp_path)
-    cfg = write_config(tmp_path / "hub.json", [{"name": REPO, "split": "train", "prob": 0.5},
+    cfg = write_config(tmp_path / "hub.json", [{"name": HUB_REPO, "split": "train", "prob": 0.5},
                                                {"name": "json", "data_files": str(corpus_dir / "code.val.jsonl"),
                                                 "prob": 0.5}])
     out = tmp_path / "out"
     if script == "train_tokenizer_v5.py":
         proc = _train_tokenizer(cfg, out, env)
     elif script.endswith("ID"):
-        proc = _eval(model_dir, REPO, out, "--split", "train", env=env)
+        proc = _eval(model_dir, HUB_REPO, out, "--split", "train", env=env)
     else:
         proc = _eval(model_dir, cfg, out, "--holdout_rows", 3, env=env)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
-    assert REPO in lines[0]
+    assert HUB_REPO in lines[0]
     if status == 401:
         assert "is gated: log in with `hf auth login` (or set HF_TOKEN)" in lines[0], lines[0]
     else:

@@ -21,10 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparknet.runtime import PROJECT_ROOT
-from tests import hub_server
-from tests.hub_server import HubServer
-
-hub = hub_server.hub  # the fixture, under the name the tests ask for
+from sparknet.testing.hub_server import HubServer
 
 PRELUDE = """
 import json, os, sys, time
@@ -213,6 +210,7 @@ def test_missing_file_raises_entry_not_found(hub: HubServer, tmp_path: Path) -> 
     assert (tmp_path / f"hf_home/hub/datasets--user--pq/.no_exist/{sha}/nope.txt").exists()
 
 
+@pytest.mark.slow
 def test_single_500_on_a_data_file_is_retried(hub: HubServer, tmp_path: Path) -> None:
     """huggingface_hub's http_backoff retries 5xx on range reads (1 s, then 2, 4, 8, 8 s): one 500 is invisible."""
     _, train, _ = add_parquet_repo(hub)
@@ -222,6 +220,7 @@ def test_single_500_on_a_data_file_is_retried(hub: HubServer, tmp_path: Path) ->
     assert [r.status for r in gets(hub, "train-00001.parquet")][:2] == [500, 206]
 
 
+@pytest.mark.slow
 def test_connection_reset_mid_file_is_retried(hub: HubServer, tmp_path: Path) -> None:
     """A reset mid-body surfaces as httpx2.ReadError inside HfFileSystemFile._fetch_range, whose http_backoff
     retries it after 1 s; datasets never sees it and every row arrives once.
@@ -238,6 +237,7 @@ def test_connection_reset_mid_file_is_retried(hub: HubServer, tmp_path: Path) ->
     assert [r.fault for r in gets(hub, "train-00001.parquet")][:2] == ["reset", None]
 
 
+@pytest.mark.slow
 def test_rate_limit_waits_for_retry_after(hub: HubServer, tmp_path: Path) -> None:
     """http_backoff waits Retry-After + 1 s on a 429 (its own backoff starts at 1 s)."""
     _, train, _ = add_parquet_repo(hub)
@@ -250,6 +250,7 @@ def test_rate_limit_waits_for_retry_after(hub: HubServer, tmp_path: Path) -> Non
     assert retried.at - limited.at >= 4
 
 
+@pytest.mark.slow
 def test_stalled_read_times_out_and_is_retried(hub: HubServer, tmp_path: Path) -> None:
     """A stalled body hits HF_HUB_DOWNLOAD_TIMEOUT (default 10 s) as httpx2.ReadTimeout, which http_backoff
     retries: with the timeout at 2 s the rows arrive long before the 60 s stall ends."""
@@ -263,6 +264,7 @@ def test_stalled_read_times_out_and_is_retried(hub: HubServer, tmp_path: Path) -
     assert 2 <= retried.at - stalled.at < 50
 
 
+@pytest.mark.slow
 def test_latency_delays_every_request(hub: HubServer, tmp_path: Path) -> None:
     add_parquet_repo(hub)
     hub.latency = 1.5

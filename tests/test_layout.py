@@ -9,6 +9,7 @@ import dataclasses
 from pathlib import Path
 
 from sparknet.checks import RULES
+from sparknet.cli import is_path_constant
 from sparknet.runtime import PROJECT_ROOT
 from sparknet.train.settings import TrainSettings, non_identity
 
@@ -38,7 +39,8 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 def test_no_module_is_over_400_lines() -> None:
-    long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > 400}
+    long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > 400
+            and not name.startswith("sparknet.testing")}  # test support (the Hub look-alike), not SparkNet itself
     assert not long, f"split these modules by what they hold: {long}"
 
 
@@ -63,8 +65,8 @@ def test_no_import_circle() -> None:
 def test_every_training_setting_is_declared_once_with_doc_identity_and_rule() -> None:
     for field in dataclasses.fields(TrainSettings):
         assert field.metadata["doc"], field.name
-        if field.type not in ("str", "bool", "list[str]") or field.name.upper() in ("RUN_NAME", "MODEL_PRESET"):
-            assert field.name.upper() in RULES, f"{field.name}: no rule in sparknet.checks.RULES"
+        free = field.type == "bool" or is_path_constant(field.name.upper()) or field.name == "sample_prompts"
+        assert free or field.name.upper() in RULES, f"{field.name}: no rule in sparknet.checks.RULES"
     # what may change between attempts of one run: logging, saving, sampling, paths (pinned: a change here changes
     # which runs resume)
     assert non_identity() == {

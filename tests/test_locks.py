@@ -4,30 +4,20 @@ RUN_NAME, refuses at once naming the process that holds it; a lock left by a kil
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from sparknet.data.packed import PackedDataset
-from sparknet.runtime import PROJECT_ROOT
-from tests.conftest import OFFLINE_ENV, run_script
-from tests.test_packed_dataset import _script_args as _build_args
-from tests.test_training import _script_args as _train_args
-from tests.test_training import _wait_for
+from tests.helpers import build_args, run_script, start_script, train_args, wait_for, write_config, write_jsonl
 
-
-def _start(script: str, args: list[object]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, f"scripts/{script}", *map(str, args)], cwd=PROJECT_ROOT,
-                            env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+pytestmark = pytest.mark.slow  # end-to-end scenarios: the full tier (make test-all)
 
 
 def _big_config(tmp_path: Path, corpus_dir: Path) -> Path:
     """A mix of one local file large enough that a build takes several seconds (the stdlib prose, repeated)."""
-    from tests.conftest import write_config, write_jsonl
 
     texts = [json.loads(line)["text"] for line in (corpus_dir / "prose.train.jsonl").read_text().splitlines()]
     docs = [f"{i}: {texts[i % len(texts)]}" for i in range(12 * len(texts))]
@@ -40,9 +30,9 @@ def test_a_second_build_into_the_same_folder_refuses_and_a_dead_builders_lock_is
         corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "ds"
     config = _big_config(tmp_path, corpus_dir)
-    build = [*_build_args(config, out, tokenizer_dir), "--target_tokens", 4_000_000, "--checkpoint_seconds", 0.5]
-    first = _start("build_dataset_v5.py", build)
-    _wait_for(tmp_path / ".ds.lock.json", first)
+    build = [*build_args(config, out, tokenizer_dir), "--target_tokens", 4_000_000, "--checkpoint_seconds", 0.5]
+    first = start_script("build_dataset_v5.py", build)
+    wait_for(tmp_path / ".ds.lock.json", first)
     assert json.loads((tmp_path / ".ds.lock.json").read_text())["pid"] == first.pid
     second = run_script("build_dataset_v5.py", *build, timeout=60)
     assert first.poll() is None, "the first build ended before the second started: make it longer"
@@ -54,23 +44,25 @@ def test_a_second_build_into_the_same_folder_refuses_and_a_dead_builders_lock_is
 
     # kill -9 leaves the lock file behind; the operating system has released the lock itself
     rebuild = [*build, "--target_tokens", 4_100_000, "--overwrite", "true"]
-    again = _start("build_dataset_v5.py", rebuild)
-    _wait_for(tmp_path / ".ds.building" / "build_state.json", again)
+    again = start_script("build_dataset_v5.py", rebuild)
+    wait_for(tmp_path / ".ds.building" / "build_state.json", again)
     again.send_signal(signal.SIGKILL)
     again.wait()
-    assert (tmp_path / ".ds.lock").exists()
+    holder = tmp_path / ".ds.lock.json"
+    assert json.loads(holder.read_text())["pid"] == again.pid  # the killed build could not remove its record
     taken = run_script("build_dataset_v5.py", *rebuild, timeout=300)
     assert taken.returncode == 0, taken.stderr[-2000:]
     assert len(PackedDataset(out, "train")) == 4_100_000 // 128
+    assert not holder.exists()  # released on the way out
 
 
 def test_a_second_training_of_the_same_run_refuses_and_a_killed_runs_lock_is_taken(tiny_dataset: Path,
                                                                                    tmp_path: Path) -> None:
-    args = _train_args(tmp_path, tiny_dataset, target_tokens=3000 * 4 * 128, eval_steps=50, save_steps=100,
+    args = train_args(tmp_path, tiny_dataset, target_tokens=3000 * 4 * 128, eval_steps=50, save_steps=100,
                        sample_steps=0, logging_steps=1000)
     run_dir = tmp_path / "ckpt" / "run"
-    first = _start("train_sparknet_v5.py", args)
-    _wait_for(run_dir / "eval_start.json", first)
+    first = start_script("train_sparknet_v5.py", args)
+    wait_for(run_dir / "eval_start.json", first)
     second = run_script("train_sparknet_v5.py", *args, timeout=120)
     assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr[-2000:]
     assert f"{run_dir} is in use: a training run into it is running as process {first.pid}" in second.stderr
@@ -79,7 +71,7 @@ def test_a_second_training_of_the_same_run_refuses_and_a_killed_runs_lock_is_tak
     first.wait()
     holder = tmp_path / "ckpt" / ".run.lock.json"
     assert holder.exists()  # the killed run could not remove it; the operating system released its lock
-    proc = _start("train_sparknet_v5.py", args)
+    proc = start_script("train_sparknet_v5.py", args)
     deadline = time.time() + 120
     while not (holder.exists() and json.loads(holder.read_text() or "{}").get("pid") == proc.pid):
         assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.stdout else ""

@@ -10,7 +10,7 @@ import pytest
 
 from sparknet.config import load_config
 from sparknet.data.mixing import Mixer, mix_texts
-from tests.conftest import write_config, write_jsonl
+from tests.helpers import write_config, write_jsonl
 
 
 def _two_sources(tmp_path: Path, n_short: int = 3000, n_long: int = 800) -> tuple[Path, Path]:

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,16 @@ from sparknet.config import load_config
 from sparknet.data import PackedDataset
 from sparknet.data.build import BuildSpec, build_dataset
 from sparknet.errors import UserError
-from tests.conftest import OFFLINE_ENV, encoder_processes, run_script, write_config, write_jsonl
+from tests.helpers import (
+    OFFLINE_ENV,
+    build_args,
+    build_position,
+    build_until,
+    encoder_processes,
+    run_script,
+    write_config,
+    write_jsonl,
+)
 
 EOT = "<|endoftext|>"
 
@@ -162,6 +170,42 @@ def test_rebuild_is_byte_identical_whatever_the_workers(
     assert a == b
 
 
+def test_a_build_stopped_after_a_save_resumes_to_the_bytes_of_one_never_stopped(
+    built: Path, sources: dict, tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C (KeyboardInterrupt) just after the build saved its position, once in the validation split and once
+    in training: the same call then resumes, and the files and manifest are those of the build never stopped (the
+    `built` fixture, made with encoder processes). In this process; the end-to-end kill -9 and Ctrl-C of the script
+    are test_an_interrupted_build_resumes_and_writes_the_same_bytes."""
+    from sparknet.data import build as build_module
+
+    real_save = build_module.save_state
+    stops = [lambda split, writers: split == "val",
+             lambda split, writers: split == "train" and writers["train"].blocks > 500]
+
+    def save_then_stop(folder: Path, **kw: object) -> None:
+        real_save(folder, **kw)
+        if stops and stops[0](kw["split"], kw["writers"]):
+            stops.pop(0)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_module, "save_state", save_then_stop)
+    out, building = tmp_path / "ds", tmp_path / ".ds.building"
+    spec = _spec(_config(sources, built.parent), out, tokenizer_dir, checkpoint_seconds=1e-6)
+    for split in ("val", "train"):
+        with pytest.raises(KeyboardInterrupt):
+            build_dataset(spec)
+        assert build_position(building)["split"] == split and not out.exists()
+    manifest = build_dataset(spec)
+    assert not stops and not building.exists()
+    for name in ("train.bin", "val.bin"):
+        assert (out / name).read_bytes() == (built / name).read_bytes(), name
+    expected = json.loads((built / "manifest.json").read_text())
+    for m in (manifest, expected):
+        m.pop("build_seconds")
+    assert manifest == expected
+
+
 def test_same_inputs_again_is_a_no_op_and_other_inputs_are_refused(
     built: Path, sources: dict, tokenizer_dir: Path, tmp_path: Path
 ) -> None:
@@ -222,22 +266,7 @@ def test_exhausted_source_is_filled_by_the_others_and_recorded(
     assert not (tmp_path / "strict").exists()
 
 
-def _script_args(cfg: Path, out: Path, tokenizer_dir: Path, *extra: object) -> list[object]:
-    return [
-        "--config",
-        cfg,
-        "--tokenizer_dir",
-        tokenizer_dir,
-        "--output_dir",
-        out,
-        "--val_tokens",
-        10_000,
-        "--num_workers",
-        0,
-        *extra,
-    ]
-
-
+@pytest.mark.slow
 def test_killed_build_is_not_taken_as_complete_and_a_rerun_completes(
     sources: dict, tokenizer_dir: Path, tmp_path: Path
 ) -> None:
@@ -247,7 +276,7 @@ def test_killed_build_is_not_taken_as_complete_and_a_rerun_completes(
     argv = [
         sys.executable,
         "scripts/build_dataset_v5.py",
-        *map(str, _script_args(cfg, out, tokenizer_dir, "--target_tokens", 1_000_000)),
+        *map(str, build_args(cfg, out, tokenizer_dir, "--target_tokens", 1_000_000)),
     ]
     proc = subprocess.Popen(
         argv, env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -262,13 +291,14 @@ def test_killed_build_is_not_taken_as_complete_and_a_rerun_completes(
     assert not out.exists()
     with pytest.raises(UserError, match="does not exist"):
         PackedDataset(out)
-    rerun = run_script("build_dataset_v5.py", *_script_args(cfg, out, tokenizer_dir, "--target_tokens", 1_000_000))
+    rerun = run_script("build_dataset_v5.py", *build_args(cfg, out, tokenizer_dir, "--target_tokens", 1_000_000))
     assert rerun.returncode == 0, rerun.stderr
     assert "interrupted build" in rerun.stderr and not building.exists()
     assert len(PackedDataset(out)) == 1_000_000 // 128
 
 
-def test_bad_inputs_exit_nonzero_and_leave_nothing(sources: dict, tokenizer_dir: Path, tmp_path: Path) -> None:
+def test_bad_inputs_are_one_error_and_leave_nothing(sources: dict, tokenizer_dir: Path, tmp_path: Path) -> None:
+    """The build's own checks, in this process: each a UserError naming the problem, before anything is written."""
     from transformers import AutoTokenizer
 
     cfg = _config(sources, tmp_path)
@@ -280,17 +310,30 @@ def test_bad_inputs_exit_nonzero_and_leave_nothing(sources: dict, tokenizer_dir:
     big.add_tokens([f"zz{i}qq" for i in range(66_000)])
     big.save_pretrained(str(tmp_path / "bigtok"))
     cases = [
-        (_script_args(cfg, out, tmp_path / "missing-tok"), "tokenizer folder"),
-        (_script_args(tmp_path / "nope.json", out, tokenizer_dir), "config file"),
-        (_script_args(bad_cfg, out, tokenizer_dir), "columns found: id (int), title (str), url (str)"),
-        (
-            _script_args(cfg, out, tokenizer_dir, "--block_size", 256),
-            "BLOCK_SIZE=256 exceeds the model's context of 128",
-        ),
-        (_script_args(cfg, out, tmp_path / "bigtok", "--dtype", "uint16"), "overflows uint16"),
-        (_script_args(cfg, out, tokenizer_dir, "--block_size", 0), "BLOCK_SIZE=0: expected 2 or more tokens"),
-        ([*_script_args(cfg, out, tokenizer_dir), "--val_tokens", 0], "VAL_TOKENS=0: expected a positive number"),
-        (_script_args(cfg, out, tokenizer_dir, "--target_tokens", "lots"), "--target_tokens: expected an integer"),
+        (_spec(cfg, out, tmp_path / "missing-tok"), "tokenizer folder"),
+        (_spec(bad_cfg, out, tokenizer_dir), "columns found: id (int), title (str), url (str)"),
+        (_spec(cfg, out, tokenizer_dir, block_size=256), "BLOCK_SIZE=256 exceeds the model's context of 128"),
+        (_spec(cfg, out, tmp_path / "bigtok", dtype="uint16"), "overflows uint16"),
+    ]
+    for spec, message in cases:
+        with pytest.raises(UserError) as error:
+            build_dataset(spec)
+        assert message in str(error.value) and "\n" not in str(error.value), str(error.value)
+        assert not out.exists() and not (tmp_path / ".ds.building").exists()
+
+
+def test_bad_inputs_stop_the_script_with_one_line_and_leave_nothing(sources: dict, tokenizer_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    """What the user sees of a bad input (any of the above, and the checks of the constants and flags before the
+    imports): exit 1 (2 for a flag that does not parse), the error line, no traceback, nothing written."""
+    cfg = _config(sources, tmp_path)
+    out = tmp_path / "ds"
+    cases = [
+        (build_args(cfg, out, tmp_path / "missing-tok"), "tokenizer folder"),
+        (build_args(tmp_path / "nope.json", out, tokenizer_dir), "config file"),
+        (build_args(cfg, out, tokenizer_dir, "--block_size", 0), "BLOCK_SIZE=0: expected 2 or more tokens"),
+        ([*build_args(cfg, out, tokenizer_dir), "--val_tokens", 0], "VAL_TOKENS=0: expected a positive number"),
+        (build_args(cfg, out, tokenizer_dir, "--target_tokens", "lots"), "--target_tokens: expected an integer"),
     ]
     for args, message in cases:
         proc = run_script("build_dataset_v5.py", *args)
@@ -381,30 +424,7 @@ def test_the_validation_split_carries_the_mix_and_the_manifest_says_so(
         assert abs(val[label]["share"] - want) <= 0.02, (label, val[label])
 
 
-def _position(building: Path) -> dict | None:
-    try:
-        return json.loads((building / "build_state.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def _build_until(argv: list[str], building: Path, stop: Callable[[dict], bool], sig: int,
-                 env: dict[str, str] | None = None) -> str:
-    """Runs the build script until its saved position satisfies `stop`, then sends `sig`; returns its stderr."""
-    proc = subprocess.Popen(argv, env={**os.environ, **OFFLINE_ENV, **(env or {})}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while proc.poll() is None and time.time() < deadline:
-        state = _position(building)
-        if state is not None and stop(state):
-            proc.send_signal(sig)
-            break
-        time.sleep(0.02)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0, "the build finished before it was interrupted"
-    return err
-
-
+@pytest.mark.slow
 def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
     sources: dict, tokenizer_dir: Path, tmp_path: Path
 ) -> None:
@@ -415,18 +435,18 @@ def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
     extra = ("--target_tokens", 600_000, "--shuffle_buffer", 64, "--num_workers", 2, "--checkpoint_seconds", 0.05,
              "--read_ahead", 4)
     reference = tmp_path / "reference"
-    proc = run_script("build_dataset_v5.py", *_script_args(cfg, reference, tokenizer_dir, *extra[:-2], "--read_ahead",
+    proc = run_script("build_dataset_v5.py", *build_args(cfg, reference, tokenizer_dir, *extra[:-2], "--read_ahead",
                                                            0))
     assert proc.returncode == 0, proc.stderr
 
     out, building = tmp_path / "ds", tmp_path / ".ds.building"
-    argv = [sys.executable, "scripts/build_dataset_v5.py", *map(str, _script_args(cfg, out, tokenizer_dir, *extra))]
-    _build_until(argv, building, lambda s: s["split"] == "val" and s["written"]["val"] > 0, signal.SIGKILL)
-    err = _build_until(argv, building, lambda s: s["split"] == "train" and s["written"]["train"] > 1000,
+    argv = [sys.executable, "scripts/build_dataset_v5.py", *map(str, build_args(cfg, out, tokenizer_dir, *extra))]
+    build_until(argv, building, lambda s: s["split"] == "val" and s["written"]["val"] > 0, signal.SIGKILL)
+    err = build_until(argv, building, lambda s: s["split"] == "train" and s["written"]["train"] > 1000,
                        signal.SIGINT)
-    assert "resuming the interrupted build" in err and "resumes it from its last saved position" in err
+    assert "resuming the interrupted build" in err and "resumes it from its last saved position" in err, err[-3000:]
     assert (building / "train.bin").stat().st_size > 0
-    proc = run_script("build_dataset_v5.py", *_script_args(cfg, out, tokenizer_dir, *extra))
+    proc = run_script("build_dataset_v5.py", *build_args(cfg, out, tokenizer_dir, *extra))
     assert proc.returncode == 0, proc.stderr
     assert "resuming the interrupted build" in proc.stderr and not building.exists()
     for name in ("train.bin", "val.bin"):
@@ -437,6 +457,7 @@ def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
     assert a == b and "build_state.json" not in os.listdir(out)
 
 
+@pytest.mark.slow
 def test_a_killed_encoder_or_ctrl_c_to_the_whole_group_stops_the_build_cleanly_and_it_resumes(
     sources: dict, tokenizer_dir: Path, tmp_path: Path
 ) -> None:
@@ -446,20 +467,20 @@ def test_a_killed_encoder_or_ctrl_c_to_the_whole_group_stops_the_build_cleanly_a
     cfg = _config(sources, tmp_path)
     extra = ("--target_tokens", 1_200_000, "--shuffle_buffer", 64, "--num_workers", 2, "--checkpoint_seconds", 0.05)
     reference = tmp_path / "reference"
-    assert run_script("build_dataset_v5.py", *_script_args(cfg, reference, tokenizer_dir, *extra)).returncode == 0
+    assert run_script("build_dataset_v5.py", *build_args(cfg, reference, tokenizer_dir, *extra)).returncode == 0
     out, building = tmp_path / "ds", tmp_path / ".ds.building"
-    argv = [sys.executable, "scripts/build_dataset_v5.py", *map(str, _script_args(cfg, out, tokenizer_dir, *extra))]
+    argv = [sys.executable, "scripts/build_dataset_v5.py", *map(str, build_args(cfg, out, tokenizer_dir, *extra))]
 
     stops = ((lambda pid: os.kill(encoder_processes(pid)[0], signal.SIGKILL), "error: an encoder process died: killed"),
              (lambda pid: os.killpg(pid, signal.SIGINT), "interrupted"))
     for kill, said in stops:
-        start = (_position(building) or {"written": {"train": 0}})["written"]["train"]
+        start = (build_position(building) or {"written": {"train": 0}})["written"]["train"]
         proc = subprocess.Popen(argv, env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             deadline = time.time() + 120
             while proc.poll() is None and time.time() < deadline:
-                state = _position(building)
+                state = build_position(building)
                 if state is not None and state["written"]["train"] > start + 500:  # a save of this run
                     kill(proc.pid)
                     break
@@ -470,12 +491,13 @@ def test_a_killed_encoder_or_ctrl_c_to_the_whole_group_stops_the_build_cleanly_a
                 os.killpg(proc.pid, signal.SIGKILL)  # a hang must not outlive the test
         assert proc.returncode != 0 and "Traceback" not in err, err
         assert said in err and "resumes it from its last saved position" in err, err
-    proc = run_script("build_dataset_v5.py", *_script_args(cfg, out, tokenizer_dir, *extra))
+    proc = run_script("build_dataset_v5.py", *build_args(cfg, out, tokenizer_dir, *extra))
     assert proc.returncode == 0 and "resuming the interrupted build" in proc.stderr, proc.stderr
     for name in ("train.bin", "val.bin"):
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
 
 
+@pytest.mark.slow
 def test_a_read_error_on_the_read_ahead_thread_is_one_line(tokenizer_dir: Path, tmp_path: Path) -> None:
     good = write_jsonl(tmp_path / "good.jsonl", [f"document {i} " * 20 for i in range(6000)])
     rows = write_jsonl(tmp_path / "bad-1.jsonl", [f"row {i} " * 20 for i in range(2000)])
@@ -485,11 +507,12 @@ def test_a_read_error_on_the_read_ahead_thread_is_one_line(tokenizer_dir: Path, 
     mix = [{"name": "json", "prob": 0.5, "data_files": str(good)},
            {"name": "json", "prob": 0.5, "data_files": [str(rows), str(broken)]}]
     cfg = write_config(tmp_path / "mix.json", mix, context_length=128)
-    args = _script_args(cfg, tmp_path / "ds", tokenizer_dir, "--read_ahead", 4, "--target_tokens", 400_000,
+    args = build_args(cfg, tmp_path / "ds", tokenizer_dir, "--read_ahead", 4, "--target_tokens", 400_000,
                         "--block_size", 128, "--checkpoint_seconds", 0.01, "--shuffle_buffer", 0)
     proc = run_script("build_dataset_v5.py", *args)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert "cannot read source 'bad" in proc.stderr and "bad-2.jsonl" in proc.stderr, proc.stderr
+    # the file being read, named alone (not the source's two files)
+    assert f"error: cannot read source 'bad-1' ({broken}): " in proc.stderr, proc.stderr
     # the saved position is kept (for a Hub source a read error is often a passing network failure)
     assert (tmp_path / ".ds.building" / "build_state.json").is_file() and "resumes it" in proc.stderr
     proc = run_script("build_dataset_v5.py", *args)

@@ -9,7 +9,7 @@ import torch
 
 from sparknet.model import build_model, flops_per_token, get_preset, parameter_count
 from sparknet.train.optim import is_hidden_matrix
-from tests.test_training import _kill_when, _popen, _script_args, _settings, _steps, train_packed
+from tests.helpers import kill_when, read_steps, start_script, train_args, train_packed, train_settings
 
 
 def test_llama_70m_matches_the_gpt2_reference_size_and_counts_its_flops() -> None:
@@ -36,22 +36,23 @@ def test_muon_takes_the_hidden_matrices_only(preset: str) -> None:
     assert len(hidden) == per_layer * get_preset(preset).n_layer
 
 
+@pytest.mark.slow
 def test_llama_with_muon_resumes_exactly_and_loads_with_automodel(tiny_dataset: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     recipe = dict(model_preset="sparknet-llama-tiny", optimizer="muon", muon_learning_rate=3e-3,
                   target_tokens=60 * 4 * 128, eval_steps=10, save_steps=10, sample_steps=0, record_batches=True)
-    reference = train_packed(_settings(tmp_path / "a", **recipe), tiny_dataset)
+    reference = train_packed(train_settings(tmp_path / "a", **recipe), tiny_dataset)
     optimizer = reference.trainer.optimizer.optimizer  # accelerate's wrapper around ours
     assert type(optimizer).__name__ == "MuonAdamW" and optimizer.muon.state  # Muon did step
-    args = _script_args(tmp_path / "b", tiny_dataset, **recipe)
+    args = train_args(tmp_path / "b", tiny_dataset, **recipe)
     run_dir = tmp_path / "b" / "ckpt" / "run"
-    _kill_when(run_dir / "checkpoint-30" / ".complete", _popen(args))
-    resumed = _popen(args)
+    kill_when(run_dir / "checkpoint-30" / ".complete", start_script("train_sparknet_v5.py", args))
+    resumed = start_script("train_sparknet_v5.py", args)
     out, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out[-3000:]
     assert "resuming from" in out
-    expected, got = _steps(reference.run_dir / "batches.jsonl"), _steps(run_dir / "batches.jsonl")
+    expected, got = read_steps(reference.run_dir / "batches.jsonl"), read_steps(run_dir / "batches.jsonl")
     assert sorted(got) == sorted(expected) == list(range(1, 61))
     for step in expected:
         assert (got[step]["lr"], got[step]["blocks"], got[step]["weights"]) == (

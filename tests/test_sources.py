@@ -12,7 +12,7 @@ from sparknet.config import SourceSpec, parse_config
 from sparknet.data.hub_reads import iter_texts
 from sparknet.data.sources import open_source, resolve_revisions
 from sparknet.errors import UserError
-from tests.conftest import write_jsonl
+from tests.helpers import write_jsonl
 
 
 def _rows(path: Path, rows: list[dict]) -> str:
@@ -74,10 +74,13 @@ def test_text_column_comes_from_the_declared_columns_not_the_first_row(tmp_path:
 
 
 def test_a_malformed_line_is_one_line_naming_source_file_row_and_fix(tmp_path: Path) -> None:
+    """The source has two files and the second is broken: the message names that file alone (read from the
+    stream's position), not the source's files."""
+    good = write_jsonl(tmp_path / "good.jsonl", ["x", "y"])
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "a"}\n{"text": "b"}\n{"text": broken\n{"text": "c"}\n')
     with pytest.raises(UserError) as err:
-        list(iter_texts(SourceSpec(name="json", prob=1, data_files=str(path), label="bad")))
+        list(iter_texts(SourceSpec(name="json", prob=1, data_files=[str(good), str(path)], label="bad")))
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"cannot read source 'bad' ({path}): "), message
     assert "row 2" in message and message.endswith("fix or remove the file")
@@ -96,14 +99,21 @@ def test_a_local_folder_opens_by_name_and_refuses_a_revision(tmp_path: Path) -> 
     assert message.endswith('remove "revision"')
 
 
-def test_revisions_resolve_to_none_offline_and_for_local_files(tmp_path: Path) -> None:
+def test_revisions_resolve_to_none_offline_and_for_local_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
     """Offline (as the tests run) no Hub call is made: every source resolves to None, without waiting."""
+    from huggingface_hub import HfApi
+
+    calls = []
+    monkeypatch.setattr(HfApi, "dataset_info", lambda self, *args, **kwargs: calls.append(args))
     path = write_jsonl(tmp_path / "a.jsonl", ["x"])
     config = parse_config({"seed": 1, "context_length": 8, "target_tokens": 8, "mix": [
         {"name": "json", "prob": 1, "data_files": str(path)},
         {"name": "sparknet-tests/no-such-dataset", "prob": 1, "revision": "v1"},
         {"name": "sparknet-tests/no-such-dataset", "prob": 1}]})
-    assert resolve_revisions(config) == {"a": None, "no-such-dataset@v1": None, "no-such-dataset": None}
+    with caplog.at_level("WARNING"):
+        assert resolve_revisions(config) == {"a": None, "no-such-dataset@v1": None, "no-such-dataset": None}
+    assert calls == [] and "cannot reach the Hub" not in caplog.text
 
 
 def test_an_unreachable_hub_resolves_no_revision_quickly_and_says_so(tmp_path: Path) -> None:

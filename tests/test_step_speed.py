@@ -17,6 +17,7 @@ from sparknet.model import build_model, get_preset
 from sparknet.train import step_speed
 from sparknet.train.hf_trainer import SparkTrainer
 from sparknet.train.step_speed import PaddedHead, collector_paused, pad_head
+from tests.helpers import assert_saves_alike
 
 
 def _model(preset: str = "sparknet-tiny", vocab: int = 1000) -> torch.nn.Module:
@@ -49,16 +50,6 @@ def test_the_padded_head_gives_the_unpadded_logits_loss_and_gradients(preset: st
     with torch.no_grad():
         assert padded(input_ids=ids).logits.shape[-1] == 1000
         torch.testing.assert_close(padded(input_ids=ids, labels=ids).loss, plain(input_ids=ids, labels=ids).loss)
-
-
-def assert_saves_alike(plain: torch.nn.Module, changed: torch.nn.Module, tmp_path: Path) -> None:
-    """`save_pretrained` of both writes the same files, byte for byte."""
-    plain.save_pretrained(tmp_path / "plain")
-    changed.save_pretrained(tmp_path / "changed")
-    names = sorted(p.name for p in (tmp_path / "plain").iterdir())
-    assert names == sorted(p.name for p in (tmp_path / "changed").iterdir()) and "model.safetensors" in names
-    for name in names:
-        assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "changed" / name).read_bytes(), name
 
 
 def test_the_padded_models_export_is_byte_identical(tmp_path: Path) -> None:

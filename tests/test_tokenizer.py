@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sparknet.errors import UserError
 from sparknet.tokenizer import EOT, load_tokenizer
-from tests.conftest import run_script, write_config, write_jsonl
+from tests.helpers import run_script, write_config, write_jsonl
 
 _TOKENIZER_DIR: list[Path] = []
 
@@ -170,6 +170,7 @@ def _has_cyrillic_tokens(folder: Path) -> bool:
     return any("а" <= ch <= "я" for i in range(257, tok.get_vocab_size()) for ch in tok.decode([i]))
 
 
+@pytest.mark.slow
 def test_shuffle_buffer_samples_across_storage_order_and_repeats_with_the_seed(
     corpus_dir: Path, tmp_path: Path
 ) -> None:

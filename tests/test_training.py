@@ -6,57 +6,26 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from sparknet.cli import script_constants
 from sparknet.train.batch import budget
 from sparknet.train.data_plan import packed_plan
-from sparknet.train.run import TrainResult, train
 from sparknet.train.run_folder import latest_complete_checkpoint
-from sparknet.train.settings import TrainSettings
-from tests.conftest import OFFLINE_ENV, run_script
-
-# 40 steps of 4 blocks of 128 tokens: a few seconds with the tiny preset.
-FAST = dict(model_preset="sparknet-tiny", target_tokens=40 * 4 * 128, global_batch_size=4, batch_size=4,
-            learning_rate=3e-3, eval_steps=4, save_steps=8, sample_steps=8, logging_steps=2,
-            sample_prompts=["def ", "The "], sample_max_new_tokens=8, seed=0)
-
-
-def _settings(tmp_path: Path, **kw: object) -> TrainSettings:
-    values = {**FAST, "run_name": "run", "checkpoints_dir": str(tmp_path / "ckpt"), "logs_dir": str(tmp_path / "logs"),
-              **kw}
-    return TrainSettings.from_constants(script_constants("train_sparknet_v5.py"), **values)
-
-
-def train_packed(settings: TrainSettings, dataset: Path, tokenizer_dir: str | None = None) -> TrainResult:
-    """The packed trainer in this process, as scripts/train_sparknet_v5.py runs it."""
-    return train(settings, packed_plan(str(dataset), tokenizer_dir, None))
-
-
-def _script_args(tmp_path: Path, dataset: Path, **kw: object) -> list[object]:
-    values = {**FAST, "run_name": "run", "dataset_dir": str(dataset), "checkpoints_dir": str(tmp_path / "ckpt"),
-              "logs_dir": str(tmp_path / "logs"), **kw}
-    values["config"] = json.loads((dataset / "manifest.json").read_text())["config"]["path"]
-    args: list[object] = []
-    for key, value in values.items():
-        args += [f"--{key}", json.dumps(value) if isinstance(value, list) else value]
-    return args
-
-
-def _events(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    out = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-    out.update({f"text:{tag}": [(e.step, 0.0) for e in acc.Tensors(tag)] for tag in acc.Tags()["tensors"]})
-    return out
+from tests.helpers import (
+    kill_when,
+    read_events,
+    read_steps,
+    run_script,
+    start_script,
+    train_args,
+    train_packed,
+    train_settings,
+    wait_for,
+)
 
 
 def test_budget_arithmetic() -> None:
@@ -65,19 +34,11 @@ def test_budget_arithmetic() -> None:
     assert budget(131072, 1024, 128) == (1, 131072)
 
 
-@pytest.fixture(scope="module")
-def finished(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - TrainResult
-    tmp = tmp_path_factory.mktemp("train")
-    result = train_packed(_settings(tmp, peak_tflops=0.001), tiny_dataset)
-    assert result.status == "finished"
-    return result, tmp
-
-
 def test_tensorboard_tags_present_once_and_finite(finished) -> None:  # noqa: ANN001
     result, tmp = finished
     log_dir = tmp / "logs" / "run"
     assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1  # one event stream
-    events = _events(log_dir)
+    events = read_events(log_dir)
     expected = {"train/loss", "train/perplexity", "train/learning_rate", "train/grad_norm", "perf/tokens_per_second",
                 "perf/examples_per_second", "perf/tokens_seen", "perf/mfu", "perf/device_memory_gb", "eval/loss",
                 "eval/perplexity", "eval/bits_per_byte"}
@@ -139,50 +100,22 @@ def test_export_loads_with_automodel_and_matches_logits(finished) -> None:  # no
 
 def test_same_run_name_with_other_settings_is_refused(finished, tiny_dataset: Path) -> None:  # noqa: ANN001
     _, tmp = finished
-    proc = run_script("train_sparknet_v5.py", *_script_args(tmp, tiny_dataset, learning_rate=1e-4))
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp, tiny_dataset, learning_rate=1e-4))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "run run exists with other settings (LEARNING_RATE: 0.003 -> 0.0001)" in proc.stderr
     assert "--allow_config_change true" in proc.stderr
 
 
-def _popen(args: list[object]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "scripts/train_sparknet_v5.py", *map(str, args)],
-                            env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-
-
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while not path.exists():
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        assert time.time() < deadline, f"{path} never appeared"
-        time.sleep(0.005)
-
-
-def _kill_when(path: Path, proc: subprocess.Popen) -> None:
-    """kill -9 the run as soon as `path` exists (e.g. a checkpoint's completion marker)."""
-    _wait_for(path, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-
-
-def _steps(batch_log: Path) -> dict[int, dict]:
-    steps: dict[int, dict] = {}
-    for line in batch_log.read_text().splitlines():
-        record = json.loads(line)
-        steps[record["step"]] = record  # a replayed step after resume overwrites the one before the kill
-    return steps
-
-
+@pytest.mark.slow
 def test_kill_then_resume_reproduces_lr_and_batch_order(tiny_dataset: Path, tmp_path: Path) -> None:
     long = dict(target_tokens=120 * 4 * 128, eval_steps=10, save_steps=10, sample_steps=0, record_batches=True)
-    reference = train_packed(_settings(tmp_path / "a", **long), tiny_dataset)
-    expected = _steps(reference.run_dir / "batches.jsonl")
+    reference = train_packed(train_settings(tmp_path / "a", **long), tiny_dataset)
+    expected = read_steps(reference.run_dir / "batches.jsonl")
     assert len(expected) == 120
 
-    args = _script_args(tmp_path / "b", tiny_dataset, **long)
+    args = train_args(tmp_path / "b", tiny_dataset, **long)
     run_dir = tmp_path / "b" / "ckpt" / "run"
-    _kill_when(run_dir / "checkpoint-20" / ".complete", _popen(args))
+    kill_when(run_dir / "checkpoint-20" / ".complete", start_script("train_sparknet_v5.py", args))
     assert not (run_dir / "training_metadata.json").exists()
     latest = latest_complete_checkpoint(run_dir)
     step = int(latest.name.split("-")[1])
@@ -197,25 +130,26 @@ def test_kill_then_resume_reproduces_lr_and_batch_order(tiny_dataset: Path, tmp_
     assert f"skipping {partial}" in resumed.stderr and f"resuming from {latest}" in resumed.stderr
     for bar in ("Writing model shards", "Loading weights"):  # transformers' bars at every save and load: hidden
         assert bar not in resumed.stdout + resumed.stderr, bar
-    got = _steps(run_dir / "batches.jsonl")
+    got = read_steps(run_dir / "batches.jsonl")
     assert sorted(got) == sorted(expected)
     for step in expected:
         assert got[step]["lr"] == expected[step]["lr"], step
         assert got[step]["blocks"] == expected[step]["blocks"], step
     # TensorBoard, as one stream: every step once, what the killed attempt logged past its checkpoint purged
-    events = _events(tmp_path / "b" / "logs" / "run")
-    reference_events = _events(tmp_path / "a" / "logs" / "run")
+    events = read_events(tmp_path / "b" / "logs" / "run")
+    reference_events = read_events(tmp_path / "a" / "logs" / "run")
     for tag in ("train/loss", "train/learning_rate", "train/grad_norm", "eval/loss"):
         assert [s for s, _ in events[tag]] == [s for s, _ in reference_events[tag]], tag
     assert [v for _, v in events["train/learning_rate"]] == [v for _, v in reference_events["train/learning_rate"]]
 
 
+@pytest.mark.slow
 def test_sigint_saves_a_checkpoint_then_exits(tiny_dataset: Path, tmp_path: Path) -> None:
-    args = _script_args(tmp_path, tiny_dataset, target_tokens=4000 * 4 * 128, eval_steps=50, save_steps=100,
+    args = train_args(tmp_path, tiny_dataset, target_tokens=4000 * 4 * 128, eval_steps=50, save_steps=100,
                         sample_steps=0, logging_steps=1000)
     run_dir = tmp_path / "ckpt" / "run"
-    proc = _popen(args)
-    _wait_for(run_dir / "eval_start.json", proc)
+    proc = start_script("train_sparknet_v5.py", args)
+    wait_for(run_dir / "eval_start.json", proc)
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
@@ -226,18 +160,19 @@ def test_sigint_saves_a_checkpoint_then_exits(tiny_dataset: Path, tmp_path: Path
     stop = int(saved.name.split("-")[1])
     assert stop < 4000
     # what happened since the last log reaches TensorBoard: every grad norm, and the loss at the stop
-    events = _events(tmp_path / "logs" / "run")
+    events = read_events(tmp_path / "logs" / "run")
     assert [s for s, _ in events["train/grad_norm"]] == list(range(1, stop + 1))
     assert [s for s, _ in events["train/loss"]] == [stop]
     # no "final" sample: after a stop the Trainer reloads the best checkpoint, which is not the stop step's model
     assert not list(run_dir.glob("sample_step*.txt"))
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_cleanly_and_keeps_the_last_good_checkpoint(tiny_dataset: Path,
                                                                           tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    args = _script_args(tmp_path, tiny_dataset, learning_rate=1e30, max_grad_norm=0.0, warmup_ratio=0.0,
+    args = train_args(tmp_path, tiny_dataset, learning_rate=1e30, max_grad_norm=0.0, warmup_ratio=0.0,
                         eval_steps=1, save_steps=1, sample_steps=0, logging_steps=1)
     proc = run_script("train_sparknet_v5.py", *args)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
@@ -245,10 +180,12 @@ def test_non_finite_loss_stops_cleanly_and_keeps_the_last_good_checkpoint(tiny_d
     bad_step = int(proc.stderr.split("grad norm at step ")[1].split(";")[0])
     run_dir = tmp_path / "ckpt" / "run"
     saved = sorted(int(p.name.split("-")[1]) for p in run_dir.glob("checkpoint-*"))
-    assert all(step < bad_step for step in saved)
-    if saved:
-        weights = load_file(str(run_dir / f"checkpoint-{saved[-1]}" / "model.safetensors"))
-        assert all(torch.isfinite(w).all() for w in weights.values())
+    # step 1 starts from the initial weights (finite loss and grads): its checkpoint is kept, none at or after the bad
+    # step is written, and the error names the last good one
+    assert saved and saved[-1] == bad_step - 1, (saved, bad_step)
+    assert f"the last good checkpoint is {run_dir / f'checkpoint-{bad_step - 1}'}" in proc.stderr
+    weights = load_file(str(run_dir / f"checkpoint-{saved[-1]}" / "model.safetensors"))
+    assert all(torch.isfinite(w).all() for w in weights.values())
     assert not (run_dir / "training_metadata.json").exists()
 
 
@@ -287,7 +224,7 @@ def test_a_different_tokenizer_than_the_datasets_is_refused(tiny_dataset: Path, 
     data = json.loads((other / "tokenizer.json").read_text())
     (other / "tokenizer.json").write_text(json.dumps(data, indent=1))  # same vocabulary, another file
     with pytest.raises(UserError, match="is not the one dataset .* was built with"):
-        train_packed(_settings(tmp_path), tiny_dataset, str(other))
+        train_packed(train_settings(tmp_path), tiny_dataset, str(other))
 
 
 def test_a_budget_below_one_step_is_refused(tiny_dataset: Path, tmp_path: Path) -> None:
@@ -295,15 +232,15 @@ def test_a_budget_below_one_step_is_refused(tiny_dataset: Path, tmp_path: Path) 
     from sparknet.errors import UserError
 
     with pytest.raises(UserError, match=r"TARGET_TOKENS=100 is less than one optimizer step of 512 tokens"):
-        train_packed(_settings(tmp_path, target_tokens=100), tiny_dataset)
+        train_packed(train_settings(tmp_path, target_tokens=100), tiny_dataset)
     assert not (tmp_path / "ckpt" / "run").exists()
 
 
 def test_throughput_counts_each_pause_once_and_the_last_step_is_logged(tiny_dataset: Path, tmp_path: Path) -> None:
     """Sampling on an eval/save step that is not a logging step used to be subtracted twice (1.5e12 tokens/s)."""
-    result = train_packed(_settings(tmp_path, logging_steps=3, eval_steps=4, save_steps=8, sample_steps=4),
+    result = train_packed(train_settings(tmp_path, logging_steps=3, eval_steps=4, save_steps=8, sample_steps=4),
                           tiny_dataset)
-    events = _events(tmp_path / "logs" / "run")
+    events = read_events(tmp_path / "logs" / "run")
     assert [s for s, _ in events["train/loss"]] == [*range(3, 40, 3), 40]  # and the last step, off the grid
     assert [s for s, _ in events["train/grad_norm"]] == list(range(1, 41))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -322,26 +259,33 @@ def test_throughput_counts_each_pause_once_and_the_last_step_is_logged(tiny_data
     # a bound loose enough for a busy machine
     overall = 40 * 4 * 128 / (loss_times[40] - acc.Scalars("eval/loss")[0].wall_time)
     assert max(rates.values()) < 50 * overall, (rates, overall)
-    rates_sorted = sorted(rates.values())
     meta = result.metadata["metrics"]
     assert meta["tokens_per_second"] == pytest.approx(rates[40], rel=1e-6)
-    assert rates_sorted[0] * 0.9 <= meta["tokens_per_second_mean"] <= rates_sorted[-1] * 1.1
+    # the run's mean rate is its tokens over the windows' summed training time, which the logged rates give back
+    # (a pause counted twice would shorten that time and raise the mean), and at least the wall-clock rate
+    windows = zip([0, *sorted(rates)][:-1], sorted(rates.items()), strict=True)
+    training_seconds = sum((step - before) * 4 * 128 / rate for before, (step, rate) in windows)
+    assert meta["tokens_per_second_mean"] == pytest.approx(40 * 4 * 128 / training_seconds, rel=1e-3)
+    assert meta["tokens_per_second_mean"] >= overall * 0.99
 
 
-def test_resume_from_a_checkpoint_at_the_last_step_exports_without_training(tiny_dataset: Path,
-                                                                             tmp_path: Path) -> None:
+def test_resume_from_a_checkpoint_at_the_last_step_exports_without_training(
+        tiny_dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from safetensors.torch import load_file
 
-    settings = _settings(tmp_path, eval_steps=8, save_steps=8, sample_steps=0)
+    settings = train_settings(tmp_path, eval_steps=8, save_steps=8, sample_steps=0)
     first = train_packed(settings, tiny_dataset)
     run_dir = first.run_dir
     exported = load_file(str(run_dir / "model.safetensors"))
     for name in ("training_metadata.json", "model.safetensors", "config.json"):  # died right after the last save
         (run_dir / name).unlink()
-    again = train_packed(settings, tiny_dataset)
+    checkpoints = {p: p.stat().st_mtime_ns for p in run_dir.glob("checkpoint-*/*")}
+    with caplog.at_level("INFO"):
+        again = train_packed(settings, tiny_dataset)
     assert again.status == "finished"
-    assert sorted(p.name for p in run_dir.glob("checkpoint-*"))[-1] == "checkpoint-40"
-    assert not (run_dir / "checkpoint-41").exists()
+    assert "checkpoint-40 is the run's last step: going straight to the final eval and export" in caplog.text
+    # no step trained again: the checkpoints are the ones the first attempt wrote, untouched
+    assert {p: p.stat().st_mtime_ns for p in run_dir.glob("checkpoint-*/*")} == checkpoints
     reexported = load_file(str(run_dir / "model.safetensors"))
     assert all(torch.equal(exported[k], reexported[k]) for k in exported)
     assert again.metadata["steps"] == 40 and again.metadata["metrics"]["eval_loss"] == pytest.approx(
@@ -359,7 +303,7 @@ def test_sigterm_while_the_final_model_is_written_says_so_and_the_same_command_c
         real_export(*args, **kwargs)
 
     monkeypatch.setattr(run_module, "export", export_then_sigterm)
-    settings = _settings(tmp_path, eval_steps=8, save_steps=8, sample_steps=0)
+    settings = train_settings(tmp_path, eval_steps=8, save_steps=8, sample_steps=0)
     stopped = train_packed(settings, tiny_dataset)
     assert stopped.status == "interrupted" and stopped.signal == signal.SIGTERM
     assert "while writing the final model" in stopped.message and "run the same command" in stopped.message
@@ -416,8 +360,8 @@ def test_our_code_reads_no_device_value_outside_logging_steps(tiny_dataset: Path
         return parts
 
     monkeypatch.setattr(training, "build_trainer", with_step_numbers)
-    train_packed(_settings(tmp_path, target_tokens=24 * 4 * 128, global_batch_size=8, logging_steps=5, eval_steps=8,
-                           save_steps=8, sample_steps=0), tiny_dataset)
+    train_packed(train_settings(tmp_path, target_tokens=24 * 4 * 128, global_batch_size=8, logging_steps=5,
+                                eval_steps=8, save_steps=8, sample_steps=0), tiny_dataset)
     sync_points = {5, 8, 10, 12}  # logging every 5 and at the last step (12), eval and save at 8
     assert set(reads) <= sync_points, {s: r for s, r in reads.items() if s not in sync_points}
     assert reads  # the counting works: logging does read the device
@@ -459,14 +403,15 @@ def test_a_checkpoint_damaged_in_place_is_skipped_naming_the_file(finished, name
     assert f"skipping {latest}: its {name} is not the file that was saved" in caplog.text
 
 
+@pytest.mark.slow
 def test_resume_skips_a_damaged_checkpoint_and_matches_the_uninterrupted_run(tiny_dataset: Path,
                                                                              tmp_path: Path) -> None:
     long = dict(target_tokens=60 * 4 * 128, eval_steps=10, save_steps=10, sample_steps=0, record_batches=True,
                 save_total_limit=5)
-    expected = _steps(train_packed(_settings(tmp_path / "a", **long), tiny_dataset).run_dir / "batches.jsonl")
-    args = _script_args(tmp_path / "b", tiny_dataset, **long)
+    expected = read_steps(train_packed(train_settings(tmp_path / "a", **long), tiny_dataset).run_dir / "batches.jsonl")
+    args = train_args(tmp_path / "b", tiny_dataset, **long)
     run_dir = tmp_path / "b" / "ckpt" / "run"
-    _kill_when(run_dir / "checkpoint-30" / ".complete", _popen(args))
+    kill_when(run_dir / "checkpoint-30" / ".complete", start_script("train_sparknet_v5.py", args))
     weights = run_dir / "checkpoint-30" / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-4000:] = bytes(4000)  # 4 kB of weights zeroed in place (a size check cannot see it)
@@ -475,6 +420,6 @@ def test_resume_skips_a_damaged_checkpoint_and_matches_the_uninterrupted_run(tin
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "its model.safetensors is not the file that was saved" in resumed.stderr
     assert f"resuming from {run_dir / 'checkpoint-20'}" in resumed.stderr
-    got = _steps(run_dir / "batches.jsonl")
+    got = read_steps(run_dir / "batches.jsonl")
     assert all((got[s]["lr"], got[s]["blocks"], got[s]["weights"]) == (
         expected[s]["lr"], expected[s]["blocks"], expected[s]["weights"]) for s in expected)

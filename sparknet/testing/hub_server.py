@@ -1,4 +1,4 @@
-"""A Hugging Face Hub look-alike HTTP server for tests, on the standard library.
+"""A Hugging Face Hub look-alike HTTP server for tests and benchmarks, on the standard library.
 
 Hand-written because no well-kept library serves the Hub's HTTP API offline: huggingface_hub's own tests run
 against the staging Hub, and patching Python calls would skip exactly what these tests are for, the real
@@ -28,13 +28,11 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
-
-import pytest
 
 _LFS_MIN_SIZE = 10 * 2**20  # the Hub rejects larger non-LFS files; binary files go to LFS via .gitattributes
 
@@ -413,6 +411,16 @@ class HubServer:
         """Sends headers and `after` body bytes of a file, waits `seconds`, then sends the rest."""
         return self._add(Fault(repo_id, path, "resolve-get", stall=seconds, stall_after=after, times=times))
 
+    def reset(self) -> None:
+        """Forgets every dataset, fault, request and count: the state of a new server, on the same port."""
+        with self._lock:
+            self._repos.clear()
+            self._faults.clear()
+            self._log.clear()
+        self.counts.clear()
+        self.errors.clear()
+        self.latency = 0.0
+
     def clear_faults(self) -> None:
         """Drops every fault and the latency."""
         with self._lock:
@@ -459,13 +467,3 @@ def dataset_card(train_files: str, title: str) -> str:
     return (f"---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: {train_files}\n---\n"
             f"# {title}\n")
 
-
-@pytest.fixture
-def hub() -> Iterator[HubServer]:
-    """A started HubServer, closed after the test; a server-side exception fails the test."""
-    server = HubServer().start()
-    try:
-        yield server
-    finally:
-        server.close()
-    assert not server.errors, server.errors
