@@ -79,3 +79,12 @@ class Progress(tqdm):
 def progress(*args: Any, **kwargs: Any) -> Progress:
     """A progress bar (tqdm's arguments: total, desc, unit, ...)."""
     return Progress(*args, **kwargs)
+
+
+def share_one_tqdm_lock() -> None:
+    """Gives tqdm's base class its lock now, where every library's bar class finds it. Without one, a race can end a
+    build or a run: tqdm.contrib.concurrent's thread_map (datasets resolves a source's files with it, on a
+    read-ahead thread) lends the bar class it is given a lock and deletes it afterwards when that class had none,
+    and a bar of that class made meanwhile on another thread then fails with "'tqdm' object has no attribute
+    '_lock'" (seen in a resumed build). With a lock on the base class, thread_map finds it and puts it back."""
+    tqdm.get_lock()

@@ -44,3 +44,33 @@ def test_help_into_a_closed_pipe_is_no_traceback() -> None:
     proc.stdout.close()  # `| head` that has read what it wanted
     _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_a_library_thread_map_cannot_take_a_bars_lock_away(tmp_path) -> None:  # noqa: ANN001
+    """datasets resolves a source's files through tqdm's thread_map, which lends its bar class a lock and deletes it
+    afterwards when the class had none: a bar of that class made meanwhile (on another thread) then failed at its
+    next update with "no attribute '_lock'" (a resumed build stopped on it). Opening a source first gives tqdm's
+    base class its lock, which thread_map then finds and puts back. In new interpreters: the race needs a process
+    whose bar classes have no lock yet."""
+    data = tmp_path / "a.jsonl"
+    data.write_text('{"text": "one"}\n')
+    race = (
+        "import io\n"
+        "from tqdm.contrib.concurrent import ensure_lock\n"
+        "from datasets.utils.tqdm import tqdm as datasets_bar\n"
+        "with ensure_lock(datasets_bar, lock_name='mp_lock'):  # thread_map's lending of the lock\n"
+        "    bar = datasets_bar(total=2, file=io.StringIO())  # made meanwhile\n"
+        "bar.update(1)\n"
+        "bar.close()\n"
+        "print('drawn')\n"
+    )
+    opened = ("from sparknet.config import SourceSpec\n"
+              "from sparknet.data.sources import open_source\n"
+              "import tqdm\n"
+              f"open_source(SourceSpec(name='json', prob=1, data_files={str(data)!r}, label='a'))\n"
+              "assert '_lock' in vars(tqdm.tqdm), 'opening a source left the base bar class without its lock'\n")
+    shared = "from sparknet.progress import share_one_tqdm_lock\nshare_one_tqdm_lock()\n"
+    for code, said in ((shared + race, "drawn\n"), (opened, "")):
+        proc = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0 and proc.stdout == said, proc.stderr[-2000:]

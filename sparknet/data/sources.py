@@ -28,6 +28,10 @@ def open_source(spec: SourceSpec) -> Any:
     """The source as a streaming `datasets.IterableDataset` (rows as dicts)."""
     from datasets import load_dataset
 
+    from sparknet.progress import share_one_tqdm_lock
+
+    share_one_tqdm_lock()  # datasets opens it with a thread_map, often on a read-ahead thread
+
     if spec.revision is not None and _reads_no_revision(spec.name):
         # datasets would ignore the pin without a word and read whatever the folder holds now
         kind = "a local folder" if os.path.isdir(spec.name) else "a datasets builder"
