@@ -1,5 +1,6 @@
 """Synthetic inputs for the benchmarks, made in seconds and without network: a byte-level BPE tokenizer of exactly
-the vocabulary size asked for, and a packed dataset of random tokens in the format `sparknet/data/packed.py` reads.
+the vocabulary size asked for, and a packed dataset of random tokens in the format `sparknet/data/packed/dataset.py`
+reads.
 
 A helper module, not a benchmark: run as a script (as `make bench` does with every bench/*.py) it does nothing.
 """
@@ -52,7 +53,7 @@ def write_packed_dataset(folder: Path, tokenizer_dir: Path, vocab_size: int, blo
     `blocks[split]` blocks per split ("train", "val"), a manifest with every field training reads, and the
     tokenizer written by `write_tokenizer` recorded by path and hash. `config` is the mix config as the manifest
     holds it (`{"path": ..., **MixConfig.to_dict()}`). Returns the manifest."""
-    from sparknet.data.packed import FORMAT_VERSION  # the version the reader accepts
+    from sparknet.data.packed.dataset import FORMAT_VERSION  # the version the reader accepts
 
     started = time.time()
     sha = hashlib.sha256((tokenizer_dir / "tokenizer.json").read_bytes()).hexdigest()

@@ -1,7 +1,7 @@
 """What the checksums of a checkpoint's completion marker cost, against the save they follow, side by side.
 
 A checkpoint as the Trainer writes it for PRESET: the model (save_pretrained, safetensors) and the AdamW state
-(torch.save, two moments per parameter), timed; then `run_folder.mark_complete` (sizes and sha256 of every file),
+(torch.save, two moments per parameter), timed; then `folders.mark_complete` (sizes and sha256 of every file),
 timed, and the same verification on resume. Rounds alternate; the table gives seconds and the ratio to the save.
 
 Run: `.venv/bin/python bench/checkpoint_checksum.py` (the 70M preset: about a minute on 2 cores, 0.8 GB of files in
@@ -37,7 +37,7 @@ def main() -> None:
 
     from sparknet import runtime
     from sparknet.model import build_model, get_preset
-    from sparknet.train.run_folder import damaged_file, mark_complete
+    from sparknet.train.folders import damaged_file, mark_complete
 
     runtime.setup(0, level=logging.WARNING)
     model = build_model(get_preset(PRESET), VOCAB, eos_token_id=VOCAB - 1)

@@ -103,7 +103,7 @@ def throughput(work: Path, corpus: Path, config: Any, tok_dir: Path, cores: int)
     """Section 1; returns the built dataset (read by section 3)."""
     from tokenizers import Tokenizer
 
-    from sparknet.data.build import BuildSpec, build_dataset
+    from sparknet.data.packed.build import BuildSpec, build_dataset
 
     # 1. Throughput: a target beyond the corpus makes the build consume every document, as encode_batch does.
     texts = [json.loads(line)["text"] for name in ("prose", "code")
@@ -153,7 +153,7 @@ def loading(out: Path, cores: int) -> None:
     import numpy as np
     import torch
 
-    from sparknet.data.packed import PackedDataset
+    from sparknet.data.packed.dataset import PackedDataset
     from sparknet.model import build_model, get_preset
 
     # 3. Random batch reads from the memmap against 70M-preset training steps, same batch shape.
@@ -193,7 +193,7 @@ def reading(work: Path, corpus: Path, tok_dir: Path, cores: int) -> None:
     import pyarrow.parquet as pq
 
     from sparknet.config import load_config
-    from sparknet.data.build import BuildSpec, build_dataset
+    from sparknet.data.packed.build import BuildSpec, build_dataset
 
     mix = []
     for name, prob in (("prose", 0.3), ("code", 0.5), ("tests", 0.2)):
@@ -234,7 +234,7 @@ def reading_headroom(config: Any, tok_dir: Path) -> None:
     in tokens/s, against one core's `encode_batch` rate on the same documents."""
     from tokenizers import Tokenizer
 
-    from sparknet.data.reader import SourceReader
+    from sparknet.data.source.rank_reader import SourceReader
 
     texts: list[str] = []
     t = time.perf_counter()

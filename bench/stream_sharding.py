@@ -39,7 +39,7 @@ def write_source(folder: Path) -> list[str]:
 def measure(files: list[str], world: int, split: str | None) -> tuple[int, int, float]:
     """(rows read over all ranks, rows trained over all ranks, seconds) for one split."""
     from sparknet.config import SourceSpec
-    from sparknet.data.reader import SourceReader
+    from sparknet.data.source.rank_reader import SourceReader
 
     spec = SourceSpec(name="parquet", prob=1, data_files=files, label="src")
     read = trained = 0

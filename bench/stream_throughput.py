@@ -33,7 +33,7 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     from sparknet.config import load_config
-    from sparknet.data.stream import TokenStream
+    from sparknet.data.stream.token_stream import TokenStream
     from sparknet.demo.corpus import write_demo_corpus
     from sparknet.tokenizer import EOT, train_bpe
 

@@ -114,7 +114,7 @@ def run_plain(dataset: Path, preset: str, batch: int) -> StepClock:
     from transformers.trainer_pt_utils import get_parameter_names
 
     from sparknet.cli import script_constants
-    from sparknet.data.packed import PackedDataset
+    from sparknet.data.packed.dataset import PackedDataset
     from sparknet.model import build_model, get_preset
     from sparknet.runtime import device_info
 

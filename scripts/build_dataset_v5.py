@@ -32,10 +32,10 @@ def main() -> None:
     config = load_config(CONFIG)
     seed = config.seed if SEED is None else SEED
     runtime.setup(seed)
-    from sparknet.data.hub_reads import set_hub_retry_minutes
+    from sparknet.data.source.hub_retries import set_hub_retry_minutes
 
     set_hub_retry_minutes(HUB_RETRY_MINUTES)
-    from sparknet.data.build import BuildSpec, build_dataset
+    from sparknet.data.packed.build import BuildSpec, build_dataset
     from sparknet.runtime import available_cores
 
     spec = BuildSpec(

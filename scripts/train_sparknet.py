@@ -61,7 +61,7 @@ def main() -> None:
 
     config = load_config(CONFIG)
     runtime.setup(SEED)
-    from sparknet.data.hub_reads import set_hub_retry_minutes
+    from sparknet.data.source.hub_retries import set_hub_retry_minutes
 
     set_hub_retry_minutes(HUB_RETRY_MINUTES)
     from sparknet.train.run import report_outcome, train

@@ -24,7 +24,7 @@ def main() -> None:
 
     config = load_config(CONFIG)
     runtime.setup(config.seed)
-    from sparknet.data.hub_reads import set_hub_retry_minutes
+    from sparknet.data.source.hub_retries import set_hub_retry_minutes
 
     set_hub_retry_minutes(HUB_RETRY_MINUTES)
     from sparknet.tokenizer import train_tokenizer

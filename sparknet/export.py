@@ -27,7 +27,7 @@ def export_model(spec: str, output_dir: Path, *, license: str = "apache-2.0", la
     written beside OUTPUT_DIR and put in place by renames, so an interrupted export leaves the old one whole."""
     from sparknet.runtime import replace_folder, writes_to
     from sparknet.tokenizer import save as save_tokenizer
-    from sparknet.train.run_folder import RUN_CONFIG
+    from sparknet.train.folders import RUN_CONFIG
 
     ref = resolve_model(spec)
     if ref.folder is None:
@@ -61,7 +61,7 @@ def export_model(spec: str, output_dir: Path, *, license: str = "apache-2.0", la
 
 def _training_metadata(folder: Path) -> dict[str, Any]:
     """The run's training_metadata.json (a checkpoint-N reads its run's); {} for a folder trained elsewhere."""
-    from sparknet.train.run_folder import read_metadata
+    from sparknet.train.folders import read_metadata
 
     return read_metadata(folder) or {}
 

@@ -115,7 +115,7 @@ def train_tokenizer(
     _check_settings(vocab_size, max_bytes, shuffle_buffer)
     _check_output_dir(out_dir, overwrite)
     started = time.time()
-    from sparknet.data.sources import at_commits, resolve_revisions
+    from sparknet.data.source.opening import at_commits, resolve_revisions
 
     # a gated or missing Hub dataset is one line before any work; each Hub source read at one commit, recorded
     commits = resolve_revisions(config)

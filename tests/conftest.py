@@ -64,7 +64,7 @@ def tokenizer_dir(corpus_config: Path, tmp_path_factory: pytest.TempPathFactory)
 def tiny_dataset(corpus_config: Path, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A packed dataset of 128-token blocks (the tiny preset's context): 100k training tokens, 4k validation."""
     from sparknet.config import load_config
-    from sparknet.data.build import BuildSpec, build_dataset
+    from sparknet.data.packed.build import BuildSpec, build_dataset
 
     out = tmp_path_factory.mktemp("tiny") / "ds"
     build_dataset(BuildSpec(config=load_config(corpus_config), tokenizer=str(tokenizer_dir), output_dir=out,

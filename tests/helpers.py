@@ -94,7 +94,7 @@ def kill_when(path: Path, proc: subprocess.Popen) -> None:
 def stopped_checkpoint(out: str, run_dir: Path) -> Path:
     """The checkpoint a stopped run says it saved ("stopped at step N: checkpoint saved in ..."), checked to be
     the newest complete one: the stop saved its own step, it did not just name it."""
-    from sparknet.train.run_folder import latest_complete_checkpoint
+    from sparknet.train.folders import latest_complete_checkpoint
 
     said = re.findall(r"stopped at step (\d+): checkpoint saved in", out)
     assert said, out[-3000:]

@@ -21,7 +21,7 @@ import pytest
 
 from sparknet.demo.chain import _shown, demo_state
 from sparknet.runtime import PROJECT_ROOT
-from sparknet.train.run_folder import is_complete, latest_complete_checkpoint
+from sparknet.train.folders import is_complete, latest_complete_checkpoint
 from tests.helpers import OFFLINE_ENV
 
 

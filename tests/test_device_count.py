@@ -174,7 +174,7 @@ def test_a_global_batch_that_does_not_split_is_one_line(tiny_dataset: Path, tmp_
 
 def test_a_run_from_before_the_global_batch_resumes_unchanged(tmp_path: Path) -> None:
     """run_config.json written when the recipe was BATCH_SIZE x GRAD_ACCUM x devices is read in today's terms."""
-    from sparknet.train.run_folder import RUN_CONFIG, open_run
+    from sparknet.train.folders import RUN_CONFIG, open_run
 
     run_dir = tmp_path / "ckpt" / "run"
     run_dir.mkdir(parents=True)

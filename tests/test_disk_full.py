@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparknet.train.run_folder import latest_complete_checkpoint
+from sparknet.train.folders import latest_complete_checkpoint
 from tests.helpers import build_args, run_script, train_args
 
 pytestmark = pytest.mark.slow  # end-to-end scenarios: the full tier (make test-all)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.train.run_folder import COMPLETE_MARKER
+from sparknet.train.folders import COMPLETE_MARKER
 from tests.helpers import (
     OFFLINE_ENV,
     checkpoint_step,

@@ -1,5 +1,5 @@
-"""The encoder processes (sparknet.data.encoder_pool): batches encoded as the tokenizer does in this process, and a
-pool stopped at any moment stops at once, never waiting for good."""
+"""The encoder processes (sparknet.data.encoding.encoder_pool): batches encoded as the tokenizer does in this process,
+and a pool stopped at any moment stops at once, never waiting for good."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparknet.data.encoder_pool import EncoderPool
+from sparknet.data.encoding.encoder_pool import EncoderPool
 
 
 @pytest.fixture(scope="module")

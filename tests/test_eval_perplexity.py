@@ -251,7 +251,7 @@ def test_a_damaged_results_file_stops_before_the_work_and_results_are_never_drop
 def test_the_runs_own_dataset_rebuilt_with_other_inputs_is_refused(corpus_config: Path, tokenizer_dir: Path,
                                                                     random_model: Path, tmp_path: Path) -> None:
     from sparknet.config import load_config
-    from sparknet.data.build import BuildSpec, build_dataset
+    from sparknet.data.packed.build import BuildSpec, build_dataset
 
     def build(seed: int) -> dict:
         return build_dataset(BuildSpec(config=load_config(corpus_config), tokenizer=str(tokenizer_dir),

@@ -9,13 +9,13 @@ the versions they pass with; `make lock` moves them and runs these tests.
 | transformers | Trainer._save_checkpoint, _load_best_model, _load_from_checkpoint (called) | train/hf_trainer.py |
 | transformers | Trainer._train_batch_size, _loss_shifts_labels, model_accepts_loss_kwargs (read) | train/hf_trainer.py |
 | transformers | PreTrainedModel._from_config(config, attn_implementation=) | model.py |
-| datasets | config.STREAMING_{READ,OPEN}_MAX_RETRIES, _RETRY_INTERVAL, READ_*_RETRY_INTERVAL (assigned) | data/hub_reads.py |
-| datasets | utils.file_utils' log records from read_with_retries and xopen (filtered by funcName) | data/hub_reads.py |
-| datasets | packaged_modules._PACKAGED_DATASETS_MODULES | data/sources.py |
-| datasets | IterableDataset._ex_iterable, .ex_iterable, .kwargs["files"], state "shard_idx"/"examples_iterable" | data/sources.py |
+| datasets | config.STREAMING_{READ,OPEN}_MAX_RETRIES, _RETRY_INTERVAL, READ_*_RETRY_INTERVAL (assigned) | data/source/hub_retries.py |
+| datasets | utils.file_utils' log records from read_with_retries and xopen (filtered by funcName) | data/source/hub_retries.py |
+| datasets | packaged_modules._PACKAGED_DATASETS_MODULES | data/source/opening.py |
+| datasets | IterableDataset._ex_iterable, .ex_iterable, .kwargs["files"], state "shard_idx"/"examples_iterable" | data/source/opening.py |
 | accelerate | utils.operations.ConvertOutputsToFp32 (.model_forward; a prepared forward's __func__.__wrapped__) | train/step_speed.py |
 | torch | a compiled module's _orig_mod; SummaryWriter._get_file_writer | train/callbacks.py |
-| (stdlib) | ProcessPoolExecutor._safe_to_dynamically_spawn_children, _processes, _result_queue._writer | data/encoder_pool.py |
+| (stdlib) | ProcessPoolExecutor._safe_to_dynamically_spawn_children, _processes, _result_queue._writer | data/encoding/encoder_pool.py |
 """  # noqa: E501 - a table
 
 from __future__ import annotations
@@ -124,14 +124,14 @@ def test_the_streaming_retry_settings_sparknet_assigns_are_read_by_datasets() ->
 
 
 def test_the_retry_lines_sparknet_filters_come_from_the_functions_it_names() -> None:
-    """sparknet.data.hub_reads drops datasets' "Retrying in ..." lines by the name of the function that logs them
-    (the log record's funcName): those are the functions of datasets.utils.file_utils that log such a line."""
+    """sparknet.data.source.hub_retries drops datasets' "Retrying in ..." lines by the name of the function that logs
+    them (the log record's funcName): those are the functions of datasets.utils.file_utils that log such a line."""
     import ast
     import logging
 
     from datasets.utils import file_utils
 
-    from sparknet.data.hub_reads import _drop_datasets_retry_line
+    from sparknet.data.source.hub_retries import _drop_datasets_retry_line
 
     logging_retries = set()
     for node in ast.walk(ast.parse(inspect.getsource(file_utils))):
@@ -156,10 +156,10 @@ def test_the_packaged_builders_table_names_the_local_file_formats() -> None:
 
 
 def test_the_file_being_read_is_found_from_a_streams_position(tmp_path: Path) -> None:
-    """sparknet.data.sources._file_being_read walks the stream's private iterables to name the shard being read
+    """sparknet.data.source.opening._file_being_read walks the stream's private iterables to name the shard being read
     (its fallback names all of a source's files): read into the second of two files, it must name that one."""
     from sparknet.config import SourceSpec
-    from sparknet.data.sources import _file_being_read, open_source
+    from sparknet.data.source.opening import _file_being_read, open_source
     from tests.helpers import write_jsonl
 
     files = [write_jsonl(tmp_path / f"part-{i}.jsonl", [f"row {i}.{j}" for j in range(3)]) for i in range(2)]
@@ -206,7 +206,7 @@ def test_summary_writer_file_writer_takes_a_described_summary(tmp_path: Path) ->
 # -- the standard library ----------------------------------------------------------------------------------------------
 
 def test_process_pool_starts_every_worker_first_when_told_it_cannot_spawn_later() -> None:
-    """sparknet.data.encoder_pool sets the executor's fork flag so that all workers start before its manager
+    """sparknet.data.encoding.encoder_pool sets the executor's fork flag so that all workers start before its manager
     thread (a later start races that thread's reading of its process table)."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor

@@ -1,7 +1,7 @@
 """Hub faults that outlast huggingface_hub's own retries, end to end through the scripts and the loopback Hub of
 sparknet.testing.hub_server: a reset connection, a rate limit and a stalled read on one data file, and an outage of the
-whole repository during SparkNet's retry, each retried by SparkNet (sparknet/data/hub_reads.py, `retried_rows`) from
-the row reached, so that the build is byte for byte the build from the same files on disk; and a rate limit in the
+whole repository during SparkNet's retry, each retried by SparkNet (sparknet/data/source/hub_retries.py, `retried_rows`)
+from the row reached, so that the build is byte for byte the build from the same files on disk; and a rate limit in the
 middle of a streamed training run, which trains every step on the blocks of a local run and counts the retry in
 TensorBoard (`data/hub_retries`)."""
 

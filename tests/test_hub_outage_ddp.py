@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sparknet.testing.hub_server import HubServer
-from sparknet.train.run_folder import latest_complete_checkpoint
+from sparknet.train.folders import latest_complete_checkpoint
 from sparknet.train.stream_plan import STREAM_STATE
 from tests.helpers import (
     HUB_MANY,
@@ -94,7 +94,7 @@ def test_the_processes_wait_for_each_other_longer_than_a_hub_retry(tmp_path: Pat
     import torch.distributed as dist
     from transformers import TrainerControl, TrainerState
 
-    from sparknet.data import hub_reads
+    from sparknet.data.source import hub_retries
     from sparknet.runtime import device_info
     from sparknet.train.batch import plan_batch
     from sparknet.train.hf_trainer import collective_timeout_s, training_arguments
@@ -105,8 +105,8 @@ def test_the_processes_wait_for_each_other_longer_than_a_hub_retry(tmp_path: Pat
                                   batch=plan_batch(4, 4, 1), device=device_info(), fresh=True)
 
     assert collective_timeout_s() == 1800 == trainer_arguments().ddp_timeout  # the Trainer's default, for 15 min
-    monkeypatch.setattr(hub_reads, "HUB_RETRY_SECONDS", hub_reads.HUB_RETRY_SECONDS)  # put back after the test
-    hub_reads.set_hub_retry_minutes(45)
+    monkeypatch.setattr(hub_retries, "HUB_RETRY_SECONDS", hub_retries.HUB_RETRY_SECONDS)  # put back after the test
+    hub_retries.set_hub_retry_minutes(45)
     assert collective_timeout_s() == 45 * 60 + 600
     arguments = trainer_arguments()
     assert arguments.ddp_timeout == 45 * 60 + 600

@@ -17,7 +17,7 @@ import pytest
 
 from sparknet.runtime import PROJECT_ROOT
 from sparknet.testing.hub_server import HubServer
-from sparknet.train.run_folder import latest_complete_checkpoint
+from sparknet.train.folders import latest_complete_checkpoint
 from tests.helpers import (
     HUB_MANY,
     HUB_REPO,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.data.packed import PackedDataset
+from sparknet.data.packed.dataset import PackedDataset
 from tests.helpers import build_args, run_script, start_script, train_args, wait_for, write_config, write_jsonl
 
 pytestmark = pytest.mark.slow  # end-to-end scenarios: the full tier (make test-all)

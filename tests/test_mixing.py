@@ -128,7 +128,7 @@ def test_a_huge_document_is_encoded_in_pieces_with_the_same_tokens(tokenizer_dir
     import numpy as np
     from tokenizers import Tokenizer
 
-    from sparknet.data import packing
+    from sparknet.data.encoding import packer
 
     tokenizer_json = (tokenizer_dir / "tokenizer.json").read_text()
     whole = Tokenizer.from_str(tokenizer_json)
@@ -137,8 +137,8 @@ def test_a_huge_document_is_encoded_in_pieces_with_the_same_tokens(tokenizer_dir
     words = "the quick brown fox jumps over a lazy dog, while 42 rivers (of stone) carry   light\n".split(" ")
     huge = " ".join(rng.choice(words) for _ in range(40_000))  # ~200 kB on one line, runs of spaces and newlines
     ordinary = ["a short document", "another one\nwith two lines"]
-    monkeypatch.setattr(packing, "PIECE_CHARS", 5_000)  # pieces of 5 kB instead of 1 MB, to test it quickly
-    encoder = packing.DocumentEncoder(tokenizer_json, eos_id=0, dtype="uint16")
+    monkeypatch.setattr(packer, "PIECE_CHARS", 5_000)  # pieces of 5 kB instead of 1 MB, to test it quickly
+    encoder = packer.DocumentEncoder(tokenizer_json, eos_id=0, dtype="uint16")
     flat, lengths = encoder([ordinary[0], huge, ordinary[1]])
     docs = np.split(flat, np.cumsum(lengths)[:-1])
     for doc, text in zip(docs, [ordinary[0], huge, ordinary[1]], strict=True):

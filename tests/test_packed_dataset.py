@@ -19,7 +19,7 @@ import pytest
 
 from sparknet.config import load_config
 from sparknet.data import PackedDataset
-from sparknet.data.build import BuildSpec, build_dataset
+from sparknet.data.packed.build import BuildSpec, build_dataset
 from sparknet.errors import UserError
 from tests.helpers import (
     OFFLINE_ENV,
@@ -148,7 +148,7 @@ def test_eos_after_every_document_none_missing_and_splits_disjoint(
 def test_literal_end_of_text_inside_a_document_is_not_a_separator(sources: dict, tokenizer_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    from sparknet.data.packing import DocumentEncoder
+    from sparknet.data.encoding.packer import DocumentEncoder
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     enc = DocumentEncoder(tok.backend_tokenizer.to_str(), tok.eos_token_id, np.uint16)
@@ -177,7 +177,7 @@ def test_a_build_stopped_after_a_save_resumes_to_the_bytes_of_one_never_stopped(
     in training: the same call then resumes, and the files and manifest are those of the build never stopped (the
     `built` fixture, made with encoder processes). In this process; the end-to-end kill -9 and Ctrl-C of the script
     are test_an_interrupted_build_resumes_and_writes_the_same_bytes."""
-    from sparknet.data import build as build_module
+    from sparknet.data.packed import build as build_module
 
     real_save = build_module.save_state
     stops = [lambda split, writers: split == "val",
@@ -356,7 +356,7 @@ def test_edited_local_data_is_another_input(sources: dict, tokenizer_dir: Path, 
 
 
 def test_packer_never_credits_tokens_beyond_its_budget() -> None:
-    from sparknet.data.packing import BlockPacker
+    from sparknet.data.encoding.packer import BlockPacker
 
     packer = BlockPacker(4, np.dtype(np.uint16), max_blocks=2, flush_tokens=8)
     out = packer.add("a", np.arange(5, dtype=np.uint16))
@@ -553,7 +553,7 @@ def test_a_ctrl_c_while_the_build_closes_still_stops_its_encoders(tokenizer_dir:
     the process then waited at exit for its encoders, for good) stops the encoders all the same."""
     from transformers import AutoTokenizer
 
-    from sparknet.data.encoder_pool import EncoderPool
+    from sparknet.data.encoding.encoder_pool import EncoderPool
     from sparknet.data.pipeline import stop
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))

@@ -65,7 +65,7 @@ def test_a_library_thread_map_cannot_take_a_bars_lock_away(tmp_path) -> None:  #
         "print('drawn')\n"
     )
     opened = ("from sparknet.config import SourceSpec\n"
-              "from sparknet.data.sources import open_source\n"
+              "from sparknet.data.source.opening import open_source\n"
               "import tqdm\n"
               f"open_source(SourceSpec(name='json', prob=1, data_files={str(data)!r}, label='a'))\n"
               "assert '_lock' in vars(tqdm.tqdm), 'opening a source left the base bar class without its lock'\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparknet.config import SourceSpec
-from sparknet.data.reader import SourceReader
+from sparknet.data.source.rank_reader import SourceReader
 
 SHARDS, ROWS = 4, 5  # 4 files of 5 rows: row "s{shard}r{row}"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sparknet.train.run_folder import COMPLETE_MARKER, latest_complete_checkpoint, mark_complete
+from sparknet.train.folders import COMPLETE_MARKER, latest_complete_checkpoint, mark_complete
 
 
 def _checkpoint(run_dir: Path, step: int, files: tuple[str, ...] = ("model.safetensors", "rng_state_0.pth",
@@ -45,7 +45,7 @@ def test_one_reader_of_a_runs_metadata_for_run_and_checkpoint_folders(tmp_path: 
     import pytest
 
     from sparknet.errors import UserError
-    from sparknet.train.run_folder import METADATA, RUN_CONFIG, read_metadata, run_of
+    from sparknet.train.folders import METADATA, RUN_CONFIG, read_metadata, run_of
 
     run = tmp_path / "run"
     (run / "checkpoint-20").mkdir(parents=True)
@@ -63,7 +63,7 @@ def test_damaged_state_files_are_named_before_training(tmp_path: Path, caplog) -
     import pytest
 
     from sparknet.errors import UserError
-    from sparknet.train.run_folder import EVAL_START, RUN_CONFIG, open_run
+    from sparknet.train.folders import EVAL_START, RUN_CONFIG, open_run
 
     run = tmp_path / "ckpt" / "run"
     run.mkdir(parents=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from sparknet.config import SourceSpec, parse_config
-from sparknet.data.hub_reads import iter_texts
-from sparknet.data.sources import open_source, resolve_revisions
+from sparknet.data.source.hub_retries import iter_texts
+from sparknet.data.source.opening import open_source, resolve_revisions
 from sparknet.errors import UserError
 from tests.helpers import write_jsonl
 
@@ -29,7 +29,7 @@ def test_streams_texts_in_order_skipping_empty(tmp_path: Path) -> None:
 
 def test_rows_without_text_are_skipped_with_a_warning_naming_the_row(tmp_path: Path,
                                                                     caplog: pytest.LogCaptureFixture) -> None:
-    from sparknet.data.reader import SourceReader
+    from sparknet.data.source.rank_reader import SourceReader
 
     path = _rows(tmp_path / "m.jsonl", [{"text": "one"}, {"content": "kept under another key"}, {"text": "two"},
                                         {"text": None}])
@@ -125,7 +125,7 @@ def test_an_unreachable_hub_resolves_no_revision_quickly_and_says_so(tmp_path: P
     code = (
         "import time\n"
         "from sparknet.config import parse_config\n"
-        "from sparknet.data.sources import resolve_revisions\n"
+        "from sparknet.data.source.opening import resolve_revisions\n"
         "config = parse_config({'seed': 1, 'context_length': 8, 'target_tokens': 8, 'mix': [\n"
         "    {'name': 'sparknet-tests/a', 'prob': 1, 'revision': 'v1'}, {'name': 'sparknet-tests/b', 'prob': 1}]})\n"
         "t = time.time()\n"

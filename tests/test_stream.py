@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from sparknet.config import MixConfig, load_config
-from sparknet.data.holdout import hold_out_validation
-from sparknet.data.stream import TokenStream
+from sparknet.data.stream.holdout import hold_out_validation
+from sparknet.data.stream.token_stream import TokenStream
 from sparknet.errors import UserError
 from sparknet.runtime import PROJECT_ROOT
 from tests.helpers import OFFLINE_ENV, write_config, write_jsonl
@@ -375,7 +375,7 @@ def test_large_file_first_block_and_memory(tmp_path: Path, tokenizer) -> None:
     child = textwrap.dedent(f"""
         import json, sys, time, psutil
         from sparknet.config import load_config
-        from sparknet.data.stream import TokenStream
+        from sparknet.data.stream.token_stream import TokenStream
         start = psutil.Process().create_time()
         config = load_config(sys.argv[1])
         stream = TokenStream(config=config, tokenizer_json=open({str(tmp_path / "tok.json")!r}).read(),

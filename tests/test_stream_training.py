@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparknet.train.run_folder import latest_complete_checkpoint
+from sparknet.train.folders import latest_complete_checkpoint
 from tests.helpers import (
     OFFLINE_ENV,
     checkpoint_step,

@@ -14,7 +14,7 @@ import torch
 
 from sparknet.train.batch import budget
 from sparknet.train.data_plan import packed_plan
-from sparknet.train.run_folder import latest_complete_checkpoint
+from sparknet.train.folders import latest_complete_checkpoint
 from tests.helpers import (
     kill_when,
     read_events,
@@ -397,7 +397,7 @@ def test_a_checkpoint_damaged_in_place_is_skipped_naming_the_file(finished, name
     data[len(data) // 2: len(data) // 2 + 64] = bytes(64)  # zeroed in place: the same size
     path.write_bytes(bytes(data))
     fallback = latest_complete_checkpoint(run_dir, verify=True)
-    from sparknet.train.run_folder import checkpoint_step
+    from sparknet.train.folders import checkpoint_step
 
     assert fallback is not None and checkpoint_step(fallback) < checkpoint_step(latest)  # the one before
     assert f"skipping {latest}: its {name} is not the file that was saved" in caplog.text

@@ -13,15 +13,15 @@ __all__ = ["PackedDataset", "TokenStream", "hold_out_validation"]
 
 def __getattr__(name: str) -> Any:
     if name == "PackedDataset":
-        from sparknet.data.packed import PackedDataset
+        from sparknet.data.packed.dataset import PackedDataset
 
         return PackedDataset
     if name == "TokenStream":
-        from sparknet.data.stream import TokenStream
+        from sparknet.data.stream.token_stream import TokenStream
 
         return TokenStream
     if name == "hold_out_validation":
-        from sparknet.data.holdout import hold_out_validation
+        from sparknet.data.stream.holdout import hold_out_validation
 
         return hold_out_validation
     raise AttributeError(f"module 'sparknet.data' has no attribute {name!r}")

@@ -157,7 +157,7 @@ def mix_texts(config: MixConfig, cost: Callable[[str], int] | None = None, *, sh
     """A Mixer over the document texts of every source of a config, each source streamed lazily by `SourceReader`
     through its seeded shuffle buffer of `shuffle_buffer` documents (0: the source's order), as the dataset build
     reads it: with the same buffer and the config's seed, a source gives its documents in the same order here."""
-    from sparknet.data.reader import SourceReader
+    from sparknet.data.source.rank_reader import SourceReader
 
     streams = {
         spec.label: (text for text, _rows_read in SourceReader(spec, shuffle_buffer=shuffle_buffer, seed=config.seed))

@@ -1,6 +1,7 @@
-"""The one data pipeline: sources -> encoded -> mixed, from a saved position. The packed build (data/build.py) packs
-its documents into split files, the streaming trainer (data/stream.py, data/stream_blocks.py) into blocks handed to
-the Trainer; both wire it here, with the same reader, encoders, mixer, validation caps and position format.
+"""The one data pipeline: sources -> encoded -> mixed, from a saved position. The packed build (data/packed/build.py)
+packs its documents into split files, the streaming trainer (data/stream/token_stream.py, data/stream/blocks.py) into
+blocks handed to the Trainer; both wire it here, with the same reader, encoders, mixer, validation caps and position
+format.
 
 - `Encoders`: the batches of every source encoded on `num_workers` spawned processes, or in this process (0).
 - `Pipeline`: each source read (`SourceReader`) and encoded ahead (`EncodedDocuments`), the `Mixer` taking whole
@@ -8,11 +9,11 @@ the Trainer; both wire it here, with the same reader, encoders, mixer, validatio
 - The hold-out is the same rule for both: the first documents of the mixed stream, each cut to its source's cap.
   The build then goes on in the same pass (`end_hold_out`: whole documents, shares counted afresh); the stream, whose
   training is split among ranks while its validation is not, takes the hold-out in a pass of its own
-  (data/holdout.py) and starts each rank's training after the rows it used (`SourceReader`'s `skip`).
+  (data/stream/holdout.py) and starts each rank's training after the rows it used (`SourceReader`'s `skip`).
 
 Its position ("sources": per source the reader's position before the batch holding the first unused document and
 how many of that batch's documents to skip; "mixer": the mixer's counts) is part of both the build's saved state and
-the stream's. It is written by hand because no library gives it for this pipeline (see data/stream.py).
+the stream's. It is written by hand because no library gives it for this pipeline (see data/stream/token_stream.py).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from sparknet.config import MixConfig
-from sparknet.data.encoder_pool import EncoderPool
+from sparknet.data.encoding.encoder_pool import EncoderPool
+from sparknet.data.encoding.packer import DocumentEncoder, cut_document
+from sparknet.data.encoding.read_ahead import Done, EncodedDocuments
 from sparknet.data.mixing import Mixer
-from sparknet.data.packing import DocumentEncoder, cut_document
-from sparknet.data.prefetch import Done, EncodedDocuments
-from sparknet.data.reader import SourceReader
-from sparknet.data.sources import is_hub_source
+from sparknet.data.source.opening import is_hub_source
+from sparknet.data.source.rank_reader import SourceReader
 
 
 class Encoders:
@@ -86,7 +87,7 @@ def stop(sources: Mapping[str, _Closable], encoders: _Encoding | None, *, clean:
 
 
 class DocumentCaps:
-    """The validation hold-out's longest document per source (`packing.val_document_caps`): while `active`, a
+    """The validation hold-out's longest document per source (`packer.val_document_caps`): while `active`, a
     document costs the mixer at most its source's cap and is cut to it, and `documents_cut` counts the cuts. No
     caps: whole documents."""
 

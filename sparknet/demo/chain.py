@@ -99,7 +99,7 @@ def demo_state(run_name: str, dataset_dir: str, export_dir: str) -> tuple[DemoSt
     "finished" (trained and exported: this one starts over) or "interrupted" (a run, or a dataset build, left
     unfinished: this one resumes it)."""
     from sparknet.runtime import project_path
-    from sparknet.train.run_folder import METADATA, RUN_CONFIG, latest_complete_checkpoint
+    from sparknet.train.folders import METADATA, RUN_CONFIG, latest_complete_checkpoint
 
     run_dir = project_path("checkpoints") / run_name
     dataset = project_path(dataset_dir)
@@ -142,10 +142,10 @@ def report(run_name: str, dataset_dir: str, export_dir: str) -> None:
     frequencies."""
     import numpy as np
 
-    from sparknet.data.packed import PackedDataset
+    from sparknet.data.packed.dataset import PackedDataset
     from sparknet.eval.metrics import unigram_entropy
     from sparknet.runtime import project_path
-    from sparknet.train.run_folder import read_metadata
+    from sparknet.train.folders import read_metadata
 
     run_dir = project_path("checkpoints") / run_name
     metadata = read_metadata(run_dir)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from sparknet.errors import UserError
-from sparknet.train.run_folder import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
+from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
 
 # `name` or `owner/name`, as the Hub spells dataset ids.
 _HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
@@ -91,7 +91,7 @@ def trained_on(folder: Path | None, spec: str) -> str:
     or (streaming) its validation blocks in the run folder, from its training_metadata.json. UserError for a model
     without one (a Hub id, an export)."""
     from sparknet.runtime import PROJECT_ROOT
-    from sparknet.train.run_folder import read_metadata, run_of
+    from sparknet.train.folders import read_metadata, run_of
 
     metadata = read_metadata(folder) if folder is not None else None
     if metadata is not None:
@@ -107,10 +107,10 @@ def trained_on(folder: Path | None, spec: str) -> str:
 def check_unchanged(folder: Path | None, source: str) -> None:
     """When `source` is the packed dataset the run in `folder` was trained on, it must still be that dataset: a
     folder rebuilt since with other inputs holds another validation split (and other training data)."""
-    from sparknet.data.packed import read_manifest
+    from sparknet.data.packed.dataset import read_manifest
     from sparknet.identity import describe_changes
     from sparknet.runtime import project_path
-    from sparknet.train.run_folder import read_metadata
+    from sparknet.train.folders import read_metadata
 
     metadata = read_metadata(folder) if folder is not None else None
     recorded = (metadata or {}).get("dataset", {})
@@ -168,7 +168,7 @@ def _jsonl_texts(path: Path, text_field: str) -> list[str]:
 
 
 def _packed_documents(request: DataRequest) -> list[str]:
-    from sparknet.data.packed import PackedDataset
+    from sparknet.data.packed.dataset import PackedDataset
     from sparknet.runtime import project_path
     from sparknet.tokenizer import load_tokenizer
 
@@ -202,7 +202,7 @@ def _dataset_documents(request: DataRequest) -> list[str]:
     """One split of a Hub dataset (or a local folder `datasets` loads like one), streamed: only the documents
     scored are read."""
     from sparknet.config import SourceSpec
-    from sparknet.data.hub_reads import iter_texts
+    from sparknet.data.source.hub_retries import iter_texts
     from sparknet.runtime import project_path
 
     local = project_path(request.data)
@@ -217,7 +217,7 @@ def _config_documents(request: DataRequest) -> list[str]:
     """The rows each source of the mix held out for validation (never trained on), read in the source's order;
     the sources' documents interleaved so that the first MAX_DOCUMENTS cover every source."""
     from sparknet.config import load_config
-    from sparknet.data.reader import SourceReader
+    from sparknet.data.source.rank_reader import SourceReader
 
     config = load_config(request.data)
     rows = _held_out_rows(config, request)

@@ -66,7 +66,7 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
     """The packed dataset (scripts/build_dataset_v5.py) with the tokenizer it was built with.
 
     `config`, the script's CONFIG, is checked against the mix the dataset was built from."""
-    from sparknet.data.packed import PackedDataset
+    from sparknet.data.packed.dataset import PackedDataset
     from sparknet.tokenizer import load_tokenizer, tokenizer_fingerprint
 
     train = PackedDataset(dataset_dir, "train")

@@ -86,9 +86,9 @@ def collective_timeout_s() -> int:
     """How long a process waits for the others at a collective: the Trainer's 30 minutes, or longer where a Hub
     source may be retried for longer (HUB_RETRY_MINUTES), since the other processes wait at the step's agreement
     meanwhile (SparkTrainer.get_batch_samples) and would otherwise time out first."""
-    from sparknet.data import hub_reads
+    from sparknet.data.source import hub_retries
 
-    return max(1800, int(hub_reads.HUB_RETRY_SECONDS) + 600)
+    return max(1800, int(hub_retries.HUB_RETRY_SECONDS) + 600)
 
 
 def fsdp_launched() -> bool:
@@ -220,7 +220,7 @@ class SparkTrainer(Trainer):
         and the error saying so. Under data parallelism every process stops at that same step: the processes of a
         run reading the Hub agree, before each step's forward pass, on whether any of them lost the Hub (an
         all-reduce of one flag on the CPU group, so no device synchronisation), and then save together."""
-        from sparknet.data.hub_reads import HubUnavailable
+        from sparknet.data.source.hub_retries import HubUnavailable
 
         # the batches are read here, before the Trainer's own count of the step's items (a collective, which a
         # process that lost the Hub would never reach)
@@ -279,7 +279,7 @@ class SparkTrainer(Trainer):
         read for the next step are given again on resume); what to say about it. With `group`, every process of
         the run is here and saves its part."""
         from sparknet.runtime import world_size
-        from sparknet.train.run_folder import COMPLETE_MARKER
+        from sparknet.train.folders import COMPLETE_MARKER
 
         step = self.state.global_step
         folder = Path(self.args.output_dir) / f"checkpoint-{step}"

@@ -4,7 +4,7 @@
 (refusing a reused RUN_NAME, finding the resume point), build the Trainer, train under signal handling, then
 conclude (final eval, export, metadata) according to how training ended. Where the blocks come from is the
 `DataPlan` (sparknet.train.data_plan), the only thing the two trainer scripts choose differently. A run lives in
-`checkpoints/<RUN_NAME>/` and `logs/<RUN_NAME>/` (sparknet.train.run_folder).
+`checkpoints/<RUN_NAME>/` and `logs/<RUN_NAME>/` (sparknet.train.folders).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from sparknet.tokenizer import portable_config
 from sparknet.train.batch import BatchPlan, TokenCount, budget, plan_batch
 from sparknet.train.callbacks import MetricsCallback, SamplingCallback
 from sparknet.train.data_plan import DataPlan
+from sparknet.train.folders import EVAL_START, METADATA, RunFolder, latest_complete_checkpoint, open_run
 from sparknet.train.fused_loss import fuse_head
 from sparknet.train.hf_trainer import SparkTrainer, check_launch, compiles, training_arguments
-from sparknet.train.run_folder import EVAL_START, METADATA, RunFolder, latest_complete_checkpoint, open_run
 from sparknet.train.safety import Interrupted, SafetyCallback, signals_interrupt, stop_on_signals
 from sparknet.train.settings import TrainSettings, check_settings
 from sparknet.train.step_speed import collector_paused, pad_head

@@ -15,7 +15,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from sparknet.train.run_folder import mark_complete
+from sparknet.train.folders import mark_complete
 
 log = logging.getLogger("sparknet.train")
 

@@ -17,7 +17,7 @@ from transformers import TrainerCallback
 from sparknet.config import MixConfig
 from sparknet.errors import UserError
 from sparknet.train.data_plan import BlockDataset, DataPlan
-from sparknet.train.run_folder import VAL_BLOCKS, VAL_REPORT
+from sparknet.train.folders import VAL_BLOCKS, VAL_REPORT
 
 log = logging.getLogger("sparknet.train")
 
@@ -83,8 +83,8 @@ class StreamPlan(DataPlan):
 def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
     """The mix streamed live: validation blocks held out from the start of the mix (computed once, then read from
     the run folder so a resumed run evaluates on the same blocks), and each rank's training stream after them."""
-    from sparknet.data.sources import at_commits
-    from sparknet.data.stream import TokenStream
+    from sparknet.data.source.opening import at_commits
+    from sparknet.data.stream.token_stream import TokenStream
     from sparknet.runtime import process_rank, world_size
     from sparknet.tokenizer import load_tokenizer
 
@@ -126,8 +126,8 @@ def _validation(spec: StreamSpec, run_dir: Path,
 
     Every read of the run (hold-out, training, each resume) is at the commits its start resolved: a branch that
     moves during a run of days does not change its data. A run from before this was recorded reads as it did."""
-    from sparknet.data.holdout import hold_out_validation
-    from sparknet.data.sources import at_commits, resolve_revisions
+    from sparknet.data.source.opening import at_commits, resolve_revisions
+    from sparknet.data.stream.holdout import hold_out_validation
 
     resumed = (run_dir / VAL_BLOCKS).is_file() and (run_dir / VAL_REPORT).is_file()
     report = json.loads((run_dir / VAL_REPORT).read_text()) if resumed else {}
@@ -249,7 +249,7 @@ class StreamCallback(TrainerCallback):
         if busy > 0:
             self.writer.add_scalar("data/tokens_per_second", tokens / busy, state.global_step)
         self.writer.add_scalar("data/wait_fraction", min(1.0, busy / max(wall, 1e-9)), state.global_step)
-        from sparknet.data.hub_reads import hub_retries
+        from sparknet.data.source.hub_retries import hub_retries
 
         # Hub reads retried after a transient failure, since this process started (each one is also a log line)
         self.writer.add_scalar("data/hub_retries", sum(hub_retries.values()), state.global_step)

@@ -2,17 +2,17 @@
 fixed blocks on the fly, with an exact position that a checkpoint saves and a resumed run restores.
 
 Per rank, every source goes reader -> encoder -> mixer -> packer:
-- `SourceReader` (data/reader.py): the held-out validation rows skipped, this rank's whole shards (or, where the
-  shards do not divide among the ranks, every `world_size`-th row), optionally a seeded shuffle buffer, optionally
-  restarted when dry;
-- `EncodedDocuments` (data/prefetch.py): bounded batches encoded ahead on `num_workers` spawned processes (or in
-  this process), as the packed build does;
+- `SourceReader` (data/source/rank_reader.py): the held-out validation rows skipped, this rank's whole shards (or,
+  where the shards do not divide among the ranks, every `world_size`-th row), optionally a seeded shuffle buffer,
+  optionally restarted when dry;
+- `EncodedDocuments` (data/encoding/read_ahead.py): bounded batches encoded ahead on `num_workers` spawned processes
+  (or in this process), as the packed build does;
 - `Mixer` with token cost (data/mixing.py): the next document from the source furthest behind its token share, so
   the blocks carry the mix from the first one on;
-- `BlockPacker` (data/packing.py): documents end with eos, are concatenated and cut into `block_size` blocks;
+- `BlockPacker` (data/encoding/packer.py): documents end with eos, are concatenated and cut into `block_size` blocks;
   nothing is padded.
 The blocks depend only on the inputs and the saved position, never on `num_workers`. The pipeline up to the mixer is
-the packed build's (data/pipeline.py); the blocks and their position are data/stream_blocks.py's.
+the packed build's (data/pipeline.py); the blocks and their position are data/stream/blocks.py's.
 
 The position is the one thing written by hand here, because no library gives it for this pipeline: `datasets`
 saves a plain stream's position but not a shuffle buffer's, nor which encoded documents a mixer has used, nor a
@@ -38,9 +38,9 @@ import torch
 
 from sparknet.checks import problems as check_problems
 from sparknet.config import MixConfig
-from sparknet.data.packing import token_dtype
+from sparknet.data.encoding.packer import token_dtype
 from sparknet.data.pipeline import DocumentCaps, Encoders, Pipeline
-from sparknet.data.stream_blocks import STATE_FORMAT, StreamBlocks
+from sparknet.data.stream.blocks import STATE_FORMAT, StreamBlocks
 from sparknet.errors import UserError
 from sparknet.identity import describe_changes
 
@@ -112,7 +112,7 @@ class TokenStream(torch.utils.data.IterableDataset):
         self.skip_documents = {spec.label: skip_documents.get(spec.label, 0) for spec in config.mix}
         self.batch_docs, self.batch_chars = batch_docs, batch_chars
         self.dtype = token_dtype(vocab_size)
-        # a validation hold-out cuts documents longer than its source's cap (packing.val_document_caps)
+        # a validation hold-out cuts documents longer than its source's cap (packer.val_document_caps)
         self.document_caps = dict(document_caps) if document_caps else None
         self.settings = self._settings()
         self._state: dict[str, Any] | None = None  # loaded, not yet iterated
@@ -166,7 +166,7 @@ class TokenStream(torch.utils.data.IterableDataset):
     @property
     def reads_hub(self) -> bool:
         """Whether a source is read from the Hub, whose outage can stop a run mid-step (`rewind_to_step`)."""
-        from sparknet.data.sources import is_hub_source
+        from sparknet.data.source.opening import is_hub_source
 
         return any(is_hub_source(spec) for spec in self.config.mix)
 
@@ -243,7 +243,7 @@ class TokenStream(torch.utils.data.IterableDataset):
             self._encoders = None
 
     def start(self) -> StreamBlocks:
-        """The live blocks from the current position (what iterating runs; data/holdout.py takes the validation
+        """The live blocks from the current position (what iterating runs; data/stream/holdout.py takes the validation
         blocks from it)."""
         state = self.state_dict()
         state.pop("replay", None)  # kept in self._replay

@@ -1,7 +1,7 @@
 """The stream's packing: the pipeline's documents (data/pipeline.py) cut into blocks one at a time, with the exact
-position after every block (sparknet.data.stream.TokenStream runs it; data/holdout.py takes the validation blocks
-with it). The position holds no tokens: the pipeline's, the packer's counts, and the document being cut ("source X,
-from token k"), read again on restore."""
+position after every block (sparknet.data.stream.token_stream.TokenStream runs it; data/stream/holdout.py takes the
+validation blocks with it). The position holds no tokens: the pipeline's, the packer's counts, and the document being
+cut ("source X, from token k"), read again on restore."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from sparknet.data.packing import BlockPacker
+from sparknet.data.encoding.packer import BlockPacker
 from sparknet.data.pipeline import Pipeline
 from sparknet.errors import UserError
 
-log = logging.getLogger("sparknet.data.stream")  # its warnings are the stream's, under the stream's name
+log = logging.getLogger("sparknet.data.stream.token_stream")  # its warnings are the stream's, under the stream's name
 STATE_FORMAT = 1  # of the position TokenStream.state_dict() gives
 
 

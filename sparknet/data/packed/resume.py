@@ -16,8 +16,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from sparknet.data.packed import SplitWriter
-from sparknet.data.packing import BlockPacker
+from sparknet.data.encoding.packer import BlockPacker
+from sparknet.data.packed.dataset import SplitWriter
 from sparknet.data.pipeline import Pipeline
 from sparknet.runtime import write_json_atomic
 

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from sparknet.config import SourceSpec
-from sparknet.data.hub_reads import retried_open, retried_rows
-from sparknet.data.sources import (
+from sparknet.data.source.hub_retries import retried_open, retried_rows
+from sparknet.data.source.opening import (
     declared_columns,
     document_text,
     open_source,

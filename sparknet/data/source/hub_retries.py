@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from sparknet.config import SourceSpec
-from sparknet.data.sources import (
+from sparknet.data.source.opening import (
     UnreadableSource,
     declared_columns,
     document_text,
@@ -25,7 +25,7 @@ from sparknet.data.sources import (
     warn_no_text,
 )
 
-log = logging.getLogger("sparknet.data.sources")
+log = logging.getLogger("sparknet.data.source.opening")
 
 # How long a Hub source's reads are retried after a transient failure (HTTP 429 or 5xx, a reset or stalled
 # connection) that huggingface_hub's and datasets' own retries did not absorb: minutes, since an outage of a minute

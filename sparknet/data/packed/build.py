@@ -9,7 +9,7 @@ the number of workers, so the same inputs give byte-identical token files.
 Sources are read with the streaming trainer's reader (`SourceReader`: its seeded shuffle buffer is part of its
 position) and encoded ahead with its `EncodedDocuments`. A build writes into a hidden sibling folder and renames it
 to OUTPUT_DIR only once the manifest is in it. Every CHECKPOINT_SECONDS it saves its position there
-(`build_state.py`): an interrupted build of the same inputs goes on from the last save and writes the same bytes.
+(`packed/resume.py`): an interrupted build of the same inputs goes on from the last save and writes the same bytes.
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ import numpy as np
 
 from sparknet.checks import check_values
 from sparknet.config import MixConfig
-from sparknet.data.build_manifest import description, split_report
-from sparknet.data.build_state import STATE, load_state, restore_packers, save_state
-from sparknet.data.packed import FORMAT_VERSION, MANIFEST, SPLITS, SplitWriter, read_manifest
-from sparknet.data.packing import (
+from sparknet.data.encoding.packer import (
     BlockPacker,
     token_dtype,
     val_document_caps,
 )
+from sparknet.data.packed.dataset import FORMAT_VERSION, MANIFEST, SPLITS, SplitWriter, read_manifest
+from sparknet.data.packed.manifest import description, split_report
+from sparknet.data.packed.resume import STATE, load_state, restore_packers, save_state
 from sparknet.data.pipeline import DocumentCaps, Encoders, Pipeline, stop
-from sparknet.data.sources import at_commits, resolve_revisions
+from sparknet.data.source.opening import at_commits, resolve_revisions
 from sparknet.errors import UserError
 from sparknet.identity import describe_changes, local_files_fingerprint
 from sparknet.locks import exclusive

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from sparknet.data.packing import DocumentEncoder
+from sparknet.data.encoding.packer import DocumentEncoder
 from sparknet.errors import UserError
 
 _BLOCKED_AT_START = {signal.SIGINT}

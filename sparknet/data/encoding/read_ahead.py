@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from sparknet.data.reader import SourceReader
+from sparknet.data.source.rank_reader import SourceReader
 
 
 class Done:

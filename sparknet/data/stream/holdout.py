@@ -12,8 +12,8 @@ import numpy as np
 
 from sparknet.checks import check_values
 from sparknet.config import MixConfig
-from sparknet.data.packing import val_document_caps
-from sparknet.data.stream import TokenStream
+from sparknet.data.encoding.packer import val_document_caps
+from sparknet.data.stream.token_stream import TokenStream
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def hold_out_validation(
     """The validation blocks ([n_blocks, block_size], uint16/uint32; at least `val_tokens` tokens in whole blocks),
     taken from the start of the mixed stream, unsharded (the same on every rank); the rows of each source they used
     (pass as `skip_documents` to TokenStream so that training never reads them); and a report of their shares.
-    Documents longer than their source's cap (`packing.val_document_caps`) are cut, so that the blocks carry the
+    Documents longer than their source's cap (`packer.val_document_caps`) are cut, so that the blocks carry the
     mix within ±2 points; the rest of a cut document is never trained on either.
 
     With a shuffle buffer the rows skipped also hold the documents still in the buffer: at most `shuffle_buffer`

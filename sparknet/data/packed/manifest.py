@@ -1,6 +1,6 @@
 """What the packed build's manifest says beside its inputs: what was built from what (`description`), and per split
 its blocks, tokens and documents with each source's realised share against the requested one (`split_report`).
-`spec` is the build's BuildSpec (not imported here: sparknet.data.build imports this module)."""
+`spec` is the build's BuildSpec (not imported here: sparknet.data.packed.build imports this module)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from sparknet.data.encoding.packer import BlockPacker
 from sparknet.data.mixing import Mixer
-from sparknet.data.packed import FORMAT_VERSION, SPLITS, SplitWriter
-from sparknet.data.packing import BlockPacker
+from sparknet.data.packed.dataset import FORMAT_VERSION, SPLITS, SplitWriter
 
 
 def description(spec: Any, tok: Any, dtype: np.dtype, inputs: dict[str, Any], commits: dict[str, str | None],
