@@ -1,17 +1,18 @@
 """The package's shape: no import circle between SparkNet's modules (type-only imports and imports inside
-functions included), no module over 400 lines, and every training setting declared once with its doc, identity
-flag and rule."""
+functions included), no two names in a folder that a reader cannot tell apart, and every training setting declared
+once with its doc, identity flag and rule."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 from pathlib import Path
 
 from sparknet.checks import RULES
 from sparknet.cli import is_path_constant
 from sparknet.runtime import PROJECT_ROOT
-from sparknet.train.settings import TrainSettings, non_identity
+from sparknet.train.settings import TrainSettings
 
 PACKAGE = PROJECT_ROOT / "sparknet"
 
@@ -38,10 +39,24 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     return {name for name in out if name in modules}
 
 
-def test_no_module_is_over_400_lines() -> None:
-    long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > 400
-            and not name.startswith("sparknet.testing")}  # test support (the Hub look-alike), not SparkNet itself
-    assert not long, f"split these modules by what they hold: {long}"
+def _alike(a: str, b: str) -> bool:
+    """Names a reader cannot tell apart: one is the other plus a suffix (build/build_state, run/run_folder), or both
+    are one stem with a short ending (packed/packing)."""
+    stem = os.path.commonprefix([a, b])
+    return stem in (a, b) or (len(stem) >= 4 and max(len(a), len(b)) - len(stem) <= 3)
+
+
+def test_no_two_names_in_a_folder_differ_by_a_suffix() -> None:
+    """A module or subpackage is cut by concept and named for it, so that a folder listing reads as what it holds
+    (no size rule: a concept may be one longer module)."""
+    folders = [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir() and (p / "__init__.py").is_file())]
+    alike = []
+    for folder in folders:
+        names = sorted(p.stem for p in folder.iterdir()
+                       if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file())
+        alike += [f"{folder.relative_to(PACKAGE.parent)}: {a}, {b}" for i, a in enumerate(names)
+                  for b in names[i + 1:] if _alike(a, b)]
+    assert not alike, f"name these by what each holds: {alike}"
 
 
 def test_no_import_circle() -> None:
@@ -69,7 +84,7 @@ def test_every_training_setting_is_declared_once_with_doc_identity_and_rule() ->
         assert free or field.name.upper() in RULES, f"{field.name}: no rule in sparknet.checks.RULES"
     # what may change between attempts of one run: logging, saving, sampling, paths (pinned: a change here changes
     # which runs resume)
-    assert non_identity() == {
+    assert {f.name for f in dataclasses.fields(TrainSettings) if not f.metadata["identity"]} == {
         "run_name", "eval_steps", "save_steps", "save_total_limit", "sample_steps", "sample_prompts",
         "sample_max_new_tokens", "sample_temperature", "sample_top_k", "sample_seed", "logging_steps", "compile",
         "allow_config_change", "record_batches", "peak_tflops", "nonfinite", "checkpoints_dir", "logs_dir",

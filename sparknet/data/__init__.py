@@ -1,4 +1,19 @@
-"""The data pipeline: sources -> mixing -> packing -> the packed (static) dataset or the stream.
+"""The data path: texts from the mix's sources to the blocks the Trainer reads, exactly mixed and exactly resumable.
+
+The folder reads as the flow, one concept per name:
+
+    source/     a mix entry as a lazy stream of texts: opening it (Hub id or local files, revisions), the Hub's
+                transient failures retried from the row reached, and the reader of one rank with its position
+       |
+    encoding/   texts to tokens with <|endoftext|> after each document, on encoder processes, a bounded number of
+                batches ahead; the packer that cuts the token stream into fixed blocks
+       |
+    mixing      the next document from the source furthest behind its token share: every prefix carries the mix
+       |
+    pipeline    the three wired once, from a saved position (the same for the build and the stream)
+       |
+       +-- packed/   the packed dataset: the build into split files, its resumable state, its manifest, the reader
+       +-- stream/   the blocks cut on the fly for the streaming trainer, its validation hold-out, its position
 
 What the Trainer reads is handed on here (`from sparknet.data import PackedDataset, TokenStream`), imported on
 first use so that importing `sparknet.data` stays cheap.
