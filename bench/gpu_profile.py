@@ -13,7 +13,7 @@ from sparknet.model import build_model, flops_per_token, get_preset
 BATCH, SEQ, VOCAB, STEPS = 32, 1024, 50257, 20
 
 
-def bench(name: str, model: torch.nn.Module, loss_fn, opt: torch.optim.Optimizer) -> float:  # noqa: ANN001
+def bench(name: str, model: torch.nn.Module, loss_fn, opt: torch.optim.Optimizer) -> float:
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda")
 
     def step() -> None:
@@ -37,11 +37,11 @@ def bench(name: str, model: torch.nn.Module, loss_fn, opt: torch.optim.Optimizer
     return seconds
 
 
-def full(model, ids):  # noqa: ANN001, ANN201
+def full(model, ids):
     return model(input_ids=ids, labels=ids).loss
 
 
-def body(model, ids):  # noqa: ANN001, ANN201
+def body(model, ids):
     return model.transformer(input_ids=ids).last_hidden_state.float().pow(2).mean()
 
 

@@ -79,12 +79,12 @@ def run_ours(dataset: Path, preset: str, batch: int, out: Path) -> StepClock:
     clock = StepClock()
 
     class Clock(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001, ANN003, ANN201
+        def on_step_end(self, args, state, control, **kw):
             clock.tick(state.global_step)
 
     build = training.build_trainer
 
-    def with_clock(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def with_clock(*args, **kwargs):
         parts = build(*args, **kwargs)
         parts.trainer.add_callback(Clock())
         return parts

@@ -53,19 +53,13 @@ def main() -> None:
     config = load_config(CONFIG)
     runtime.setup(SEED)
     from sparknet.train.data_plan import packed_plan
-    from sparknet.train.run import train
+    from sparknet.train.run import report_outcome, train
     from sparknet.train.settings import TrainSettings
 
     settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
     if settings.target_tokens is None:
         settings.target_tokens = config.target_tokens
-    finish(train(settings, packed_plan(DATASET_DIR, TOKENIZER_DIR, config)))
-
-
-def finish(result) -> None:  # noqa: ANN001 - sparknet.train.run.TrainResult, imported late to keep --help fast
-    from sparknet.train.run import report_outcome
-
-    report_outcome(result, LOGS_DIR)
+    report_outcome(train(settings, packed_plan(DATASET_DIR, TOKENIZER_DIR, config)), LOGS_DIR)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def tiny_dataset(corpus_config: Path, tokenizer_dir: Path, tmp_path_factory: pyt
 
 
 @pytest.fixture(scope="session")
-def finished(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - (TrainResult, Path)
+def finished(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
     """A FAST packed run (40 steps, tiny preset) trained to the end in this process: (its result, its folder's
     parent). Tests only read it; one that changes a run copies it first."""
     tmp = tmp_path_factory.mktemp("train")

@@ -38,7 +38,7 @@ def small_disk(tmp_path: Path) -> Iterator[callable]:
         subprocess.run(["umount", str(folder)], capture_output=True)
 
 
-def test_a_build_on_a_full_disk_is_one_line(corpus_config: Path, tokenizer_dir: Path, small_disk) -> None:  # noqa: ANN001
+def test_a_build_on_a_full_disk_is_one_line(corpus_config: Path, tokenizer_dir: Path, small_disk) -> None:
     disk = small_disk("150k")
     proc = run_script("build_dataset_v5.py", *build_args(corpus_config, disk / "ds", tokenizer_dir),
                       "--target_tokens", 200_000)
@@ -48,7 +48,7 @@ def test_a_build_on_a_full_disk_is_one_line(corpus_config: Path, tokenizer_dir: 
 
 
 def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_resumes(tiny_dataset: Path, tmp_path: Path,
-                                                                   small_disk) -> None:  # noqa: ANN001
+                                                                   small_disk) -> None:
     disk = small_disk("3m")
     args = train_args(tmp_path, tiny_dataset, checkpoints_dir=str(disk / "ckpt"), target_tokens=40 * 4 * 128,
                        eval_steps=4, save_steps=4, sample_steps=0, save_total_limit=10)
@@ -68,7 +68,7 @@ def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_resumes(tiny_dataset: 
 
 
 def test_the_final_export_on_a_full_disk_is_one_line_and_the_same_command_completes_it(
-        tiny_dataset: Path, tmp_path: Path, small_disk) -> None:  # noqa: ANN001
+        tiny_dataset: Path, tmp_path: Path, small_disk) -> None:
     # room for the one checkpoint (2.2 MB at step 40) but not for the exported weights beside it
     disk = small_disk("2600k")
     kw = dict(target_tokens=40 * 4 * 128, eval_steps=4, save_steps=40, sample_steps=0, save_total_limit=1)
@@ -98,7 +98,7 @@ def test_the_final_export_on_a_full_disk_is_one_line_and_the_same_command_comple
 
 
 def test_tensorboard_on_a_full_disk_is_one_line_and_the_run_resumes(tiny_dataset: Path, tmp_path: Path,
-                                                                    small_disk) -> None:  # noqa: ANN001
+                                                                    small_disk) -> None:
     disk = small_disk("12k")  # the run's event file grows to about 16 kB
     kw = dict(target_tokens=40 * 4 * 128, eval_steps=4, save_steps=8, sample_steps=0, save_total_limit=10)
     proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset, logs_dir=str(disk / "logs"), **kw))

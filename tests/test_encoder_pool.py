@@ -14,13 +14,13 @@ from sparknet.data.encoding.encoder_pool import EncoderPool
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tokenizer_dir: Path):  # noqa: ANN201 - a transformers tokenizer
+def tokenizer(tokenizer_dir: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(tokenizer_dir))
 
 
-def test_a_batch_is_encoded_as_the_tokenizer_encodes_it_with_eos_after_each_document(tokenizer) -> None:  # noqa: ANN001
+def test_a_batch_is_encoded_as_the_tokenizer_encodes_it_with_eos_after_each_document(tokenizer) -> None:
     texts = ["def main():\n    return 1", "The standard library.", ""]
     pool = EncoderPool(2, tokenizer.backend_tokenizer.to_str(), tokenizer.eos_token_id, np.dtype("uint16"))
     try:
@@ -32,7 +32,7 @@ def test_a_batch_is_encoded_as_the_tokenizer_encodes_it_with_eos_after_each_docu
     assert tokens.dtype == np.uint16 and tokens.tolist() == [t for e in expected for t in e]
 
 
-def test_a_pool_stopped_while_a_result_is_half_written_stops_at_once(tokenizer) -> None:  # noqa: ANN001
+def test_a_pool_stopped_while_a_result_is_half_written_stops_at_once(tokenizer) -> None:
     """A worker stopped while it writes its result leaves half a message in the result pipe: the executor's thread
     used to wait for the rest for good, and the run with it (a streamed run hung after its hold-out). The half
     message is written here by hand, as a length header promising a megabyte and the first 100 bytes of it."""

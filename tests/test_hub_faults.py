@@ -72,7 +72,7 @@ FAULTS: dict[str, Callable[[HubServer], Fault]] = {
 
 @pytest.mark.parametrize("kind", ["reset", "rate-limit", "stall"])
 def test_a_fault_past_the_librarys_retries_is_retried_once_and_the_build_is_unchanged(
-        kind: str, prose_hub, local_build: Path, corpus_dir: Path, tokenizer_dir: Path,  # noqa: ANN001
+        kind: str, prose_hub, local_build: Path, corpus_dir: Path, tokenizer_dir: Path,
         tmp_path: Path) -> None:
     """Each fault reaches SparkNet after huggingface_hub's retries (datasets' own are set to one try, their
     warnings left out): one retry warning, and the reopened source goes on from the row reached."""
@@ -100,7 +100,7 @@ def _wait_until(condition: Callable[[], bool], proc: subprocess.Popen, stderr: P
 
 
 def test_an_outage_of_the_whole_repo_during_the_retry_is_retried_until_it_passes(
-        prose_hub, local_build: Path, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:  # noqa: ANN001
+        prose_hub, local_build: Path, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
     """One file fails until huggingface_hub gives up; then, while SparkNet's first retry waits, every request of the
     repository fails too, so the reopening and its read run into the outage. That is one more retry (counted on from
     the first failure), not the end, and the build is unchanged once the Hub is back.

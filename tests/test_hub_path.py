@@ -42,7 +42,7 @@ def _file_named(error: str) -> str:
     return named.group(1)
 
 
-def test_a_build_from_a_hub_id_is_the_build_from_the_same_local_files(prose_hub, corpus_dir: Path,  # noqa: ANN001
+def test_a_build_from_a_hub_id_is_the_build_from_the_same_local_files(prose_hub, corpus_dir: Path,
                                                                       tokenizer_dir: Path, tmp_path: Path) -> None:
     hub, sha, local = prose_hub
     online, offline = hub_mix(corpus_dir, tmp_path, local)
@@ -62,7 +62,7 @@ def test_a_build_from_a_hub_id_is_the_build_from_the_same_local_files(prose_hub,
 
 
 @pytest.mark.parametrize("status", [401, 404])
-def test_a_gated_or_missing_hub_dataset_is_one_line(status: int, prose_hub, tokenizer_dir: Path,  # noqa: ANN001
+def test_a_gated_or_missing_hub_dataset_is_one_line(status: int, prose_hub, tokenizer_dir: Path,
                                                     tmp_path: Path) -> None:
     hub, _, _ = prose_hub
     hub.fail(HUB_REPO, status)
@@ -81,7 +81,7 @@ def test_a_gated_or_missing_hub_dataset_is_one_line(status: int, prose_hub, toke
 
 @pytest.mark.slow
 def test_a_resumed_build_reads_the_commit_it_started_on_after_the_branch_moved(
-        prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:  # noqa: ANN001
+        prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
     hub, sha, local = prose_hub
     online, offline = hub_mix(corpus_dir, tmp_path, local)
     extra = ("--shuffle_buffer", 4, "--checkpoint_seconds", 0.05, "--read_ahead", 0)
@@ -108,7 +108,7 @@ def test_a_resumed_build_reads_the_commit_it_started_on_after_the_branch_moved(
 
 @pytest.mark.slow
 def test_a_streamed_run_resumed_after_the_branch_moved_trains_the_blocks_of_the_commit_it_started_on(
-        prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:  # noqa: ANN001
+        prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
 
     hub, sha, local = prose_hub
     online, offline = hub_mix(corpus_dir, tmp_path, local, prose=0.6)
@@ -139,7 +139,7 @@ def test_a_streamed_run_resumed_after_the_branch_moved_trains_the_blocks_of_the_
 
 @pytest.mark.slow
 def test_a_hub_failure_past_the_librarys_retries_is_retried_and_the_build_is_unchanged(
-        prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:  # noqa: ANN001
+        prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
     """Six 503s on one data file outlast huggingface_hub's five retries (about 25 s): SparkNet opens the source
     again at the row it had reached, and the build is byte for byte the build from the local files."""
     hub, _, local = prose_hub
@@ -203,7 +203,7 @@ def test_a_hub_outage_longer_than_hub_retry_minutes_stops_with_one_line_and_resu
 
 @pytest.mark.slow
 def test_a_streamed_run_stopped_by_a_hub_outage_saves_its_last_step_and_resumes_exactly(
-        prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:  # noqa: ANN001
+        prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
     """The Hub fails for good once the run is past its checkpoint at step 20: after huggingface_hub's retries and
     HUB_RETRY_MINUTES (0 here), the run saves a checkpoint of its last whole step (the blocks already read for the
     next step are taken back) and says the same command resumes; it then trains every step on the blocks of an

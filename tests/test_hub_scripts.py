@@ -28,7 +28,7 @@ def _quiet(stderr: str) -> None:
 
 # --- train_tokenizer_v5.py ------------------------------------------------------------------------------------------
 
-def _train_tokenizer(cfg: Path, out: Path, env: dict[str, str] | None = None):  # noqa: ANN202
+def _train_tokenizer(cfg: Path, out: Path, env: dict[str, str] | None = None):
     return run_script("train_tokenizer_v5.py", "--config", cfg, "--vocab_size", 512, "--max_bytes", 150_000,
                       "--heldout_docs", 5, "--shuffle_buffer", 50, "--output_dir", out, env=env)
 
@@ -71,7 +71,7 @@ def model_dir(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return random_run_folder(tokenizer_dir, tmp_path_factory.mktemp("models") / "hubrun")
 
 
-def _eval(model: Path, data: object, eval_dir: Path, *extra: object, env: dict[str, str] | None = None):  # noqa: ANN202
+def _eval(model: Path, data: object, eval_dir: Path, *extra: object, env: dict[str, str] | None = None):
     return run_script("eval_perplexity.py", "--models", json.dumps([str(model)]), "--data", data, "--context", 32,
                       "--stride", 24, "--batch_size", 32, "--eval_dir", eval_dir, *extra, env=env)
 

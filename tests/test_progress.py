@@ -13,7 +13,7 @@ from sparknet.progress import progress
 from sparknet.runtime import PROJECT_ROOT
 
 
-def test_written_to_a_file_a_bar_is_whole_lines_at_an_interval_and_its_end(monkeypatch) -> None:  # noqa: ANN001
+def test_written_to_a_file_a_bar_is_whole_lines_at_an_interval_and_its_end(monkeypatch) -> None:
     monkeypatch.setattr(progress_module, "PLAIN_INTERVAL", 0.2)
     out = io.StringIO()
     with progress(total=1000, desc="packing", unit="tok", file=out, mininterval=0) as bar:
@@ -27,7 +27,7 @@ def test_written_to_a_file_a_bar_is_whole_lines_at_an_interval_and_its_end(monke
     assert lines[0].startswith("packing:") and "1000/1000" in lines[-1] and "<00:00" in lines[-1]
 
 
-def test_no_eta_before_the_first_seconds_and_percent(monkeypatch) -> None:  # noqa: ANN001
+def test_no_eta_before_the_first_seconds_and_percent(monkeypatch) -> None:
     out = io.StringIO()
     bar = progress(total=10_000, desc="packing", file=out, mininterval=0)
     bar.update(1)  # a slow start: one unit in the first moment would extrapolate to hours
@@ -46,7 +46,7 @@ def test_help_into_a_closed_pipe_is_no_traceback() -> None:
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
-def test_a_library_thread_map_cannot_take_a_bars_lock_away(tmp_path) -> None:  # noqa: ANN001
+def test_a_library_thread_map_cannot_take_a_bars_lock_away(tmp_path) -> None:
     """datasets resolves a source's files through tqdm's thread_map, which lends its bar class a lock and deletes it
     afterwards when the class had none: a bar of that class made meanwhile (on another thread) then failed at its
     next update with "no attribute '_lock'" (a resumed build stopped on it). Opening a source first gives tqdm's

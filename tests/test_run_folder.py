@@ -59,7 +59,7 @@ def test_one_reader_of_a_runs_metadata_for_run_and_checkpoint_folders(tmp_path: 
         read_metadata(run / "checkpoint-20")
 
 
-def test_damaged_state_files_are_named_before_training(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+def test_damaged_state_files_are_named_before_training(tmp_path: Path, caplog) -> None:
     import pytest
 
     from sparknet.errors import UserError

@@ -23,7 +23,7 @@ def _remember(tokenizer_dir: Path) -> None:
 
 
 @cache
-def auto_tokenizer():  # noqa: ANN201 - a transformers tokenizer
+def auto_tokenizer():
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(_TOKENIZER_DIR[0]))

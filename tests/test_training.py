@@ -34,7 +34,7 @@ def test_budget_arithmetic() -> None:
     assert budget(131072, 1024, 128) == (1, 131072)
 
 
-def test_tensorboard_tags_present_once_and_finite(finished) -> None:  # noqa: ANN001
+def test_tensorboard_tags_present_once_and_finite(finished) -> None:
     result, tmp = finished
     log_dir = tmp / "logs" / "run"
     assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1  # one event stream
@@ -57,7 +57,7 @@ def test_tensorboard_tags_present_once_and_finite(finished) -> None:  # noqa: AN
     assert all(0 < v < 10 for _, v in events["eval/bits_per_byte"])
 
 
-def test_samples_written(finished) -> None:  # noqa: ANN001
+def test_samples_written(finished) -> None:
     result, _ = finished
     names = sorted(p.name for p in result.run_dir.glob("sample_step*.txt"))
     assert names == [f"sample_step{s:06d}.txt" for s in (8, 16, 24, 32, 40)]
@@ -65,7 +65,7 @@ def test_samples_written(finished) -> None:  # noqa: ANN001
     assert text.startswith("step 40") and "def " in text and "The " in text
 
 
-def test_export_loads_with_automodel_and_matches_logits(finished) -> None:  # noqa: ANN001
+def test_export_loads_with_automodel_and_matches_logits(finished) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     result, _ = finished
@@ -98,7 +98,7 @@ def test_export_loads_with_automodel_and_matches_logits(finished) -> None:  # no
     assert set(meta["dataset"]["realised_mixture"]["train"]) == {"prose", "code"}
 
 
-def test_same_run_name_with_other_settings_is_refused(finished, tiny_dataset: Path) -> None:  # noqa: ANN001
+def test_same_run_name_with_other_settings_is_refused(finished, tiny_dataset: Path) -> None:
     _, tmp = finished
     proc = run_script("train_sparknet_v5.py", *train_args(tmp, tiny_dataset, learning_rate=1e-4))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
@@ -189,7 +189,7 @@ def test_non_finite_loss_stops_cleanly_and_keeps_the_last_good_checkpoint(tiny_d
     assert not (run_dir / "training_metadata.json").exists()
 
 
-def test_sampling_leaves_rng_and_train_mode_as_they_were(finished, tmp_path: Path) -> None:  # noqa: ANN001
+def test_sampling_leaves_rng_and_train_mode_as_they_were(finished, tmp_path: Path) -> None:
     from torch.utils.tensorboard import SummaryWriter
     from transformers import AutoTokenizer, TrainerState
 
@@ -330,10 +330,10 @@ def test_our_code_reads_no_device_value_outside_logging_steps(tiny_dataset: Path
     step = {"now": 0}
     reads: dict[int, list[str]] = {}
 
-    def counting(name: str):  # noqa: ANN202
+    def counting(name: str):
         original = getattr(torch.Tensor, name)
 
-        def method(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        def method(self, *args, **kwargs):
             caller = traceback.extract_stack(limit=2)[0]  # the code that asked for the value
             # SparkTrainer._get_num_items_in_batch counts the labels only of batches still on the host (it hands
             # device batches to the Trainer's own count): on a GPU its reads are host reads, not device reads
@@ -349,12 +349,12 @@ def test_our_code_reads_no_device_value_outside_logging_steps(tiny_dataset: Path
         monkeypatch.setattr(torch.Tensor, name, counting(name))
 
     class StepNumber(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN003, ANN201
+        def on_step_begin(self, args, state, control, **kw):
             step["now"] = state.global_step + 1
 
     build = training.build_trainer
 
-    def with_step_numbers(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def with_step_numbers(*args, **kwargs):
         parts = build(*args, **kwargs)
         parts.trainer.add_callback(StepNumber())
         return parts
@@ -384,7 +384,7 @@ def test_a_train_bin_with_ids_beyond_the_vocabulary_is_one_line(tiny_dataset: Pa
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"])
-def test_a_checkpoint_damaged_in_place_is_skipped_naming_the_file(finished, name: str, tmp_path: Path,  # noqa: ANN001
+def test_a_checkpoint_damaged_in_place_is_skipped_naming_the_file(finished, name: str, tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     import shutil
 

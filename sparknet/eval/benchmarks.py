@@ -16,7 +16,6 @@ from typing import Any
 from sparknet.errors import UserError
 
 SUITE_TASK = "sparknet_continuation"
-DEFAULT_TASKS = ["hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande"]
 METRICS = ("acc", "acc_norm")
 
 

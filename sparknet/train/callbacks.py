@@ -9,7 +9,6 @@ device tensors and read in one go when the Trainer itself synchronises to log th
 from __future__ import annotations
 
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,6 @@ from sparknet.eval.metrics import bits_per_byte, perplexity
 from sparknet.runtime import write_json_atomic
 
 log = logging.getLogger("sparknet.train")
-
-
-def _finite(value: float) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _duration(seconds: float) -> str:

@@ -81,11 +81,6 @@ class TrainSettings:
                 for f in dataclasses.fields(self) if f.metadata["identity"]}
 
 
-def non_identity() -> set[str]:
-    """Settings that change neither the model nor the order of the data nor the optimisation."""
-    return {f.name for f in dataclasses.fields(TrainSettings) if not f.metadata["identity"]}
-
-
 def check_settings(settings: TrainSettings) -> None:
     """Every mistake in the settings at once, as one UserError naming the constants (sparknet.checks' rules, the
     ones a script's constants are checked against before it starts)."""
