@@ -173,13 +173,12 @@ def disk_full(exc: BaseException, folders: tuple[Path, ...] = ()) -> str | None:
     project's, the current folder's, the temp folder's, `folders`, or a path the message names)."""
     import errno
 
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in chain:
-        chain.append(current)
-        if isinstance(current, OSError) and current.errno == errno.ENOSPC and current.filename:
-            return str(current.filename)
-        current = current.__cause__ or current.__context__
+    from sparknet.errors import exception_chain
+
+    chain = exception_chain(exc)
+    for error in chain:
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC and error.filename:
+            return str(error.filename)
     words = " ".join(str(e) for e in chain)
     enospc = any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in chain)
     library = any(type(e).__name__ == "SafetensorError" for e in chain) or "unexpected pos" in words

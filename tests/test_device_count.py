@@ -172,6 +172,23 @@ def test_a_global_batch_that_does_not_split_is_one_line(tiny_dataset: Path, tmp_
     assert [(p.micro, p.accum) for p in (plan_batch(128, 32, d) for d in (1, 2, 4))] == [(32, 4), (32, 2), (32, 1)]
 
 
+def test_fewer_training_blocks_than_one_global_batch_is_refused_before_the_run(tiny_dataset: Path,
+                                                                              tmp_path: Path) -> None:
+    from sparknet.data import PackedDataset
+    from sparknet.errors import UserError
+    from sparknet.train.batch import GlobalBatchSampler
+
+    blocks = len(PackedDataset(tiny_dataset, "train"))
+    with pytest.raises(UserError, match=f"the dataset has {blocks} training blocks, fewer than one global batch "
+                                        f"\\(GLOBAL_BATCH_SIZE={2 * blocks}\\)"):
+        train_packed(train_settings(tmp_path, global_batch_size=2 * blocks, batch_size=2,
+                                    target_tokens=4 * blocks * 128), tiny_dataset)
+    assert not (tmp_path / "ckpt").exists()
+    with pytest.raises(UserError, match="fewer than one global batch"):
+        GlobalBatchSampler(blocks, blocks + 1, seed=0)
+    assert len(GlobalBatchSampler(blocks, blocks, seed=0)) == blocks
+
+
 def test_a_run_from_before_the_global_batch_resumes_unchanged(tmp_path: Path) -> None:
     """run_config.json written when the recipe was BATCH_SIZE x GRAD_ACCUM x devices is read in today's terms."""
     from sparknet.train.folders import RUN_CONFIG, open_run

@@ -573,3 +573,16 @@ def test_a_ctrl_c_while_the_build_closes_still_stops_its_encoders(tokenizer_dir:
     while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in workers):
         assert time.time() < deadline, "the encoders outlived the interrupted close"
         time.sleep(0.05)
+
+
+def test_the_token_dtype_follows_the_vocabulary_and_the_dtype_rule() -> None:
+    import numpy as np
+
+    from sparknet.data.encoding.packer import token_dtype
+
+    assert token_dtype(50257) == np.uint16 and token_dtype(2**16 + 1) == np.uint32
+    assert token_dtype(2**16, "uint32") == np.uint32
+    with pytest.raises(UserError, match="DTYPE='int8': expected auto, uint16 or uint32"):
+        token_dtype(50257, "int8")
+    with pytest.raises(UserError, match="a vocabulary of 65537 tokens overflows uint16"):
+        token_dtype(2**16 + 1, "uint16")

@@ -67,15 +67,21 @@ def budget(target_tokens: int, block: int, global_batch: int) -> tuple[int, int]
     return math.ceil(target_tokens / per_step), per_step
 
 
+def check_enough_blocks(blocks: int, global_batch: int) -> None:
+    """A dataset must hold one whole global batch: every optimizer step trains on exactly `global_batch` blocks."""
+    if blocks < global_batch:
+        raise UserError(f"the dataset has {blocks} training blocks, fewer than one global batch "
+                        f"(GLOBAL_BATCH_SIZE={global_batch}): lower GLOBAL_BATCH_SIZE, or build the dataset with "
+                        "more tokens")
+
+
 class GlobalBatchSampler(torch.utils.data.Sampler[int]):
     """Each epoch, a permutation of the blocks (seed + epoch, as accelerate's seedable sampler draws it) cut to
     whole global batches: the blocks beyond the last whole one are left out of this epoch only (the next epoch's
     permutation is another)."""
 
     def __init__(self, blocks: int, global_batch: int, seed: int) -> None:
-        if blocks < global_batch:
-            raise UserError(f"the dataset has {blocks} training blocks, fewer than one global batch of "
-                            f"{global_batch}: lower GLOBAL_BATCH_SIZE, or build the dataset with more tokens")
+        check_enough_blocks(blocks, global_batch)
         self.blocks, self.global_batch, self.seed = blocks, global_batch, seed
         self.epoch = 0
 

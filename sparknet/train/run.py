@@ -30,7 +30,7 @@ from sparknet.locks import exclusive
 from sparknet.model import Preset, build_model, flops_per_token, get_preset, parameter_count, peak_flops, preset_dict
 from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic, writes_to
 from sparknet.tokenizer import portable_config
-from sparknet.train.batch import BatchPlan, TokenCount, budget, plan_batch
+from sparknet.train.batch import BatchPlan, TokenCount, budget, check_enough_blocks, plan_batch
 from sparknet.train.callbacks import MetricsCallback, SamplingCallback
 from sparknet.train.data_plan import DataPlan
 from sparknet.train.folders import EVAL_START, METADATA, RunFolder, latest_complete_checkpoint, open_run
@@ -72,10 +72,8 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
         raise UserError(f"TARGET_TOKENS={target:,} is less than one optimizer step of {tokens_per_step:,} tokens "
                         f"(GLOBAL_BATCH_SIZE={batch.global_batch} blocks x {data.block_size} tokens): raise "
                         "TARGET_TOKENS or lower GLOBAL_BATCH_SIZE")
-    if data.train_blocks is not None and data.train_blocks < batch.global_batch:
-        raise UserError(f"the dataset has {data.train_blocks} training blocks, fewer than one global batch "
-                        f"(GLOBAL_BATCH_SIZE={batch.global_batch}): lower GLOBAL_BATCH_SIZE, or build the dataset "
-                        "with more tokens")
+    if data.train_blocks is not None:
+        check_enough_blocks(data.train_blocks, batch.global_batch)
     log_budget(data, target, max_steps, tokens_per_step, batch)
     # one training of a RUN_NAME at a time (the main process holds the lock; the others are its own ranks)
     run_dir = project_path(settings.checkpoints_dir) / settings.run_name

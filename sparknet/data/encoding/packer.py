@@ -21,10 +21,10 @@ CUT_WINDOW = 1 << 16  # characters searched after a piece's end for a space to c
 
 def token_dtype(vocab_size: int, requested: str = "auto") -> np.dtype:
     """uint16 when every id fits, else uint32; a requested dtype too small for the vocabulary is refused."""
+    from sparknet.checks import check_values
     from sparknet.errors import UserError
 
-    if requested not in ("auto", "uint16", "uint32"):
-        raise UserError(f"DTYPE={requested!r}: expected auto, uint16 or uint32")
+    check_values({"DTYPE": requested})  # the choices are the DTYPE rule's
     if requested == "auto":
         return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
     dtype = np.dtype(requested)

@@ -14,16 +14,14 @@ from typing import Any
 
 from sparknet.config import SourceSpec
 from sparknet.data.source.opening import (
+    RowTexts,
     UnreadableSource,
-    declared_columns,
-    document_text,
     hub_offline,
     is_hub_source,
     open_source,
-    pick_text_field,
     read_rows,
-    warn_no_text,
 )
+from sparknet.errors import exception_chain
 
 log = logging.getLogger("sparknet.data.source.opening")
 
@@ -50,11 +48,7 @@ def transient(exc: BaseException) -> bool:
     Not a 4xx that says what is wrong (401, 404), nor a parse error of the data."""
     from huggingface_hub.errors import HfHubHTTPError
 
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in chain:
-        chain.append(current)
-        current = current.__cause__ or current.__context__
+    chain = exception_chain(exc)
     for e in chain:
         if isinstance(e, HfHubHTTPError):
             status = getattr(getattr(e, "response", None), "status_code", None)
@@ -158,15 +152,9 @@ _DROP_DATASETS_RETRY_LINES = _drop_datasets_retry_line
 def iter_texts(spec: SourceSpec) -> Iterator[str]:
     """Yields the non-empty document texts of a source, in the source's order (a Hub source's transient failures
     retried from the row reached)."""
-    field, warned = None, False
+    texts = RowTexts(spec)
     current = [retried_open(spec)]
     for index, row in enumerate(retried_rows(spec, current[0], lambda: open_source(spec),
                                              lambda reopened: current.__setitem__(0, reopened))):
-        if field is None:
-            field = pick_text_field(row, spec, declared_columns(current[0]))
-        text = document_text(row, field, spec)
-        if text:
+        if text := texts.text(row, index, current[0]):
             yield text
-        elif not warned:
-            warn_no_text(spec, field, index)
-            warned = True

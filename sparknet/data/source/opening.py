@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from sparknet.config import MixConfig, SourceSpec
-from sparknet.errors import UserError
+from sparknet.errors import UserError, exception_chain
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +72,7 @@ def hub_access_error(spec: SourceSpec, exc: BaseException) -> UserError | None:
     which); None for any other failure."""
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in chain:
-        chain.append(current)
-        current = current.__cause__ or current.__context__
+    chain = exception_chain(exc)
     names = {type(e).__name__ for e in chain}
     words = " ".join(str(e) for e in chain)
     where = f"source {spec.label!r}: the Hub dataset {spec.name!r}"
@@ -207,21 +203,33 @@ def pick_text_field(row: dict[str, Any], spec: SourceSpec, columns: dict[str, st
     )
 
 
-def warn_no_text(spec: SourceSpec, field: str, row_index: int) -> None:
-    """Said once per source and pass: rows without text (the column missing, null or empty) are skipped."""
-    log.warning("source %r: row %d has no text in column %r (missing, null or empty): such rows are skipped; if many "
-                "rows keep their text under another key, set \"text_field\"", spec.label, row_index, field)
+class RowTexts:
+    """The document text of each row of one pass over a source: the text column picked at the first row (from the
+    stream's declared columns, `pick_text_field`), a non-text value the user's mistake, and rows without text
+    (the column missing, null or empty) skipped with one warning per pass."""
 
+    def __init__(self, spec: SourceSpec) -> None:
+        self.spec, self.field, self.warned = spec, None, False
 
-def document_text(row: dict[str, Any], field: str, spec: SourceSpec) -> str | None:
-    """The row's text in column `field` (None when the row has none); a non-text value is the user's mistake."""
-    text = row.get(field)
-    if text is not None and not isinstance(text, str):
-        raise UserError(
-            f"source {spec.label!r}: column {field!r} holds {type(text).__name__}, not text; "
-            'set "text_field" to a text column'
-        )
-    return text
+    def text(self, row: dict[str, Any], row_index: int, rows: Any) -> str | None:
+        """The text of `row` (the `row_index`-th of the pass, read from the opened stream `rows`), None when it
+        has none."""
+        if self.field is None:
+            self.field = pick_text_field(row, self.spec, declared_columns(rows))
+        text = row.get(self.field)
+        if text is not None and not isinstance(text, str):
+            raise UserError(
+                f"source {self.spec.label!r}: column {self.field!r} holds {type(text).__name__}, not text; "
+                'set "text_field" to a text column'
+            )
+        if text:
+            return text
+        if not self.warned:
+            log.warning("source %r: row %d has no text in column %r (missing, null or empty): such rows are "
+                        "skipped; if many rows keep their text under another key, set \"text_field\"",
+                        self.spec.label, row_index, self.field)
+            self.warned = True
+        return None
 
 
 def read_rows(rows: Any, spec: SourceSpec) -> Iterator[dict[str, Any]]:

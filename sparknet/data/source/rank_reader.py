@@ -27,13 +27,7 @@ import numpy as np
 
 from sparknet.config import SourceSpec
 from sparknet.data.source.hub_retries import retried_open, retried_rows
-from sparknet.data.source.opening import (
-    declared_columns,
-    document_text,
-    open_source,
-    pick_text_field,
-    warn_no_text,
-)
+from sparknet.data.source.opening import RowTexts, open_source
 from sparknet.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -206,7 +200,7 @@ class SourceReader:
     def _texts_of(self, rows: Any, keep: Any, reopen: Any) -> Iterator[str]:
         """The non-empty texts of the rows `keep(index in the pass)` accepts; `self.rows` counts every row read.
         A Hub source's transient failures are retried from the position reached (`retried_rows`, with `reopen`)."""
-        field, warned = None, False
+        texts = RowTexts(self.spec)
         current = [rows]
         for row in retried_rows(self.spec, rows, reopen, lambda reopened: current.__setitem__(0, reopened)):
             rows = current[0]
@@ -215,15 +209,9 @@ class SourceReader:
             self.rows += 1
             if not keep(index):
                 continue
-            if field is None:
-                field = pick_text_field(row, self.spec, declared_columns(rows))
-            text = document_text(row, field, self.spec)
-            if text:
+            if text := texts.text(row, index, rows):
                 self.documents += 1
                 yield text
-            elif not warned:
-                warn_no_text(self.spec, field, index)
-                warned = True
 
 
 def _stable_hash(text: str) -> int:

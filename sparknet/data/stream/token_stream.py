@@ -46,8 +46,7 @@ from sparknet.identity import describe_changes
 
 log = logging.getLogger(__name__)
 
-OnExhausted = Literal["stop", "renormalise", "restart"]
-ON_EXHAUSTED: tuple[str, ...] = ("stop", "renormalise", "restart")
+OnExhausted = Literal["stop", "renormalise", "restart"]  # the choices are the ON_EXHAUSTED rule's (sparknet.checks)
 
 
 class TokenStream(torch.utils.data.IterableDataset):
@@ -286,11 +285,9 @@ def _check_arguments(config: MixConfig, on_exhausted: str, block_size: int, shuf
     """Every mistake at once, in one UserError."""
     labels = [spec.label for spec in config.mix]
     problems = []
-    if on_exhausted not in ON_EXHAUSTED:
-        problems.append(f"ON_EXHAUSTED={on_exhausted!r}: expected one of {', '.join(ON_EXHAUSTED)}")
     # by the rules of the scripts' constants
-    problems += check_problems({"BLOCK_SIZE": block_size, "SHUFFLE_BUFFER": shuffle_buffer,
-                                "NUM_WORKERS": num_workers})
+    problems += check_problems({"ON_EXHAUSTED": on_exhausted, "BLOCK_SIZE": block_size,
+                                "SHUFFLE_BUFFER": shuffle_buffer, "NUM_WORKERS": num_workers})
     if not 0 <= rank < world_size:
         problems.append(f"rank {rank} of world size {world_size}: expected 0 <= rank < world size")
     unknown = sorted(set(skip_documents) - set(labels))
