@@ -152,7 +152,7 @@ class SparkTrainer(Trainer):
         self.add_callback(_SamplerEpoch(self))
         self.add_callback(StepSpeed())
         self._counted = CountedParameters()
-        self.muon_lr = muon_lr  # set: Muon for the hidden matrices, AdamW for the rest (sparknet.train.optim)
+        self.muon_lr = muon_lr  # set: Muon for the hidden matrices, AdamW for the rest (sparknet.train.muon)
         self.nonfinite = nonfinite
         self.grad_norms: list[tuple[int, Any]] = []
         self._first_bad: torch.Tensor | None = None
@@ -178,7 +178,7 @@ class SparkTrainer(Trainer):
         if self.muon_lr is None:
             return super().create_optimizer(model)
         if self.optimizer is None:
-            from sparknet.train.optim import MuonAdamW
+            from sparknet.train.muon import MuonAdamW
 
             model = self.model if model is None else model
             self.optimizer = MuonAdamW(list(model.named_parameters()), lr=self.args.learning_rate,
