@@ -191,10 +191,13 @@ def _help_text(namespace: dict[str, Any], names: list[str], helps: dict[str, str
     if doc:
         out += [doc, ""]
     out.append("constants (edit them at the top of the script, or override them here):")
+    from sparknet.checks import RULES  # the allowed words of a choice (OPTIMIZER's from its registry)
+
     width = max((len(n) for n in names), default=0) + 2
     for name in names:
         default = json.dumps(namespace[name]) if not isinstance(namespace[name], str) else repr(namespace[name])
-        out.append(f"  --{name.lower():<{width}} {helps.get(name, '')} (default: {default})")
+        choices = f" (one of: {', '.join(RULES[name].choices)})" if name in RULES and RULES[name].choices else ""
+        out.append(f"  --{name.lower():<{width}} {helps.get(name, '')}{choices} (default: {default})")
     return "\n".join(out)
 
 

@@ -45,7 +45,7 @@ def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: 
         adam_beta1=settings.adam_betas[0],
         adam_beta2=settings.adam_betas[1],
         max_grad_norm=settings.max_grad_norm,
-        optim="adamw_torch_fused" if cuda else "adamw_torch",
+        optim="adamw_torch_fused" if cuda else "adamw_torch",  # read by OPTIMIZER=adamw only (sparknet.train.optim)
         bf16=bool(device["bf16"]),
         tf32=bool(device["tf32"]) or None,
         torch_compile=compiles(settings, device),
@@ -110,9 +110,11 @@ def check_launch(settings: TrainSettings, device: dict[str, Any]) -> None:
         raise UserError(f"an FSDP launch (accelerate config distributed_type: FSDP) on a machine without CUDA GPUs "
                         f"({device['name']}): accelerate would run plain data parallelism instead. Launch with "
                         "`torchrun --nproc_per_node N` or `accelerate launch --multi_gpu --num_processes N` here")
-    if settings.optimizer == "muon":
-        raise UserError("OPTIMIZER=muon under FSDP: Muon orthogonalises each whole weight matrix, and FSDP gives each "
-                        "process a shard of it. Use OPTIMIZER=adamw with FSDP, or Muon with DDP (torchrun)")
+    from sparknet.train.optim import OPTIMIZERS
+
+    if why := OPTIMIZERS[settings.optimizer].not_under_fsdp:
+        raise UserError(f"OPTIMIZER={settings.optimizer} under FSDP: {why}. Use OPTIMIZER=adamw with FSDP, or "
+                        f"OPTIMIZER={settings.optimizer} with DDP (torchrun)")
 
 
 def lr_schedule(settings: TrainSettings, max_steps: int) -> dict[str, Any]:
@@ -145,14 +147,14 @@ class SparkTrainer(Trainer):
     of the weights it starts from."""
 
     def __init__(self, *args: Any, nonfinite: str = "stop", batch_log: Path | None = None,
-                 muon_lr: float | None = None, global_batch: int | None = None, **kwargs: Any) -> None:
+                 settings: TrainSettings | None = None, global_batch: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.global_batch = global_batch  # set: a packed dataset is drawn in whole global batches (GlobalBatchSampler)
         self.train_sampler: GlobalBatchSampler | None = None
         self.add_callback(_SamplerEpoch(self))
         self.add_callback(StepSpeed())
         self._counted = CountedParameters()
-        self.muon_lr = muon_lr  # set: Muon for the hidden matrices, AdamW for the rest (sparknet.train.muon)
+        self.settings = settings  # its OPTIMIZER is built by sparknet.train.optim (None: the Trainer's own AdamW)
         self.nonfinite = nonfinite
         self.grad_norms: list[tuple[int, Any]] = []
         self._first_bad: torch.Tensor | None = None
@@ -175,15 +177,14 @@ class SparkTrainer(Trainer):
         return step if step >= 0 else None
 
     def create_optimizer(self, model: Any = None) -> Any:
-        if self.muon_lr is None:
+        """The settings' OPTIMIZER, from the registry (sparknet.train.optim)."""
+        if self.settings is None:
             return super().create_optimizer(model)
         if self.optimizer is None:
-            from sparknet.train.muon import MuonAdamW
+            from sparknet.train.optim import OPTIMIZERS
 
             model = self.model if model is None else model
-            self.optimizer = MuonAdamW(list(model.named_parameters()), lr=self.args.learning_rate,
-                                       muon_lr=self.muon_lr, betas=(self.args.adam_beta1, self.args.adam_beta2),
-                                       weight_decay=self.args.weight_decay, fused=self.args.device.type == "cuda")
+            self.optimizer = OPTIMIZERS[self.settings.optimizer].build(self, model)
         return self.optimizer
 
     def get_train_dataloader(self) -> Any:

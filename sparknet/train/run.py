@@ -211,7 +211,7 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     trainer = SparkTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.val,
                            processing_class=tokenizer, data_collator=default_data_collator, nonfinite=s.nonfinite,
                            batch_log=batch_log if s.record_batches else None,
-                           muon_lr=s.muon_learning_rate if s.optimizer == "muon" else None,
+                           settings=s,
                            global_batch=batch.global_batch)
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)

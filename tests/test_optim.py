@@ -1,0 +1,75 @@
+"""The OPTIMIZER registry (sparknet.train.optim): the names the rule, --help and the FSDP check read, and what each
+builds, checked against the plain transformers Trainer's own optimizer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+from sparknet.checks import RULES, check_values
+from sparknet.errors import UserError
+from sparknet.train.hf_trainer import SparkTrainer
+from sparknet.train.muon import MuonAdamW, is_hidden_matrix
+from sparknet.train.optim import OPTIMIZERS
+from tests.helpers import train_settings
+
+
+def _model() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2))
+
+
+def _args(tmp_path: Path) -> TrainingArguments:
+    return TrainingArguments(output_dir=str(tmp_path), learning_rate=2e-3, weight_decay=0.1, adam_beta1=0.8,
+                             adam_beta2=0.9, optim="adamw_torch", report_to="none", use_cpu=True)
+
+
+def _groups(optimizer: torch.optim.Optimizer) -> list[tuple[list[int], dict]]:
+    return [([id(p) for p in g["params"]], {k: v for k, v in g.items() if k != "params"})
+            for g in optimizer.param_groups]
+
+
+def test_the_rule_and_help_take_their_names_from_the_registry() -> None:
+    assert RULES["OPTIMIZER"].choices == tuple(OPTIMIZERS) == ("adamw", "muon")
+    for name in OPTIMIZERS:
+        check_values({"OPTIMIZER": name})
+    with pytest.raises(UserError, match="OPTIMIZER='adam': expected adamw or muon \\(did you mean adamw\\?\\)"):
+        check_values({"OPTIMIZER": "adam"})
+    out = subprocess.run([sys.executable, "scripts/train_sparknet_v5.py", "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "(one of: adamw, muon)" in next(line for line in out.splitlines() if "--optimizer" in line)
+
+
+def test_adamw_is_the_plain_trainers_own_optimizer(tmp_path: Path) -> None:
+    model = _model()
+    ours = SparkTrainer(model=model, args=_args(tmp_path), settings=train_settings(tmp_path, optimizer="adamw"))
+    plain = Trainer(model=model, args=_args(tmp_path))
+    built, reference = ours.create_optimizer(), plain.create_optimizer()
+    assert type(built) is type(reference) is torch.optim.AdamW
+    assert _groups(built) == _groups(reference)
+    no_decay = {n for n, p in model.named_parameters() if id(p) in _groups(built)[1][0]}
+    assert no_decay and all(n.endswith("bias") or ".ln_" in n for n in no_decay)  # biases and norms: no decay
+
+
+def test_muon_takes_the_hidden_matrices_at_its_own_rate(tmp_path: Path) -> None:
+    model = _model()
+    trainer = SparkTrainer(model=model, args=_args(tmp_path),
+                           settings=train_settings(tmp_path, optimizer="muon", muon_learning_rate=5e-3))
+    built = trainer.create_optimizer()
+    assert isinstance(built, MuonAdamW) and trainer.create_optimizer() is built
+    hidden = {id(p) for n, p in model.named_parameters() if is_hidden_matrix(n, p)}
+    assert hidden and {id(p) for g in built.muon.param_groups for p in g["params"]} == hidden
+    assert [g["lr"] for g in built.muon.param_groups] == [5e-3]
+    assert {g["lr"] for g in built.adamw.param_groups} == {2e-3}
+    assert {id(p) for g in built.adamw.param_groups for p in g["params"]} == {
+        id(p) for p in model.parameters()} - hidden
+
+
+def test_an_optimizer_that_cannot_step_shards_says_why_under_fsdp() -> None:
+    assert OPTIMIZERS["adamw"].not_under_fsdp is None
+    assert "whole weight matrix" in OPTIMIZERS["muon"].not_under_fsdp
