@@ -87,11 +87,6 @@ def annotated_types(source: str) -> dict[str, Any]:
 # Path constants whose value may instead be a Hub repository id: resolved against the current folder only when the
 # path exists there.
 _MAYBE_HUB_IDS = {"TOKENIZER_DIR", "MODEL", "MODELS", "DATA", "SUITE_DATA"}
-# constants that were removed, with what replaces them: an old command line gets the way forward, not a near name
-RETIRED = {
-    "GRAD_ACCUM": "GRAD_ACCUM is gone: set GLOBAL_BATCH_SIZE, the blocks per optimizer step over all devices (it was "
-                  "BATCH_SIZE x GRAD_ACCUM x devices); the accumulation now follows from it and the device count",
-}
 
 
 def is_path_constant(name: str) -> bool:
@@ -227,8 +222,6 @@ def apply_overrides(namespace: dict[str, Any], argv: list[str] | None = None) ->
             )
         key, has_value, raw = arg[2:].partition("=")
         key = key.replace("-", "_").lower()
-        if key not in by_flag and key.upper() in RETIRED and "GLOBAL_BATCH_SIZE" in names:
-            raise UsageError(f"--{key}: {RETIRED[key.upper()]}")
         if key not in by_flag:
             near = difflib.get_close_matches(key, list(by_flag), n=1, cutoff=0.5)
             hint = f"; did you mean --{near[0]}?" if near else "; see --help for the list"

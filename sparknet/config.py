@@ -74,7 +74,8 @@ class MixConfig:
     def to_dict(self) -> dict[str, Any]:
         """The config as plain JSON data (for manifests and metadata)."""
         d = asdict(self)
-        # `revision` only when set: inputs recorded before it existed lack the key and must still compare equal
+        # `revision` only where pinned: an entry without one reads the default branch (its commit is recorded
+        # beside the config, as source_revisions)
         d["mix"] = [{k: v for k, v in s.items() if k != "revision" or v is not None} for s in d["mix"]]
         return d
 

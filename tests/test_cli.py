@@ -119,14 +119,6 @@ def test_real_script_unknown_flag_exits_2_without_traceback() -> None:
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("script", ["train_sparknet_v5.py", "train_sparknet.py"])
-def test_the_retired_grad_accum_flag_says_what_replaces_it(script: str) -> None:
-    proc = run_script(script, "--grad_accum", "4")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "--grad_accum: GRAD_ACCUM is gone: set GLOBAL_BATCH_SIZE" in proc.stderr, proc.stderr
-    assert "did you mean" not in proc.stderr
-
-
 def test_real_script_bad_type_exits_2() -> None:
     proc = run_script("train_tokenizer_v5.py", "--max_bytes=lots")
     assert proc.returncode == 2 and "--max_bytes: expected an integer, got 'lots'" in proc.stderr

@@ -189,25 +189,28 @@ def test_fewer_training_blocks_than_one_global_batch_is_refused_before_the_run(t
     assert len(GlobalBatchSampler(blocks, blocks, seed=0)) == blocks
 
 
-def test_a_run_from_before_the_global_batch_resumes_unchanged(tmp_path: Path) -> None:
-    """run_config.json written when the recipe was BATCH_SIZE x GRAD_ACCUM x devices is read in today's terms."""
-    from sparknet.train.folders import RUN_CONFIG, open_run
+def test_a_run_folder_in_another_format_is_refused_in_one_line_and_left_as_it_is(tmp_path: Path) -> None:
+    """A run folder records its format; one from before (no version: format 1, when the recipe was BATCH_SIZE x
+    GRAD_ACCUM x devices) is refused naming both versions, never migrated; a fixed key is still checked."""
+    from sparknet.errors import UserError
+    from sparknet.train.folders import RUN_CONFIG, RUN_FORMAT, open_run
 
     run_dir = tmp_path / "ckpt" / "run"
-    run_dir.mkdir(parents=True)
-    old = {"model_preset": "sparknet-tiny", "batch_size": 4, "grad_accum": 2, "world_size": 2, "data": "stream"}
-    (run_dir / RUN_CONFIG).write_text(json.dumps(old))
     today = {"model_preset": "sparknet-tiny", "global_batch_size": 16, "data": "stream"}
     why = "resumes only on the same number of processes"
-    run = open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), today, False, True,
-                   fixed={"stream_processes": (2, why)})
-    assert run.resume is None and json.loads((run_dir / RUN_CONFIG).read_text())["global_batch_size"] == 16
-    (run_dir / RUN_CONFIG).write_text(json.dumps(old))
-    from sparknet.errors import UserError
-
+    open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), today, False, True,
+             fixed={"stream_processes": (2, why)})
+    written = json.loads((run_dir / RUN_CONFIG).read_text())
+    assert written == {"format_version": RUN_FORMAT, **today, "stream_processes": 2}
     with pytest.raises(UserError, match=f"stream processes 2 -> 1: {why}"):
         open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), today, True, True,
                  fixed={"stream_processes": (1, why)})
+    old = {"model_preset": "sparknet-tiny", "batch_size": 4, "grad_accum": 2, "world_size": 2, "data": "stream"}
+    (run_dir / RUN_CONFIG).write_text(json.dumps(old))
+    with pytest.raises(UserError, match=f"run run is in run folder format 1, and this SparkNet reads format "
+                                        f"{RUN_FORMAT}: start it again under another RUN_NAME"):
+        open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), today, True, True,
+                 fixed={"stream_processes": (2, why)})
     assert json.loads((run_dir / RUN_CONFIG).read_text()) == old  # the refused attempt wrote nothing
 
 

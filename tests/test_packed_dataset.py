@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 from sparknet.config import load_config
 from sparknet.data import PackedDataset
 from sparknet.data.packed.build import BuildSpec, build_dataset
+from sparknet.data.packed.dataset import FORMAT_VERSION
 from sparknet.errors import UserError
 from tests.helpers import (
     OFFLINE_ENV,
@@ -236,7 +238,7 @@ def test_opening_a_1b_token_dataset_copies_nothing(tmp_path: Path) -> None:
     with (folder / "train.bin").open("wb") as f:
         f.truncate(blocks * 1024 * 2)  # sparse: 2 GB on paper, nothing on disk
     manifest = {
-        "format_version": 1,
+        "format_version": FORMAT_VERSION,
         "block_size": 1024,
         "dtype": "uint16",
         "splits": {"train": {"file": "train.bin", "blocks": blocks}},
@@ -586,3 +588,14 @@ def test_the_token_dtype_follows_the_vocabulary_and_the_dtype_rule() -> None:
         token_dtype(50257, "int8")
     with pytest.raises(UserError, match="a vocabulary of 65537 tokens overflows uint16"):
         token_dtype(2**16 + 1, "uint16")
+
+
+def test_a_dataset_in_an_older_format_is_refused_in_one_line_naming_both_versions(tiny_dataset: Path,
+                                                                                  tmp_path: Path) -> None:
+    old = tmp_path / "old"
+    shutil.copytree(tiny_dataset, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    (old / "manifest.json").write_text(json.dumps({**manifest, "format_version": FORMAT_VERSION - 1}))
+    with pytest.raises(UserError, match=f"format version {FORMAT_VERSION - 1}, and this SparkNet reads "
+                                        f"{FORMAT_VERSION}: rebuild it"):
+        PackedDataset(old, "train")

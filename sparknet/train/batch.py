@@ -106,9 +106,5 @@ class TokenCount(TrainerCallback):
     def __init__(self, tokens_per_step: int) -> None:
         self.tokens_per_step = tokens_per_step
 
-    def on_train_begin(self, args: object, state: object, control: object, **kw: object) -> None:
-        if state.global_step and not state.num_input_tokens_seen:  # a checkpoint from before the count
-            state.num_input_tokens_seen = state.global_step * self.tokens_per_step
-
     def on_step_end(self, args: object, state: object, control: object, **kw: object) -> None:
         state.num_input_tokens_seen += self.tokens_per_step

@@ -23,6 +23,9 @@ from sparknet.runtime import project_path, read_json_object, write_json_atomic
 
 log = logging.getLogger("sparknet.train")
 RUN_CONFIG = "run_config.json"
+# The run folder's format, recorded in its run_config.json: a folder in another format is refused in one line, never
+# migrated (1: before format versions were recorded).
+RUN_FORMAT = 2
 METADATA = "training_metadata.json"
 EVAL_START = "eval_start.json"
 COMPLETE_MARKER = ".complete"
@@ -166,19 +169,6 @@ def _read_state(path: Path) -> dict[str, Any]:
                                   "or start again with another RUN_NAME")
 
 
-def _migrated(previous: dict[str, Any]) -> dict[str, Any]:
-    """A run identity written before the global batch was the recipe (BATCH_SIZE x GRAD_ACCUM x devices), in
-    today's terms, so that such a run resumes unchanged."""
-    if "grad_accum" not in previous or "global_batch_size" in previous:
-        return previous
-    previous = dict(previous)
-    world = previous.pop("world_size", 1)
-    previous["global_batch_size"] = previous.pop("batch_size") * previous.pop("grad_accum") * world
-    if previous.get("data") == "stream":
-        previous["stream_processes"] = world
-    return previous
-
-
 def open_run(run_name: str, checkpoints_dir: str, logs_dir: str, identity: dict[str, Any],
              allow_config_change: bool, main_process: bool,
              fixed: dict[str, tuple[Any, str]] | None = None) -> RunFolder:
@@ -196,7 +186,12 @@ def open_run(run_name: str, checkpoints_dir: str, logs_dir: str, identity: dict[
         if main_process:
             start.unlink()
     if (run_dir / RUN_CONFIG).is_file():
-        previous = _migrated(_read_state(run_dir / RUN_CONFIG))
+        previous = dict(_read_state(run_dir / RUN_CONFIG))
+        version = previous.pop("format_version", 1)
+        if version != RUN_FORMAT:
+            raise UserError(f"run {run_name} is in run folder format {version}, and this SparkNet reads format "
+                            f"{RUN_FORMAT}: start it again under another RUN_NAME, or finish it with the SparkNet "
+                            "version that started it")
         for key, (value, why) in fixed.items():
             if key in previous and previous[key] != value:
                 raise UserError(f"run {run_name}: {key.replace('_', ' ')} {previous[key]} -> {value}: {why}")
@@ -219,5 +214,5 @@ def open_run(run_name: str, checkpoints_dir: str, logs_dir: str, identity: dict[
         run_dir.mkdir(parents=True, exist_ok=True)
         if resume is None and log_dir.exists():
             shutil.rmtree(log_dir)  # a fresh start: events of an attempt that never saved a checkpoint are void
-        write_json_atomic(run_dir / RUN_CONFIG, identity)
+        write_json_atomic(run_dir / RUN_CONFIG, {"format_version": RUN_FORMAT, **identity})
     return RunFolder(run_dir, log_dir, resume, None)

@@ -103,9 +103,6 @@ def train_steps(run: RunFolder, parts: TrainerParts, max_steps: int) -> float:
     if run.resume_step >= max_steps:  # died after the last save, before the export: nothing left to train
         log.info("%s is the run's last step: going straight to the final eval and export", run.resume)
         parts.trainer.restore_finished(run.resume)
-        state = parts.trainer.state
-        if not state.num_input_tokens_seen:  # a checkpoint from before the count (sparknet.train.batch.TokenCount)
-            state.num_input_tokens_seen = state.global_step * parts.metrics.tokens_per_step
         return 0.0
     if run.resume:
         log.info("resuming from %s", run.resume)

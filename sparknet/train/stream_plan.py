@@ -125,13 +125,13 @@ def _validation(spec: StreamSpec, run_dir: Path,
     folder on resume.
 
     Every read of the run (hold-out, training, each resume) is at the commits its start resolved: a branch that
-    moves during a run of days does not change its data. A run from before this was recorded reads as it did."""
+    moves during a run of days does not change its data."""
     from sparknet.data.source.opening import at_commits, resolve_revisions
     from sparknet.data.stream.holdout import hold_out_validation
 
     resumed = (run_dir / VAL_BLOCKS).is_file() and (run_dir / VAL_REPORT).is_file()
     report = json.loads((run_dir / VAL_REPORT).read_text()) if resumed else {}
-    commits = report["commits"] if "commits" in report else resolve_revisions(spec.config)
+    commits = report["commits"] if resumed else resolve_revisions(spec.config)
     if resumed:
         val_tokens = np.load(run_dir / VAL_BLOCKS)
     else:

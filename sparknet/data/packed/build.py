@@ -206,8 +206,6 @@ def _inputs(spec: BuildSpec, tok: Any, dtype: np.dtype) -> dict[str, Any]:
         "val_tokens": spec.val_tokens,
         "shuffle_buffer": spec.shuffle_buffer,
     }
-    if spec.shuffle_buffer:  # the buffer of SourceReader, not that of `datasets` (which earlier builds used)
-        inputs["shuffle"] = "sparknet-reader"
     inputs["mixing"] = MIXING_RULES
     return inputs
 

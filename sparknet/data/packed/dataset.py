@@ -18,7 +18,7 @@ import numpy as np
 
 from sparknet.errors import UserError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # a dataset in another format is refused in one line, never migrated
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 
@@ -78,8 +78,8 @@ class PackedDataset:
             raise UserError(f"dataset {self.folder} {what}: build it with scripts/build_dataset_v5.py")
         if manifest.get("format_version") != FORMAT_VERSION:
             raise UserError(
-                f"dataset {self.folder} has format version {manifest.get('format_version')}, this "
-                f"SparkNet reads {FORMAT_VERSION}: rebuild it"
+                f"dataset {self.folder} has format version {manifest.get('format_version')}, and this "
+                f"SparkNet reads {FORMAT_VERSION}: rebuild it with scripts/build_dataset_v5.py (--overwrite true)"
             )
         if split not in manifest["splits"]:
             raise UserError(f"dataset {self.folder} has no split {split!r}; splits: {', '.join(manifest['splits'])}")
