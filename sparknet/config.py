@@ -35,8 +35,43 @@ class ConfigError(UserError):
 
 
 @dataclass(frozen=True)
+class LocalKind:
+    """A kind of local data file a mix entry may name (`"name": "<kind>"` with `data_files`): what its files are
+    called in messages, the file suffixes that are this kind (for evaluation's DATA), and what datasets' packaged
+    builder of the same name needs beyond the files."""
+
+    files: str
+    suffixes: tuple[str, ...]
+    builder_kwargs: tuple[tuple[str, Any], ...] = ()
+
+
+# The source kinds besides a Hub dataset: one place, that every question "is this source local files" asks
+# (SourceSpec.local). Each is the datasets builder of that name, streamed. Adding a kind: an entry here and its
+# end-to-end test (tests/test_source_kinds.py).
+LOCAL_KINDS: dict[str, LocalKind] = {
+    "json": LocalKind("JSONL", (".jsonl", ".json", ".jsonl.gz", ".json.gz")),
+    "parquet": LocalKind("Parquet", (".parquet",)),
+    "csv": LocalKind("CSV (with a header row)", (".csv", ".csv.gz")),
+    # a plain-text file is one document (datasets' default would make each line one)
+    "text": LocalKind("plain-text (one document per file)", (".txt", ".md", ".txt.gz"), (("sample_by", "document"),)),
+}
+
+
+# How a source's label is made (recorded in every dataset's manifest, so that what a label meant stays with it)
+LABEL_RULE = (f"for a local kind ({', '.join(LOCAL_KINDS)}) its first data file's stem (a glob's folder), else the "
+              "dataset id's last part; then /subset and @revision when set; repeated labels numbered #1, #2, ...")
+
+
+def local_kind_of_file(path: str) -> str | None:
+    """The local kind whose suffix `path` ends with, or None."""
+    name = path.lower()
+    return next((kind for kind, spec in LOCAL_KINDS.items() if name.endswith(spec.suffixes)), None)
+
+
+@dataclass(frozen=True)
 class SourceSpec:
-    """One mix entry: a Hub dataset id (or `json` with local `data_files`) and its share of the mix."""
+    """One mix entry: a Hub dataset id (or a local kind, `json`, `parquet`, `csv` or `text`, with `data_files`) and
+    its share of the mix."""
 
     name: str
     prob: float
@@ -46,6 +81,12 @@ class SourceSpec:
     text_field: str | None = None
     revision: str | None = None  # a Hub branch, tag or commit sha; None reads the default branch as it is now
     label: str = ""  # unique short name used in reports and accounting
+
+    @property
+    def local(self) -> LocalKind | None:
+        """The kind of local files this entry reads (LOCAL_KINDS), or None for a Hub dataset (or a local folder
+        named as a dataset)."""
+        return LOCAL_KINDS.get(self.name)
 
     def resolved_data_files(self) -> list[str] | dict[str, list[str]] | None:
         """Data files with relative paths resolved against the project root, glob patterns kept as patterns."""
@@ -200,17 +241,19 @@ def parse_config(data: Any, path: str = "<config>") -> MixConfig:
         subset = check.string(entry.get("subset"), f"{where}.subset", optional=True)
         text_field = check.string(entry.get("text_field"), f"{where}.text_field", optional=True)
         revision = check.string(entry.get("revision"), f"{where}.revision", optional=True)
-        if name == "json" and subset is not None:
-            raise check.fail(f"{where}.subset", 'a "json" source has no subsets: remove "subset" (use data_files)')
-        if name == "json" and revision is not None:
+        local = LOCAL_KINDS.get(name)
+        if local and subset is not None:
+            raise check.fail(f"{where}.subset", f'a "{name}" source has no subsets: remove "subset" (use data_files)')
+        if local and revision is not None:
             # datasets would silently ignore it; local files are pinned by their sha256 in the dataset inputs
-            raise check.fail(f"{where}.revision", 'a "json" source has no revisions: remove "revision" (local files '
-                             "are pinned by their sha256)")
+            raise check.fail(f"{where}.revision", f'a "{name}" source has no revisions: remove "revision" (local '
+                             "files are pinned by their sha256)")
         data_files = entry.get("data_files")
         if data_files is not None:
             data_files = _normalised(check.data_files(data_files, f"{where}.data_files"))
-        elif name == "json":
-            raise check.fail(f"{where}.data_files", 'a "json" source needs "data_files": the local JSONL file(s)')
+        elif local:
+            raise check.fail(f"{where}.data_files", f'a "{name}" source needs "data_files": the local {local.files} '
+                             "file(s)")
         raw_sources.append(
             dict(name=name, prob=float(prob), split=split, data_files=data_files, subset=subset, text_field=text_field,
                  revision=revision)
@@ -312,16 +355,18 @@ def _refuse_duplicates(check: _Checker, sources: list[dict[str, Any]]) -> None:
 
 
 def _labels(sources: list[dict[str, Any]]) -> list[str]:
-    """Short unique names: the dataset id's last part, or a local file's stem (`prose` for data/prose.jsonl), then
+    """Short unique names (LABEL_RULE): the dataset id's last part, or for a local kind its first file's stem (`prose`
+    for data/prose.jsonl or data/prose.parquet; for a glob, its folder: `prose` for data/prose/*.txt), then
     `/subset` and `@revision` (a commit sha cut to 7 characters, as git shows it) when set, so that reports say which
     revision a source reads and two revisions of one dataset are told apart."""
     labels = []
     for s in sources:
-        if s["name"] == "json" and s["data_files"] is not None:
+        if s["name"] in LOCAL_KINDS and s["data_files"] is not None:
             first = s["data_files"]
             while not isinstance(first, str):
                 first = next(iter(first.values())) if isinstance(first, dict) else first[0]
-            label = Path(first).name.split(".")[0]
+            # a glob's files are named by their folder (`prose` for data/prose/*.txt)
+            label = Path(first).parent.name if glob.has_magic(Path(first).name) else Path(first).name.split(".")[0]
         else:
             label = s["name"].rstrip("/").split("/")[-1]
         if s["subset"]:

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from sparknet.config import LOCAL_KINDS
 from sparknet.errors import UserError
 from sparknet.eval.models import load_model, resolve_model
 from sparknet.eval.reports import eval_dir, markdown_table
@@ -82,7 +83,8 @@ def card_data(name: str, metadata: dict[str, Any], benchmarks: dict[str, Any], *
     from huggingface_hub import EvalResult, ModelCardData
 
     mix = metadata.get("config", {}).get("mix", [])
-    datasets = sorted({entry["name"] for entry in mix if entry.get("name") not in (None, "json", "text")})
+    datasets = sorted({entry["name"] for entry in mix if entry.get("name") is not None
+                       and entry["name"] not in LOCAL_KINDS})
     eval_results = [EvalResult(task_type="text-generation", dataset_type=task, dataset_name=task, metric_type=metric,
                                metric_value=float(value))
                     for task, metrics in benchmarks.get("results", {}).items()

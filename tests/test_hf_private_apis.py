@@ -11,7 +11,6 @@ the versions they pass with; `make lock` moves them and runs these tests.
 | transformers | PreTrainedModel._from_config(config, attn_implementation=) | model.py |
 | datasets | config.STREAMING_{READ,OPEN}_MAX_RETRIES, _RETRY_INTERVAL, READ_*_RETRY_INTERVAL (assigned) | data/source/hub_retries.py |
 | datasets | utils.file_utils' log records from read_with_retries and xopen (filtered by funcName) | data/source/hub_retries.py |
-| datasets | packaged_modules._PACKAGED_DATASETS_MODULES | data/source/opening.py |
 | datasets | IterableDataset._ex_iterable, .ex_iterable, .kwargs["files"], state "shard_idx"/"examples_iterable" | data/source/opening.py |
 | accelerate | utils.operations.ConvertOutputsToFp32 (.model_forward; a prepared forward's __func__.__wrapped__) | train/step_speed.py |
 | torch | a compiled module's _orig_mod; SummaryWriter._get_file_writer | train/callbacks.py |
@@ -147,12 +146,6 @@ def test_the_retry_lines_sparknet_filters_come_from_the_functions_it_names() -> 
         record = logging.LogRecord(file_utils.logger.name, logging.WARNING, __file__, 1, "Retrying in 5sec", None,
                                    None, func=name)
         assert not _drop_datasets_retry_line(record), name
-
-
-def test_the_packaged_builders_table_names_the_local_file_formats() -> None:
-    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
-
-    assert {"json", "parquet", "csv", "text"} <= set(_PACKAGED_DATASETS_MODULES)
 
 
 def test_the_file_being_read_is_found_from_a_streams_position(tmp_path: Path) -> None:

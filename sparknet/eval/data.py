@@ -22,12 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from sparknet.config import LOCAL_KINDS, SourceSpec, local_kind_of_file
 from sparknet.errors import UserError
 from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
 
 # `name` or `owner/name`, as the Hub spells dataset ids.
 _HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
-_FILE_SUFFIXES = (".jsonl", ".json", ".txt", ".md", ".parquet", ".csv")
+_FILE_SUFFIXES = tuple(suffix for kind in LOCAL_KINDS.values() for suffix in kind.suffixes)
 
 
 @dataclass
@@ -144,27 +145,20 @@ def _file_documents(request: DataRequest) -> list[str]:
         files += [Path(m) for m in matches] or [project_path(part)]
     texts: list[str] = []
     for path in files:
-        if path.suffix in (".jsonl", ".json"):
-            texts += _jsonl_texts(path, request.text_field)
-        else:
-            texts.append(path.read_text(encoding="utf-8"))
+        # read as the build reads a source of the file's kind (sparknet.config.LOCAL_KINDS); any other file is
+        # one document of plain text
+        kind = local_kind_of_file(path.name) or "text"
+        texts += _source_documents(SourceSpec(name=kind, prob=1.0, data_files=[str(path)],
+                                              text_field=request.text_field, label=path.name), request)
     return texts
 
 
-def _jsonl_texts(path: Path, text_field: str) -> list[str]:
-    texts = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{number}: not a JSON line ({exc.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                raise UserError(f"{path}:{number}: no string field {text_field!r}: set TEXT_FIELD")
-            texts.append(record[text_field])
-    return texts
+def _source_documents(spec: SourceSpec, request: DataRequest) -> list[str]:
+    """The texts of one source, streamed: only the documents scored are read."""
+    from sparknet.data.source.hub_retries import iter_texts
+
+    texts = iter_texts(spec)
+    return list(itertools.islice(texts, request.max_documents)) if request.max_documents else list(texts)
 
 
 def _packed_documents(request: DataRequest) -> list[str]:
@@ -201,16 +195,12 @@ def _decoded(tokens: np.ndarray, tokenizer: Any) -> list[str]:
 def _dataset_documents(request: DataRequest) -> list[str]:
     """One split of a Hub dataset (or a local folder `datasets` loads like one), streamed: only the documents
     scored are read."""
-    from sparknet.config import SourceSpec
-    from sparknet.data.source.hub_retries import iter_texts
     from sparknet.runtime import project_path
 
     local = project_path(request.data)
     name = str(local) if local.is_dir() else request.data
-    spec = SourceSpec(name=name, prob=1.0, split=request.split, subset=request.subset,
-                      text_field=request.text_field, label=request.data)
-    texts = iter_texts(spec)
-    return list(itertools.islice(texts, request.max_documents)) if request.max_documents else list(texts)
+    return _source_documents(SourceSpec(name=name, prob=1.0, split=request.split, subset=request.subset,
+                                        text_field=request.text_field, label=request.data), request)
 
 
 def _config_documents(request: DataRequest) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from sparknet.config import LABEL_RULE
 from sparknet.data.encoding.packer import BlockPacker
 from sparknet.data.mixing import Mixer
 from sparknet.data.packed.dataset import FORMAT_VERSION, SPLITS, SplitWriter
@@ -30,7 +31,8 @@ def description(spec: Any, tok: Any, dtype: np.dtype, inputs: dict[str, Any], co
         },
         "config": {"path": config.path, **config.to_dict()},
         "source_revisions": {s.label: {"revision": s.revision, "commit": commits.get(s.label)}
-                             for s in config.mix if s.name != "json"},
+                             for s in config.mix if not s.local},
+        "label_rule": LABEL_RULE,
         "seed": spec.seed,
         "block_size": spec.block_size,
         "dtype": dtype.name,

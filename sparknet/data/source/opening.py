@@ -1,4 +1,5 @@
-"""One mix entry opened as a lazy stream of document texts: a Hub dataset id, or `json` with local data files.
+"""One mix entry opened as a lazy stream of document texts: a Hub dataset id, or local data files of one of the
+kinds in sparknet.config.LOCAL_KINDS (json, parquet, csv, text), each read by the datasets builder of that name.
 
 Always `streaming=True`: a source is read row by row and never materialised, whatever its size. A Hub source may be
 pinned to a `revision` (branch, tag or commit); `resolve_revisions` finds the commit each Hub source reads now.
@@ -32,7 +33,7 @@ def open_source(spec: SourceSpec) -> Any:
 
     share_one_tqdm_lock()  # datasets opens it with a thread_map, often on a read-ahead thread
 
-    if spec.revision is not None and _reads_no_revision(spec.name):
+    if spec.revision is not None and _reads_no_revision(spec):
         # datasets would ignore the pin without a word and read whatever the folder holds now
         kind = "a local folder" if os.path.isdir(spec.name) else "a datasets builder"
         raise UserError(
@@ -42,9 +43,11 @@ def open_source(spec: SourceSpec) -> Any:
     files = spec.resolved_data_files()
     if isinstance(files, list):
         files = {spec.split: files}  # a plain list of files is the split the entry names
+    builder_kwargs = dict(spec.local.builder_kwargs) if spec.local else {}
     try:
         return load_dataset(
-            spec.name, spec.subset, split=spec.split, data_files=files, revision=spec.revision, streaming=True
+            spec.name, spec.subset, split=spec.split, data_files=files, revision=spec.revision, streaming=True,
+            **builder_kwargs,
         )
     except Exception as exc:  # noqa: BLE001 - any failure to open is reported against the user's mix entry
         access = hub_access_error(spec, exc)
@@ -56,7 +59,7 @@ def open_source(spec: SourceSpec) -> Any:
             raise UserError(f"source {spec.label!r}: its data file {empty[0]} is empty (0 bytes): fill it, or remove "
                             "the entry from the mix") from None
         hint = ""
-        if spec.name != "json":
+        if not spec.local:
             hint = (
                 " (Hub sources need network access or a local cache: with HF_HUB_OFFLINE=1 only cached datasets "
                 "open; gated datasets need `hf auth login`)"
@@ -88,19 +91,15 @@ def hub_access_error(spec: SourceSpec, exc: BaseException) -> UserError | None:
     return None
 
 
-def _reads_no_revision(name: str) -> bool:
-    """Whether datasets reads `name` without looking at a revision: one of its packaged builders (json, parquet,
-    csv, ...) or a local folder (taken before the Hub, as datasets does)."""
-    try:  # a private table of datasets 5; without it, json is the builder mix configs name
-        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES as packaged
-    except ImportError:
-        packaged = {"json": None}
-    return name in packaged or os.path.isdir(name)
+def _reads_no_revision(spec: SourceSpec) -> bool:
+    """Whether datasets reads the entry without looking at a revision: local files of a kind SparkNet reads, or a
+    local folder (taken before the Hub, as datasets does)."""
+    return spec.local is not None or os.path.isdir(spec.name)
 
 
 def is_hub_source(spec: SourceSpec) -> bool:
     """Whether the source is read from the Hub (over the network), not from local files."""
-    return not _reads_no_revision(spec.name)
+    return not _reads_no_revision(spec)
 
 
 def hub_offline() -> bool:
@@ -119,7 +118,7 @@ def resolve_revisions(config: MixConfig) -> dict[str, str | None]:
     cannot be reached asks no more. Raises only the one-line error of a dataset that cannot be read at all (gated,
     missing, an unknown revision), before any work."""
     out: dict[str, str | None] = {spec.label: None for spec in config.mix}
-    hub = [spec for spec in config.mix if spec.name != "json" and not _reads_no_revision(spec.name)]
+    hub = [spec for spec in config.mix if not _reads_no_revision(spec)]
     if not hub or hub_offline():
         return out
     from huggingface_hub import HfApi
@@ -261,7 +260,7 @@ def unreadable(spec: SourceSpec, rows: Any, exc: BaseException) -> UserError:
     it is known, the reader's own words (pyarrow's name the row within the block it parsed), and what to do."""
     where = _file_being_read(rows) or ", ".join(_data_file_names(spec)) or spec.name
     message = " ".join(str(exc).split()) or type(exc).__name__
-    if spec.name == "json":
+    if spec.local:
         fix = "fix or remove the file"
     else:  # a network failure after the retries of `datasets`: often passing
         fix = ("check the network and run the same command again (an unfinished build resumes from its last saved "

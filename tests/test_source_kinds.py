@@ -1,0 +1,131 @@
+"""Local source kinds (sparknet.config.LOCAL_KINDS): the same documents as Parquet, CSV or plain-text files give what
+they give as JSONL, the reference every other test checks against an independent computation: the same packed
+dataset byte for byte, the same stream, the same tokenizer, the same evaluation; and the bad cases are one line."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparknet.config import LOCAL_KINDS, load_config
+from sparknet.errors import UserError
+from tests.helpers import read_texts, run_script, write_config, write_jsonl
+
+KINDS = ["parquet", "csv", "text"]
+
+
+@pytest.fixture(scope="module")
+def files(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, Path]]:
+    """The first 150 prose documents of the corpus as each kind: {kind: (data_files, folder)}."""
+    texts = read_texts(corpus_dir / "prose.train.jsonl")[:150]
+    out = tmp_path_factory.mktemp("kinds")
+    write_jsonl(out / "docs.jsonl", texts)
+    pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), out / "docs.parquet")
+    with (out / "docs.csv").open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "text"])
+        writer.writerows(enumerate(texts))
+    (out / "docs").mkdir()
+    for i, text in enumerate(texts):  # a plain-text file is one document
+        (out / "docs" / f"{i:03d}.txt").write_text(text, encoding="utf-8")
+    return {"json": (str(out / "docs.jsonl"), out), "parquet": (str(out / "docs.parquet"), out),
+            "csv": (str(out / "docs.csv"), out), "text": (str(out / "docs" / "*.txt"), out)}
+
+
+def _config(kind: str, files: dict[str, tuple[str, Path]], tmp_path: Path, **entry: object) -> Path:
+    return write_config(tmp_path / f"{kind}.json", [{"name": kind, "prob": 1, "data_files": files[kind][0], **entry}],
+                        context_length=128)
+
+
+def test_every_local_kind_is_tested_here() -> None:
+    assert set(LOCAL_KINDS) == {"json", *KINDS}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_build_from_each_kind_is_the_jsonl_build_byte_for_byte(kind: str, files: dict, tokenizer_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    from sparknet.data.packed.build import BuildSpec, build_dataset
+
+    built = {}
+    for name in ("json", kind):
+        out = tmp_path / name
+        build_dataset(BuildSpec(config=load_config(_config(name, files, tmp_path)), tokenizer=str(tokenizer_dir),
+                                output_dir=out, target_tokens=12_000, val_tokens=1_000, block_size=128, seed=0,
+                                shuffle_buffer=20))
+        built[name] = out
+    for split in ("train.bin", "val.bin"):
+        assert (built[kind] / split).read_bytes() == (built["json"] / split).read_bytes(), split
+    manifest = json.loads((built[kind] / "manifest.json").read_text())
+    assert list(manifest["splits"]["train"]["sources"]) == ["docs"]  # the file's stem (a glob: its folder)
+    assert "first data file's stem" in manifest["label_rule"] and manifest["source_revisions"] == {}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stream_from_each_kind_is_the_jsonl_stream(kind: str, files: dict, tokenizer_dir: Path,
+                                                     tmp_path: Path) -> None:
+    from sparknet.data import TokenStream
+    from sparknet.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(tokenizer_dir))
+    blocks = {}
+    for name in ("json", kind):
+        stream = TokenStream(config=load_config(_config(name, files, tmp_path)),
+                             tokenizer_json=(tokenizer_dir / "tokenizer.json").read_text(), eos_id=tok.eos_token_id,
+                             block_size=128, seed=0, shuffle_buffer=20)
+        blocks[name] = [item["input_ids"].tolist() for _, item in zip(range(40), stream, strict=False)]
+        stream.close()
+    assert len(blocks[kind]) == 40 and blocks[kind] == blocks["json"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_tokenizer_from_each_kind_is_the_jsonl_tokenizer(kind: str, files: dict, tmp_path: Path) -> None:
+    from sparknet.tokenizer import train_tokenizer
+
+    for name in ("json", kind):
+        train_tokenizer(load_config(_config(name, files, tmp_path)), tmp_path / f"tok-{name}", vocab_size=400,
+                        max_bytes=60_000, heldout_docs=5)
+    assert ((tmp_path / f"tok-{kind}" / "tokenizer.json").read_text()
+            == (tmp_path / "tok-json" / "tokenizer.json").read_text())
+
+
+def test_perplexity_of_each_kind_is_that_of_the_jsonl(files: dict, random_model: Path, tmp_path: Path) -> None:
+    from sparknet.eval.data import load_documents
+
+    reference = load_documents(files["json"][0])
+    assert len(reference) == 150
+    for kind in KINDS:
+        assert load_documents(files[kind][0]) == reference, kind
+    saved = {}
+    for kind in ("json", "parquet"):  # the script, as users run it
+        proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data",
+                          files[kind][0], "--context", 16, "--max_documents", 20, "--eval_dir", tmp_path / kind)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        saved[kind] = next(iter(json.loads((tmp_path / kind / "randrun" / "perplexity.json").read_text()).values()))
+    assert saved["parquet"]["tokens"] == saved["json"]["tokens"] > 0
+    assert saved["parquet"]["nll"] == saved["json"]["nll"]
+
+
+def test_a_local_kind_needs_its_files_and_takes_no_subset_or_revision(tmp_path: Path) -> None:
+    for kind, files in (("parquet", "Parquet"), ("csv", "CSV"), ("text", "plain-text")):
+        with pytest.raises(UserError, match=f'mix\\[0\\].data_files: a "{kind}" source needs "data_files": the local '
+                                            f"{files}"):
+            load_config(write_config(tmp_path / "c.json", [{"name": kind, "prob": 1}]))
+        with pytest.raises(UserError, match=f'a "{kind}" source has no subsets'):
+            load_config(write_config(tmp_path / "c.json", [{"name": kind, "prob": 1, "data_files": "x",
+                                                             "subset": "a"}]))
+
+
+def test_a_missing_text_column_is_one_line_naming_the_columns(files: dict, tokenizer_dir: Path,
+                                                              tmp_path: Path) -> None:
+    cfg = _config("csv", files, tmp_path, text_field="body")
+    proc = run_script("build_dataset_v5.py", "--config", cfg, "--tokenizer_dir", tokenizer_dir, "--output_dir",
+                      tmp_path / "out", "--target_tokens", 5000, "--val_tokens", 500, "--block_size", 128,
+                      "--shuffle_buffer", 0, "--num_workers", 0)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "text_field 'body' is not a column; columns found: id (int), text (str)" in line
