@@ -5,10 +5,10 @@ CONTEXT - STRIDE tokens before it); the mean is token-weighted. Bits per byte di
 models with different tokenizers (a SparkNet run and gpt2) compare. Results: eval/<RUN_NAME>/perplexity.json and
 perplexity.md per model, and with several models eval/<A>_vs_<B>/perplexity.md with one row per model.
 
-DATA: a packed dataset folder (its SPLIT), a streaming run's `checkpoints/RUN/val_blocks.npy`, a mix config (the
-rows a streaming run held out, or HOLDOUT_ROWS), a Hub dataset id or local folder (SPLIT, SUBSET), or JSONL/text
-files. Not set: every model is scored on the held-out data of the first model that records one (a packed run's
-val split; a streaming run's validation blocks, about its VAL_TOKENS), so one table compares like with like.
+DATA: a packed dataset folder (its SPLIT), a streaming run's `checkpoints/RUN/val_blocks.npy`, a mix config (the rows a
+streaming run held out, or HOLDOUT_ROWS), a Hub dataset id or local folder (SPLIT, SUBSET), or JSONL, Parquet, CSV or
+text files. Not set: every model is scored on the held-out data of the first model that records one (a packed run's val
+split; a streaming run's validation blocks, about its VAL_TOKENS), so one table compares like with like.
 "own": each model on its own held-out data, and the table says that its rows do not compare.
 """
 
@@ -16,7 +16,7 @@ MODELS = ["checkpoints/demo"]  # checkpoint folders (checkpoints/RUN_NAME, or a 
 DATA: str | None = None  # what to score (see above); None: the first run's held-out data; "own": each model's own
 SPLIT = "val"  # split of a packed dataset or of a Hub dataset (e.g. test)
 SUBSET: str | None = None  # subset (configuration) of a Hub dataset, e.g. wikitext-2-raw-v1
-TEXT_FIELD = "text"  # field of the text in JSONL files and Hub datasets
+TEXT_FIELD = "text"  # column of the text in JSONL, Parquet and CSV files and Hub datasets
 HOLDOUT_ROWS = 0  # mix config as DATA: rows from each source's start (0: those a streaming run among MODELS held out)
 CONTEXT: int | None = None  # window length in tokens (None: the model's context)
 STRIDE: int | None = None  # tokens the window moves by (None: CONTEXT // 2); STRIDE = CONTEXT: disjoint windows
