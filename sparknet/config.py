@@ -1,8 +1,8 @@
 """Mix configs: the JSON schema shared by every script, its validation, and the errors users see.
 
 A config is `{"seed", "context_length", "target_tokens", "mix": [{"name", "split", "prob", "data_files"?, "subset"?,
-"text_field"?, "revision"?}]}`. Every mistake raises ConfigError with the file, the JSON path (`mix[2].prob`) and
-what is expected.
+"text_field"?, "revision"?, "tokenizer"?}]}`. Every mistake raises ConfigError with the file, the JSON path
+(`mix[2].prob`) and what is expected.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from sparknet.runtime import project_path
 log = logging.getLogger(__name__)
 
 TOP_KEYS = ("seed", "context_length", "target_tokens", "mix")
-SOURCE_KEYS = ("name", "split", "prob", "data_files", "subset", "text_field", "revision")
+SOURCE_KEYS = ("name", "split", "prob", "data_files", "subset", "text_field", "revision", "tokenizer")
 REQUIRED_SOURCE_KEYS = ("name", "prob")
 COMMIT_SHA = re.compile(r"[0-9a-f]{40}")  # a full commit id, shortened in labels as git shortens it
 
@@ -80,6 +80,7 @@ class SourceSpec:
     subset: str | None = None
     text_field: str | None = None
     revision: str | None = None  # a Hub branch, tag or commit sha; None reads the default branch as it is now
+    tokenizer: str | None = None  # a pre-tokenized source's tokenizer (folder or Hub id): must be the run's
     label: str = ""  # unique short name used in reports and accounting
 
     @property
@@ -115,9 +116,10 @@ class MixConfig:
     def to_dict(self) -> dict[str, Any]:
         """The config as plain JSON data (for manifests and metadata)."""
         d = asdict(self)
-        # `revision` only where pinned: an entry without one reads the default branch (its commit is recorded
-        # beside the config, as source_revisions)
-        d["mix"] = [{k: v for k, v in s.items() if k != "revision" or v is not None} for s in d["mix"]]
+        # `revision` only where pinned (an entry without one reads the default branch, whose commit is recorded
+        # beside the config as source_revisions), `tokenizer` only where given
+        d["mix"] = [{k: v for k, v in s.items() if k not in ("revision", "tokenizer") or v is not None}
+                    for s in d["mix"]]
         return d
 
 
@@ -241,6 +243,7 @@ def parse_config(data: Any, path: str = "<config>") -> MixConfig:
         subset = check.string(entry.get("subset"), f"{where}.subset", optional=True)
         text_field = check.string(entry.get("text_field"), f"{where}.text_field", optional=True)
         revision = check.string(entry.get("revision"), f"{where}.revision", optional=True)
+        tokenizer = check.string(entry.get("tokenizer"), f"{where}.tokenizer", optional=True)
         local = LOCAL_KINDS.get(name)
         if local and subset is not None:
             raise check.fail(f"{where}.subset", f'a "{name}" source has no subsets: remove "subset" (use data_files)')
@@ -256,7 +259,7 @@ def parse_config(data: Any, path: str = "<config>") -> MixConfig:
                              "file(s)")
         raw_sources.append(
             dict(name=name, prob=float(prob), split=split, data_files=data_files, subset=subset, text_field=text_field,
-                 revision=revision)
+                 revision=revision, tokenizer=tokenizer)
         )
 
     _refuse_duplicates(check, raw_sources)

@@ -312,3 +312,15 @@ def tokenizer_fingerprint(name_or_path: str, tok: Any) -> str:
     path = project_path(name_or_path) / "tokenizer.json"
     data = path.read_bytes() if path.is_file() else tok.backend_tokenizer.to_str().encode()
     return hashlib.sha256(data).hexdigest()
+
+
+def check_source_tokenizers(config: MixConfig, name_or_path: str, tok: Any) -> None:
+    """A pre-tokenized source that records its tokenizer (the mix entry's "tokenizer") must have been tokenized with
+    the run's (`tok`, loaded from `name_or_path`): its ids would mean other tokens. One line otherwise, before any
+    work."""
+    ours = tok.backend_tokenizer.to_str()
+    for spec in config.mix:
+        if spec.tokenizer is not None and load_tokenizer(spec.tokenizer).backend_tokenizer.to_str() != ours:
+            raise UserError(f"source {spec.label!r} was tokenized with {spec.tokenizer} (its \"tokenizer\"), not "
+                            f"with this run's tokenizer {name_or_path}: use that tokenizer (TOKENIZER_DIR="
+                            f"{spec.tokenizer}), or tokenize the source again with this one")

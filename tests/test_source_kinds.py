@@ -21,8 +21,9 @@ KINDS = ["parquet", "csv", "text"]
 
 @pytest.fixture(scope="module")
 def files(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, Path]]:
-    """The first 150 prose documents of the corpus as each kind: {kind: (data_files, folder)}."""
-    texts = read_texts(corpus_dir / "prose.train.jsonl")[:150]
+    """The first 150 prose documents of the corpus, cut to 400 characters (about 100 tokens: a build of 12k tokens
+    uses most of them), as each kind: {kind: (data_files, folder)}."""
+    texts = [text[:400] for text in read_texts(corpus_dir / "prose.train.jsonl")[:150]]
     out = tmp_path_factory.mktemp("kinds")
     write_jsonl(out / "docs.jsonl", texts)
     pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), out / "docs.parquet")
@@ -129,3 +130,87 @@ def test_a_missing_text_column_is_one_line_naming_the_columns(files: dict, token
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert "text_field 'body' is not a column; columns found: id (int), text (str)" in line
+
+
+@pytest.fixture(scope="module")
+def token_files(files: dict, tokenizer_dir: Path) -> Path:
+    """The same documents pre-tokenized with the test tokenizer, as Parquet rows {id, input_ids} (every third one
+    already ending with eos, as some pre-tokenized datasets store them): folder ids/docs.parquet, so that its label
+    is the JSONL's."""
+    from sparknet.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(tokenizer_dir))
+    texts = read_texts(Path(files["json"][0]))
+    ids = [tok(text, add_special_tokens=False)["input_ids"] + ([tok.eos_token_id] if i % 3 == 0 else [])
+           for i, text in enumerate(texts)]
+    folder = files["json"][1] / "ids"
+    folder.mkdir(exist_ok=True)
+    pq.write_table(pa.table({"id": [f"doc{i}" for i in range(len(ids))], "input_ids": ids}), folder / "docs.parquet")
+    return folder / "docs.parquet"
+
+
+def test_a_pre_tokenized_source_is_mixed_as_its_text_would_be(files: dict, token_files: Path, corpus_dir: Path,
+                                                              tokenizer_dir: Path, tmp_path: Path) -> None:
+    """Recognised by its input_ids column alone, its documents end with one eos, and mixed by tokens with a text
+    source it gives the build of its texts byte for byte (its "tokenizer", the run's, is accepted)."""
+    from sparknet.data.packed.build import BuildSpec, build_dataset
+
+    code = {"name": "json", "prob": 0.4, "data_files": str(corpus_dir / "code.train.jsonl")}
+    mixes = {"text": [{"name": "json", "prob": 0.6, "data_files": files["json"][0]}, code],
+             "ids": [{"name": "parquet", "prob": 0.6, "data_files": str(token_files),
+                      "tokenizer": str(tokenizer_dir)}, code]}
+    for name, mix in mixes.items():
+        build_dataset(BuildSpec(config=load_config(write_config(tmp_path / f"{name}.json", mix, context_length=128)),
+                                tokenizer=str(tokenizer_dir), output_dir=tmp_path / name, target_tokens=20_000,
+                                val_tokens=2_000, block_size=128, seed=0, shuffle_buffer=20,
+                                num_workers=2 if name == "ids" else 0))
+    for split in ("train.bin", "val.bin"):
+        assert (tmp_path / "ids" / split).read_bytes() == (tmp_path / "text" / split).read_bytes(), split
+    reports = {name: json.loads((tmp_path / name / "manifest.json").read_text())["splits"]["train"]["sources"]
+               for name in mixes}
+    assert set(reports["ids"]) == {"docs", "code"} and reports["ids"] == reports["text"]
+
+
+def test_a_pre_tokenized_stream_is_the_stream_of_its_text(files: dict, token_files: Path, tokenizer_dir: Path,
+                                                          tmp_path: Path) -> None:
+    from sparknet.data import TokenStream
+    from sparknet.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(tokenizer_dir))
+    blocks = {}
+    for name, entry in (("text", {"name": "json", "data_files": files["json"][0]}),
+                        ("ids", {"name": "parquet", "data_files": str(token_files)})):
+        config = load_config(write_config(tmp_path / f"{name}.json", [{**entry, "prob": 1}], context_length=128))
+        stream = TokenStream(config=config, tokenizer_json=(tokenizer_dir / "tokenizer.json").read_text(),
+                             eos_id=tok.eos_token_id, block_size=128, seed=0, shuffle_buffer=20)
+        blocks[name] = [item["input_ids"].tolist() for _, item in zip(range(40), stream, strict=False)]
+        stream.close()
+    assert len(blocks["ids"]) == 40 and blocks["ids"] == blocks["text"]
+
+
+def test_ids_beyond_the_vocabulary_another_tokenizer_or_a_tokenizer_training_are_one_line(
+        files: dict, token_files: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
+    from sparknet.data.packed.build import BuildSpec, build_dataset
+    from sparknet.tokenizer import train_tokenizer
+
+    rows = [{"input_ids": [5, 6, 7]}, {"input_ids": [8, 5000]}]
+    (tmp_path / "big.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = write_config(tmp_path / "big.json", [{"name": "json", "prob": 1, "data_files": str(tmp_path / "big.jsonl")}])
+    proc = run_script("build_dataset_v5.py", "--config", cfg, "--tokenizer_dir", tokenizer_dir, "--output_dir",
+                      tmp_path / "out", "--target_tokens", 5000, "--val_tokens", 500, "--block_size", 128,
+                      "--shuffle_buffer", 0, "--num_workers", 0)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert ("source 'big': row 1 holds token id 5000, outside the tokenizer's 1024 ids (0 to 1023)"
+            in proc.stderr.strip().splitlines()[-1])
+    other = tmp_path / "other-tok"
+    train_tokenizer(load_config(_config("json", files, tmp_path)), other, vocab_size=300, max_bytes=20_000,
+                    heldout_docs=2)
+    mix = [{"name": "parquet", "prob": 1, "data_files": str(token_files), "tokenizer": str(other)}]
+    with pytest.raises(UserError, match=f"source 'docs' was tokenized with {other} .*not with this run's tokenizer"):
+        build_dataset(BuildSpec(config=load_config(write_config(tmp_path / "o.json", mix)), tokenizer=str(
+            tokenizer_dir), output_dir=tmp_path / "o", target_tokens=5000, val_tokens=500, block_size=128, seed=0))
+    assert not (tmp_path / "o").exists()
+    mix = [{"name": "parquet", "prob": 1, "data_files": str(token_files)}]
+    with pytest.raises(UserError, match="source 'docs' holds token ids \\('input_ids'\\), not text: a tokenizer"):
+        train_tokenizer(load_config(write_config(tmp_path / "t.json", mix)), tmp_path / "tok", vocab_size=300,
+                        max_bytes=20_000, heldout_docs=2)

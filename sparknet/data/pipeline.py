@@ -39,6 +39,9 @@ class Encoders:
     `(flat tokens, lengths)`, computed on `num_workers` spawned processes, or here when it is 0."""
 
     def __init__(self, num_workers: int, tokenizer_json: str, eos_id: int, dtype: np.dtype) -> None:
+        from tokenizers import Tokenizer
+
+        self.vocab_size = Tokenizer.from_str(tokenizer_json).get_vocab_size()  # a pre-tokenized source's bound
         self._pool = EncoderPool(num_workers, tokenizer_json, eos_id, dtype) if num_workers > 0 else None
         self._encoder = None if self._pool is not None else DocumentEncoder(tokenizer_json, eos_id, dtype)
 
@@ -132,7 +135,7 @@ class Pipeline:
                 position = positions.get(spec.label) or {}
                 reader = SourceReader(spec, skip=(skip or {}).get(spec.label, 0), rank=rank, world_size=world_size,
                                       restart=restart, shuffle_buffer=shuffle_buffer, seed=seed,
-                                      state=position.get("reader"))
+                                      state=position.get("reader"), vocab_size=encoders.vocab_size)
                 ahead = read_ahead if read_ahead is not None else (8 if is_hub_source(spec) else 0)
                 self.sources[spec.label] = EncodedDocuments(reader, encoders.submit, in_flight=in_flight,
                                                             max_docs=batch_docs, max_chars=batch_chars,

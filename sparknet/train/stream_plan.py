@@ -86,9 +86,10 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
     from sparknet.data.source.opening import at_commits
     from sparknet.data.stream.token_stream import TokenStream
     from sparknet.runtime import process_rank, world_size
-    from sparknet.tokenizer import load_tokenizer
+    from sparknet.tokenizer import check_source_tokenizers, load_tokenizer
 
     tokenizer = load_tokenizer(spec.tokenizer_dir)
+    check_source_tokenizers(spec.config, spec.tokenizer_dir, tokenizer)
     common = dict(tokenizer_json=tokenizer.backend_tokenizer.to_str(), eos_id=int(tokenizer.eos_token_id),
                   block_size=spec.block_size, seed=spec.seed, shuffle_buffer=spec.shuffle_buffer)
     val_tokens, report, commits = _validation(spec, run_dir, common)

@@ -54,7 +54,9 @@ def cut_document(doc: np.ndarray, cap: int) -> np.ndarray:
 
 
 class DocumentEncoder:
-    """Encodes batches of texts to one flat token array with eos after every document, plus document lengths.
+    """Encodes batches of documents to one flat token array with eos after every document, plus document lengths.
+    A document is a text, or the token ids of a pre-tokenized source, taken as they are (a trailing eos of theirs
+    is not doubled).
 
     Built from the tokenizer's JSON so that worker processes can rebuild it cheaply. Special-token text inside a
     document (a literal "<|endoftext|>") is encoded as plain text: only the appended eos separates documents.
@@ -68,14 +70,15 @@ class DocumentEncoder:
         self.eos_id = eos_id
         self.dtype = np.dtype(dtype)
 
-    def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        if any(len(t) > PIECE_CHARS for t in texts):
-            ids = [self._encode_long(t) if len(t) > PIECE_CHARS else None for t in texts]
+    def __call__(self, texts: Sequence[str | list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        if all(isinstance(t, str) and len(t) <= PIECE_CHARS for t in texts):  # the usual batch: encoded at once
+            ids = [e.ids for e in self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)]
+        else:
+            ids = [self._encode_long(t) if isinstance(t, str) and len(t) > PIECE_CHARS
+                   else (t[:-1] if t[-1] == self.eos_id else t) if not isinstance(t, str) else None for t in texts]
             short = [t for t, i in zip(texts, ids, strict=True) if i is None]
             encoded = iter(self.tokenizer.encode_batch_fast(short, add_special_tokens=False))
             ids = [next(encoded).ids if i is None else i for i in ids]
-        else:
-            ids = [e.ids for e in self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)]
         lengths = np.fromiter((len(i) + 1 for i in ids), dtype=np.int64, count=len(ids))
         flat = np.empty(int(lengths.sum()), dtype=self.dtype)
         ends = np.cumsum(lengths)

@@ -139,11 +139,12 @@ def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] |
 
 def build_dataset(spec: BuildSpec) -> dict[str, Any]:
     """Builds (or finds already built, or resumes) the dataset described by `spec`; returns its manifest."""
-    from sparknet.tokenizer import load_tokenizer
+    from sparknet.tokenizer import check_source_tokenizers, load_tokenizer
 
     started = time.time()
     _check_spec(spec)
     tok = load_tokenizer(spec.tokenizer)
+    check_source_tokenizers(spec.config, spec.tokenizer, tok)
     trained_for = _trained_context(spec, tok)
     dtype = token_dtype(len(tok), spec.dtype)
     inputs = _inputs(spec, tok, dtype)

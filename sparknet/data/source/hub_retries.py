@@ -14,7 +14,7 @@ from typing import Any
 
 from sparknet.config import SourceSpec
 from sparknet.data.source.opening import (
-    RowTexts,
+    RowDocuments,
     UnreadableSource,
     hub_offline,
     is_hub_source,
@@ -152,9 +152,9 @@ _DROP_DATASETS_RETRY_LINES = _drop_datasets_retry_line
 def iter_texts(spec: SourceSpec) -> Iterator[str]:
     """Yields the non-empty document texts of a source, in the source's order (a Hub source's transient failures
     retried from the row reached)."""
-    texts = RowTexts(spec)
+    texts = RowDocuments(spec)  # text only: a pre-tokenized source is refused
     current = [retried_open(spec)]
     for index, row in enumerate(retried_rows(spec, current[0], lambda: open_source(spec),
                                              lambda reopened: current.__setitem__(0, reopened))):
-        if text := texts.text(row, index, current[0]):
+        if text := texts.document(row, index, current[0]):
             yield text

@@ -23,6 +23,8 @@ HUB_TIMEOUT_S = 10.0
 
 # Tried in order when a source names no text_field.
 TEXT_FIELD_CANDIDATES = ("text", "content", "document", "body", "raw_content")
+# A pre-tokenized source: rows with this column of token ids and none of the text columns above.
+TOKENS_FIELD = "input_ids"
 
 
 def open_source(spec: SourceSpec) -> Any:
@@ -202,19 +204,33 @@ def pick_text_field(row: dict[str, Any], spec: SourceSpec, columns: dict[str, st
     )
 
 
-class RowTexts:
-    """The document text of each row of one pass over a source: the text column picked at the first row (from the
-    stream's declared columns, `pick_text_field`), a non-text value the user's mistake, and rows without text
-    (the column missing, null or empty) skipped with one warning per pass."""
+class RowDocuments:
+    """The document of each row of one pass over a source: its text, from the text column picked at the first row
+    (from the stream's declared columns, `pick_text_field`; a non-text value is the user's mistake), or, for a
+    pre-tokenized source (rows with an `input_ids` column and no text column, recognised without a key), its list of
+    token ids, each checked against the `vocab_size` of the tokenizer that will read them (None: text is needed,
+    as it is to train a tokenizer). Rows without a document (missing, null or empty) are skipped with one warning
+    per pass."""
 
-    def __init__(self, spec: SourceSpec) -> None:
-        self.spec, self.field, self.warned = spec, None, False
+    def __init__(self, spec: SourceSpec, vocab_size: int | None = None) -> None:
+        self.spec, self.vocab_size, self.field, self.warned = spec, vocab_size, None, False
+        self.tokens = False  # a pre-tokenized source (decided at the first row)
 
-    def text(self, row: dict[str, Any], row_index: int, rows: Any) -> str | None:
-        """The text of `row` (the `row_index`-th of the pass, read from the opened stream `rows`), None when it
+    def document(self, row: dict[str, Any], row_index: int, rows: Any) -> str | list[int] | None:
+        """The document of `row` (the `row_index`-th of the pass, read from the opened stream `rows`), None when it
         has none."""
         if self.field is None:
-            self.field = pick_text_field(row, self.spec, declared_columns(rows))
+            columns = declared_columns(rows)
+            if self.spec.text_field is None and _pre_tokenized(row, columns):
+                if self.vocab_size is None:
+                    raise UserError(f"source {self.spec.label!r} holds token ids ({TOKENS_FIELD!r}), not text: "
+                                    "a tokenizer trains on text, and an evaluation scores text; leave this source "
+                                    "out of their mix config")
+                self.field, self.tokens = TOKENS_FIELD, True
+            else:
+                self.field = pick_text_field(row, self.spec, columns)
+        if self.tokens:
+            return self._ids(row.get(TOKENS_FIELD), row_index)
         text = row.get(self.field)
         if text is not None and not isinstance(text, str):
             raise UserError(
@@ -223,12 +239,38 @@ class RowTexts:
             )
         if text:
             return text
-        if not self.warned:
-            log.warning("source %r: row %d has no text in column %r (missing, null or empty): such rows are "
-                        "skipped; if many rows keep their text under another key, set \"text_field\"",
-                        self.spec.label, row_index, self.field)
-            self.warned = True
+        self._warn_empty(row_index, "text")
         return None
+
+    def _ids(self, ids: Any, row_index: int) -> list[int] | None:
+        if not ids:
+            self._warn_empty(row_index, "token ids")
+            return None
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise UserError(f"source {self.spec.label!r}: row {row_index}'s {TOKENS_FIELD!r} is not a list of "
+                            "token ids (integers): fix the rows, or name a text column with \"text_field\"")
+        low, high = min(ids), max(ids)
+        assert self.vocab_size is not None
+        if low < 0 or high >= self.vocab_size:
+            raise UserError(f"source {self.spec.label!r}: row {row_index} holds token id {high if high >= 0 else low}"
+                            f", outside the tokenizer's {self.vocab_size} ids (0 to {self.vocab_size - 1}): its ids "
+                            "were made with another tokenizer; build with that one (TOKENIZER_DIR), or leave the "
+                            "source out")
+        return ids
+
+    def _warn_empty(self, row_index: int, what: str) -> None:
+        if not self.warned:
+            log.warning("source %r: row %d has no %s in column %r (missing, null or empty): such rows are "
+                        "skipped; if many rows keep theirs under another key, set \"text_field\"",
+                        self.spec.label, row_index, what, self.field)
+            self.warned = True
+
+
+def _pre_tokenized(row: dict[str, Any], columns: dict[str, str] | None) -> bool:
+    """Rows of token ids: an `input_ids` column (a list) and none of the text columns."""
+    names = columns if columns is not None else row
+    return TOKENS_FIELD in names and isinstance(row.get(TOKENS_FIELD), list) and not any(
+        name in names for name in TEXT_FIELD_CANDIDATES)
 
 
 def read_rows(rows: Any, spec: SourceSpec) -> Iterator[dict[str, Any]]:

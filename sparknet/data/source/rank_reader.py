@@ -27,14 +27,15 @@ import numpy as np
 
 from sparknet.config import SourceSpec
 from sparknet.data.source.hub_retries import retried_open, retried_rows
-from sparknet.data.source.opening import RowTexts, open_source
+from sparknet.data.source.opening import RowDocuments, open_source
 from sparknet.errors import UserError
 
 log = logging.getLogger(__name__)
 
 
 class SourceReader:
-    """Iterate for `(text, rows_read)`: this rank's documents, and how many rows of the current pass had been read
+    """Iterate for `(document, rows_read)`: this rank's documents (texts, or token-id lists of a pre-tokenized
+    source, when `vocab_size` is given), and how many rows of the current pass had been read
     when the document came out (with a shuffle buffer, rows still in the buffer count as read).
 
     `state()` at any point between two documents is the exact position; a reader built with that state goes on
@@ -52,8 +53,10 @@ class SourceReader:
         shuffle_buffer: int = 0,
         seed: int = 0,
         state: dict[str, Any] | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         self.spec = spec
+        self.vocab_size = vocab_size  # a pre-tokenized source's ids are checked against it (None: text only)
         self.skip, self.rank, self.world_size = skip, rank, world_size
         self.restart = restart
         self.buffer_size = shuffle_buffer
@@ -200,7 +203,7 @@ class SourceReader:
     def _texts_of(self, rows: Any, keep: Any, reopen: Any) -> Iterator[str]:
         """The non-empty texts of the rows `keep(index in the pass)` accepts; `self.rows` counts every row read.
         A Hub source's transient failures are retried from the position reached (`retried_rows`, with `reopen`)."""
-        texts = RowTexts(self.spec)
+        texts = RowDocuments(self.spec, self.vocab_size)
         current = [rows]
         for row in retried_rows(self.spec, rows, reopen, lambda reopened: current.__setitem__(0, reopened)):
             rows = current[0]
@@ -209,7 +212,7 @@ class SourceReader:
             self.rows += 1
             if not keep(index):
                 continue
-            if text := texts.text(row, index, rows):
+            if text := texts.document(row, index, rows):
                 self.documents += 1
                 yield text
 
