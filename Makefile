@@ -10,7 +10,7 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # pip's warnings about this machine's optional local package indexes are noise.
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: install demo test test-all coverage lock lint bench bench-recipe clean-demo
+.PHONY: install demo test test-all coverage lock docs lint bench bench-recipe clean-demo
 
 install: $(STAMP)
 
@@ -58,6 +58,10 @@ lock:
 	.venv-lock/bin/pip freeze --exclude-editable | .venv-lock/bin/python tools/lock.py write > requirements.lock.new
 	mv requirements.lock.new requirements.lock && rm -rf .venv-lock
 	$(MAKE) test
+
+# docs/constants.md from the scripts' constants and their comments (tests/test_docs.py fails when it is stale)
+docs: $(STAMP)
+	$(OFFLINE) $(PY) tools/constants_doc.py write
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -298,6 +298,31 @@ def _quiet_handed_over_disk_full() -> None:
     threading.excepthook = hook
 
 
+def constants_reference(scripts: list[str]) -> str:
+    """docs/constants.md: each script's constants with their default, their comment (the one doc of a constant, as
+    --help prints it) and the values their rule allows (sparknet.checks), as Markdown. Written by `make docs`;
+    tests/test_docs.py fails when the file is not what the scripts say now."""
+    from sparknet.checks import RULES
+    from sparknet.runtime import PROJECT_ROOT
+
+    out = ["# Script constants", "",
+           "Every constant of every script, as its top says it: the default and the comment (what `--help` prints), "
+           "and the values its check allows. Written from the scripts by `make docs`: edit the script, not this "
+           "file. Each constant is also a flag: `--name value`.", ""]
+    for script in scripts:
+        helps = describe_constants((PROJECT_ROOT / "scripts" / script).read_text())
+        values = script_constants(script)
+        out += [f"## {script}", "", "| constant | default | what it is | allowed |", "|---|---|---|---|"]
+        for name, value in values.items():
+            shown = repr(value) if isinstance(value, str) else json.dumps(value)
+            rule = RULES.get(name)
+            allowed = rule.expected + (" (or None)" if rule.none else "") if rule else ""
+            cells = [f"`{name}`", f"`{shown}`", helps.get(name, ""), allowed]
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def script_constants(script: str) -> dict[str, Any]:
     """The constants of `scripts/<script>` with their defaults as written there (the one source of defaults), read
     without running the script."""

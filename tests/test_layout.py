@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from sparknet.checks import RULES
-from sparknet.cli import is_path_constant
+from sparknet.cli import describe_constants, is_path_constant
 from sparknet.runtime import PROJECT_ROOT
 from sparknet.train.settings import TrainSettings
 
@@ -78,8 +78,12 @@ def test_no_import_circle() -> None:
 
 
 def test_every_training_setting_is_declared_once_with_doc_identity_and_rule() -> None:
+    """Its doc is its comment in the trainer scripts, one text in both (what --help and docs/constants.md show)."""
+    docs = [describe_constants((PROJECT_ROOT / "scripts" / script).read_text())
+            for script in ("train_sparknet_v5.py", "train_sparknet.py")]
     for field in dataclasses.fields(TrainSettings):
-        assert field.metadata["doc"], field.name
+        name = field.name.upper()
+        assert docs[0].get(name) and docs[0][name] == docs[1].get(name), f"{name}: {[d.get(name) for d in docs]}"
         free = field.type == "bool" or is_path_constant(field.name.upper()) or field.name == "sample_prompts"
         assert free or field.name.upper() in RULES, f"{field.name}: no rule in sparknet.checks.RULES"
     # what may change between attempts of one run: logging, saving, sampling, paths (pinned: a change here changes
