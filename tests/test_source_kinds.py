@@ -94,7 +94,8 @@ def test_a_tokenizer_from_each_kind_is_the_jsonl_tokenizer(kind: str, files: dic
             == (tmp_path / "tok-json" / "tokenizer.json").read_text())
 
 
-def test_perplexity_of_each_kind_is_that_of_the_jsonl(files: dict, random_model: Path, tmp_path: Path) -> None:
+def test_perplexity_of_each_kind_is_that_of_the_jsonl(files: dict, token_files: Path, random_model: Path,
+                                                      tmp_path: Path) -> None:
     from sparknet.eval.data import load_documents
 
     reference = load_documents(files["json"][0])
@@ -102,13 +103,15 @@ def test_perplexity_of_each_kind_is_that_of_the_jsonl(files: dict, random_model:
     for kind in KINDS:
         assert load_documents(files[kind][0]) == reference, kind
     saved = {}
-    for kind in ("json", "parquet"):  # the script, as users run it
-        proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data",
-                          files[kind][0], "--context", 16, "--max_documents", 20, "--eval_dir", tmp_path / kind)
+    # the script, as users run it: Parquet, and pre-tokenized rows (decoded with the model's own tokenizer)
+    for kind, data in (("json", files["json"][0]), ("parquet", files["parquet"][0]), ("ids", token_files)):
+        proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", data,
+                          "--context", 16, "--max_documents", 20, "--eval_dir", tmp_path / kind)
         assert proc.returncode == 0, proc.stderr[-2000:]
         saved[kind] = next(iter(json.loads((tmp_path / kind / "randrun" / "perplexity.json").read_text()).values()))
-    assert saved["parquet"]["tokens"] == saved["json"]["tokens"] > 0
-    assert saved["parquet"]["nll"] == saved["json"]["nll"]
+    for kind in ("parquet", "ids"):
+        assert saved[kind]["tokens"] == saved["json"]["tokens"] > 0 and saved[kind]["bytes"] == saved["json"]["bytes"]
+        assert saved[kind]["nll"] == saved["json"]["nll"], kind
 
 
 def test_a_local_kind_needs_its_files_and_takes_no_subset_or_revision(tmp_path: Path) -> None:

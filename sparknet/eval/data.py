@@ -42,6 +42,8 @@ class DataRequest:
     max_documents: int = 0
     holdout_rows: int = 0
     runs: list[Path] = field(default_factory=list)  # model folders whose recorded hold-out a mix config can use
+    # the tokenizer (folder or Hub id) that turns a pre-tokenized source's ids back into text (None: refused)
+    decode_with: str | None = None
 
 
 def data_kind(data: str) -> str:
@@ -149,16 +151,29 @@ def _file_documents(request: DataRequest) -> list[str]:
         # one document of plain text
         kind = local_kind_of_file(path.name) or "text"
         texts += _source_documents(SourceSpec(name=kind, prob=1.0, data_files=[str(path)],
-                                              text_field=request.text_field, label=path.name), request)
+                                              text_field=_text_field(request), label=path.name), request)
     return texts
 
 
 def _source_documents(spec: SourceSpec, request: DataRequest) -> list[str]:
-    """The texts of one source, streamed: only the documents scored are read."""
+    """The texts of one source, streamed: only the documents scored are read. A pre-tokenized source's ids are
+    decoded with `request.decode_with`'s tokenizer (the models' own), so that each model encodes the same text."""
     from sparknet.data.source.hub_retries import iter_texts
 
-    texts = iter_texts(spec)
+    texts = iter_texts(spec, _decoder(request))
     return list(itertools.islice(texts, request.max_documents)) if request.max_documents else list(texts)
+
+
+def _text_field(request: DataRequest) -> str | None:
+    """The text column asked for; the default ("text") as the build's automatic choice, which takes "text" first
+    and recognises a pre-tokenized source."""
+    return None if request.text_field == "text" else request.text_field
+
+
+def _decoder(request: DataRequest) -> Any:
+    from sparknet.tokenizer import load_tokenizer
+
+    return load_tokenizer(request.decode_with) if request.decode_with else None
 
 
 def _packed_documents(request: DataRequest) -> list[str]:
@@ -200,24 +215,26 @@ def _dataset_documents(request: DataRequest) -> list[str]:
     local = project_path(request.data)
     name = str(local) if local.is_dir() else request.data
     return _source_documents(SourceSpec(name=name, prob=1.0, split=request.split, subset=request.subset,
-                                        text_field=request.text_field, label=request.data), request)
+                                        text_field=_text_field(request), label=request.data), request)
 
 
 def _config_documents(request: DataRequest) -> list[str]:
     """The rows each source of the mix held out for validation (never trained on), read in the source's order;
     the sources' documents interleaved so that the first MAX_DOCUMENTS cover every source."""
     from sparknet.config import load_config
+    from sparknet.data.source.opening import decoded
     from sparknet.data.source.rank_reader import SourceReader
 
     config = load_config(request.data)
     rows = _held_out_rows(config, request)
+    tokenizer = _decoder(request)
     per_source = []
     for spec in config.mix:
         texts = []
-        for text, read in SourceReader(spec):
+        for text, read in SourceReader(spec, vocab_size=len(tokenizer) if tokenizer is not None else None):
             if read > rows[spec.label]:
                 break
-            texts.append(text)
+            texts.append(decoded(text, tokenizer))
         per_source.append(texts)
     return [t for group in itertools.zip_longest(*per_source) for t in group if t is not None]
 

@@ -152,7 +152,9 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
     rows = []
     for ref, source in zip(refs, sources, strict=True):
         if source not in documents:
-            documents[source] = load_documents(dataclasses.replace(request, data=source, runs=runs))
+            # a pre-tokenized source is decoded with the first model's tokenizer
+            documents[source] = load_documents(dataclasses.replace(request, data=source, runs=runs,
+                                                                   decode_with=refs[0].source))
         model, tokenizer, device = load_model(ref)
         window = model_context(model) if context is None else context
         if not 0 < window <= model_context(model):

@@ -16,6 +16,7 @@ from sparknet.config import SourceSpec
 from sparknet.data.source.opening import (
     RowDocuments,
     UnreadableSource,
+    decoded,
     hub_offline,
     is_hub_source,
     open_source,
@@ -149,12 +150,12 @@ def _drop_datasets_retry_line(record: logging.LogRecord) -> bool:
 _DROP_DATASETS_RETRY_LINES = _drop_datasets_retry_line
 
 
-def iter_texts(spec: SourceSpec) -> Iterator[str]:
+def iter_texts(spec: SourceSpec, tokenizer: Any = None) -> Iterator[str]:
     """Yields the non-empty document texts of a source, in the source's order (a Hub source's transient failures
-    retried from the row reached)."""
-    texts = RowDocuments(spec)  # text only: a pre-tokenized source is refused
+    retried from the row reached); a pre-tokenized source's ids decoded with `tokenizer` (None: refused)."""
+    texts = RowDocuments(spec, len(tokenizer) if tokenizer is not None else None)
     current = [retried_open(spec)]
     for index, row in enumerate(retried_rows(spec, current[0], lambda: open_source(spec),
                                              lambda reopened: current.__setitem__(0, reopened))):
         if text := texts.document(row, index, current[0]):
-            yield text
+            yield decoded(text, tokenizer)

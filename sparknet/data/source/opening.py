@@ -224,8 +224,7 @@ class RowDocuments:
             if self.spec.text_field is None and _pre_tokenized(row, columns):
                 if self.vocab_size is None:
                     raise UserError(f"source {self.spec.label!r} holds token ids ({TOKENS_FIELD!r}), not text: "
-                                    "a tokenizer trains on text, and an evaluation scores text; leave this source "
-                                    "out of their mix config")
+                                    "a tokenizer trains on text; leave this source out of its mix config")
                 self.field, self.tokens = TOKENS_FIELD, True
             else:
                 self.field = pick_text_field(row, self.spec, columns)
@@ -264,6 +263,14 @@ class RowDocuments:
                         "skipped; if many rows keep theirs under another key, set \"text_field\"",
                         self.spec.label, row_index, what, self.field)
             self.warned = True
+
+
+def decoded(document: str | list[int], tokenizer: Any) -> str:
+    """A document as text: a pre-tokenized one's ids decoded with `tokenizer` (its trailing eos left out)."""
+    if isinstance(document, str):
+        return document
+    ids = document[:-1] if document and document[-1] == tokenizer.eos_token_id else document
+    return tokenizer.decode(ids)
 
 
 def _pre_tokenized(row: dict[str, Any], columns: dict[str, str] | None) -> bool:
