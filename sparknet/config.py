@@ -369,7 +369,8 @@ def _labels(sources: list[dict[str, Any]]) -> list[str]:
             while not isinstance(first, str):
                 first = next(iter(first.values())) if isinstance(first, dict) else first[0]
             # a glob's files are named by their folder (`prose` for data/prose/*.txt)
-            label = Path(first).parent.name if glob.has_magic(Path(first).name) else Path(first).name.split(".")[0]
+            label = ((Path(first).parent.name or s["name"]) if glob.has_magic(Path(first).name)
+                     else Path(first).name.split(".")[0])
         else:
             label = s["name"].rstrip("/").split("/")[-1]
         if s["subset"]:

@@ -26,6 +26,7 @@ from tests.helpers import (
     train_args,
     train_packed,
     train_settings,
+    train_streamed,
     wait_for,
 )
 
@@ -212,6 +213,25 @@ def test_a_run_folder_in_another_format_is_refused_in_one_line_and_left_as_it_is
         open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), today, True, True,
                  fixed={"stream_processes": (2, why)})
     assert json.loads((run_dir / RUN_CONFIG).read_text()) == old  # the refused attempt wrote nothing
+
+
+def test_a_stream_run_folder_in_another_format_is_refused_before_its_hold_out(corpus_config: Path,
+                                                                             tokenizer_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    """The streaming trainer reads its run folder (the saved hold-out) before the Trainer opens it: the format is
+    checked first, so an old folder is the same one line, not a KeyError on what that format lacked."""
+    import numpy as np
+
+    from sparknet.errors import UserError
+    from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
+
+    run_dir = tmp_path / "ckpt" / "run"
+    run_dir.mkdir(parents=True)
+    (run_dir / RUN_CONFIG).write_text(json.dumps({"data": "stream", "batch_size": 4, "grad_accum": 1}))
+    (run_dir / VAL_REPORT).write_text(json.dumps({"rows_held_out": {}}))  # before commits were recorded
+    np.save(run_dir / VAL_BLOCKS, np.zeros((2, 128), dtype=np.int64))
+    with pytest.raises(UserError, match="run run is in run folder format 1, and this SparkNet reads format 2"):
+        train_streamed(tmp_path, corpus_config, tokenizer_dir)
 
 
 @pytest.mark.slow

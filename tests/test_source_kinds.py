@@ -108,6 +108,7 @@ def test_perplexity_of_each_kind_is_that_of_the_jsonl(files: dict, token_files: 
         proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", data,
                           "--context", 16, "--max_documents", 20, "--eval_dir", tmp_path / kind)
         assert proc.returncode == 0, proc.stderr[-2000:]
+        assert ("is pre-tokenized and records no tokenizer: its ids are decoded with" in proc.stderr) == (kind == "ids")
         saved[kind] = next(iter(json.loads((tmp_path / kind / "randrun" / "perplexity.json").read_text()).values()))
     for kind in ("parquet", "ids"):
         assert saved[kind]["tokens"] == saved["json"]["tokens"] > 0 and saved[kind]["bytes"] == saved["json"]["bytes"]

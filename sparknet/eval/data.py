@@ -12,10 +12,13 @@
 
 from __future__ import annotations
 
+import functools
 import glob
 import itertools
 import json
+import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,8 @@ import numpy as np
 from sparknet.config import LOCAL_KINDS, SourceSpec, local_kind_of_file
 from sparknet.errors import UserError
 from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
+
+log = logging.getLogger("sparknet.eval")
 
 # `name` or `owner/name`, as the Hub spells dataset ids.
 _HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
@@ -146,12 +151,12 @@ def _file_documents(request: DataRequest) -> list[str]:
                             "packed dataset folder, a mix config or a Hub dataset id")
         files += [Path(m) for m in matches] or [project_path(part)]
     texts: list[str] = []
-    for path in files:
-        # read as the build reads a source of the file's kind (sparknet.config.LOCAL_KINDS); any other file is
-        # one document of plain text
-        kind = local_kind_of_file(path.name) or "text"
-        texts += _source_documents(SourceSpec(name=kind, prob=1.0, data_files=[str(path)],
-                                              text_field=_text_field(request), label=path.name), request)
+    # read as the build reads a source of the files' kind (sparknet.config.LOCAL_KINDS; any other file is one
+    # document of plain text), consecutive files of one kind as one source
+    for kind, group in itertools.groupby(files, key=lambda path: local_kind_of_file(path.name) or "text"):
+        paths = [str(path) for path in group]
+        texts += _source_documents(SourceSpec(name=kind, prob=1.0, data_files=paths, label=Path(paths[0]).name,
+                                              text_field=None if kind == "text" else _text_field(request)), request)
     return texts
 
 
@@ -160,7 +165,7 @@ def _source_documents(spec: SourceSpec, request: DataRequest) -> list[str]:
     decoded with `request.decode_with`'s tokenizer (the models' own), so that each model encodes the same text."""
     from sparknet.data.source.hub_retries import iter_texts
 
-    texts = iter_texts(spec, _decoder(request))
+    texts = iter_texts(spec, _decoder(spec, request))
     return list(itertools.islice(texts, request.max_documents)) if request.max_documents else list(texts)
 
 
@@ -170,10 +175,30 @@ def _text_field(request: DataRequest) -> str | None:
     return None if request.text_field == "text" else request.text_field
 
 
-def _decoder(request: DataRequest) -> Any:
+def _decoder(spec: SourceSpec, request: DataRequest) -> Callable[[], Any] | None:
+    """What decodes a pre-tokenized source's ids (loaded only when one is met): the tokenizer the mix entry records
+    (its "tokenizer"), else the first model's, said once; None: no model, such a source is refused."""
+    name = spec.tokenizer or request.decode_with
+    if name is None:
+        return None
+    said = []
+
+    def tokenizer() -> Any:
+        if not said and spec.tokenizer is None:
+            log.warning("source %r is pre-tokenized and records no tokenizer: its ids are decoded with %s's; if "
+                        "they were made with another, give that one as the mix entry's \"tokenizer\"", spec.label,
+                        name)
+            said.append(True)
+        return _tokenizer(name)
+
+    return tokenizer
+
+
+@functools.cache
+def _tokenizer(name: str) -> Any:
     from sparknet.tokenizer import load_tokenizer
 
-    return load_tokenizer(request.decode_with) if request.decode_with else None
+    return load_tokenizer(name)
 
 
 def _packed_documents(request: DataRequest) -> list[str]:
@@ -227,11 +252,12 @@ def _config_documents(request: DataRequest) -> list[str]:
 
     config = load_config(request.data)
     rows = _held_out_rows(config, request)
-    tokenizer = _decoder(request)
     per_source = []
     for spec in config.mix:
         texts = []
-        for text, read in SourceReader(spec, vocab_size=len(tokenizer) if tokenizer is not None else None):
+        tokenizer = _decoder(spec, request)
+        vocab = (lambda tokenizer=tokenizer: len(tokenizer())) if tokenizer is not None else None
+        for text, read in SourceReader(spec, vocab_size=vocab):
             if read > rows[spec.label]:
                 break
             texts.append(decoded(text, tokenizer))

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparknet.errors import UserError
 from sparknet.eval.metrics import bits_per_byte, perplexity
-from sparknet.eval.models import ModelRef, load_model, model_context, resolve_model
+from sparknet.eval.models import ModelRef, load_model, model_context, resolve_model, tokenizer_source
 
 if TYPE_CHECKING:
     from sparknet.eval.data import DataRequest
@@ -154,7 +154,7 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
         if source not in documents:
             # a pre-tokenized source is decoded with the first model's tokenizer
             documents[source] = load_documents(dataclasses.replace(request, data=source, runs=runs,
-                                                                   decode_with=refs[0].source))
+                                                                   decode_with=tokenizer_source(refs[0])))
         model, tokenizer, device = load_model(ref)
         window = model_context(model) if context is None else context
         if not 0 < window <= model_context(model):

@@ -163,6 +163,18 @@ def _eval_start(path: Path) -> float | None:
         return None
 
 
+def read_identity(run_dir: Path) -> dict[str, Any]:
+    """The identity a run folder records (its run_config.json, the format version left out); one line when the
+    folder is in another format than RUN_FORMAT, read before anything else of the folder is."""
+    previous = dict(_read_state(run_dir / RUN_CONFIG))
+    version = previous.pop("format_version", 1)
+    if version != RUN_FORMAT:
+        raise UserError(f"run {run_dir.name} is in run folder format {version}, and this SparkNet reads format "
+                        f"{RUN_FORMAT}: start it again under another RUN_NAME, or finish it with the SparkNet "
+                        "version that started it")
+    return previous
+
+
 def _read_state(path: Path) -> dict[str, Any]:
     """A run's JSON state file, or one line naming it and the fix."""
     return read_json_object(path, "it records the run's settings, compared on every resume. Restore it from a backup, "
@@ -186,12 +198,7 @@ def open_run(run_name: str, checkpoints_dir: str, logs_dir: str, identity: dict[
         if main_process:
             start.unlink()
     if (run_dir / RUN_CONFIG).is_file():
-        previous = dict(_read_state(run_dir / RUN_CONFIG))
-        version = previous.pop("format_version", 1)
-        if version != RUN_FORMAT:
-            raise UserError(f"run {run_name} is in run folder format {version}, and this SparkNet reads format "
-                            f"{RUN_FORMAT}: start it again under another RUN_NAME, or finish it with the SparkNet "
-                            "version that started it")
+        previous = read_identity(run_dir)
         for key, (value, why) in fixed.items():
             if key in previous and previous[key] != value:
                 raise UserError(f"run {run_name}: {key.replace('_', ' ')} {previous[key]} -> {value}: {why}")

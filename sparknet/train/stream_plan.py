@@ -17,7 +17,7 @@ from transformers import TrainerCallback
 from sparknet.config import MixConfig
 from sparknet.errors import UserError
 from sparknet.train.data_plan import BlockDataset, DataPlan
-from sparknet.train.folders import VAL_BLOCKS, VAL_REPORT
+from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, read_identity
 
 log = logging.getLogger("sparknet.train")
 
@@ -88,6 +88,8 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
     from sparknet.runtime import process_rank, world_size
     from sparknet.tokenizer import check_source_tokenizers, load_tokenizer
 
+    if (run_dir / RUN_CONFIG).is_file():
+        read_identity(run_dir)  # a folder in another format is refused before its hold-out is read (or made)
     tokenizer = load_tokenizer(spec.tokenizer_dir)
     check_source_tokenizers(spec.config, spec.tokenizer_dir, tokenizer)
     common = dict(tokenizer_json=tokenizer.backend_tokenizer.to_str(), eos_id=int(tokenizer.eos_token_id),

@@ -150,10 +150,11 @@ def _drop_datasets_retry_line(record: logging.LogRecord) -> bool:
 _DROP_DATASETS_RETRY_LINES = _drop_datasets_retry_line
 
 
-def iter_texts(spec: SourceSpec, tokenizer: Any = None) -> Iterator[str]:
+def iter_texts(spec: SourceSpec, tokenizer: Callable[[], Any] | None = None) -> Iterator[str]:
     """Yields the non-empty document texts of a source, in the source's order (a Hub source's transient failures
-    retried from the row reached); a pre-tokenized source's ids decoded with `tokenizer` (None: refused)."""
-    texts = RowDocuments(spec, len(tokenizer) if tokenizer is not None else None)
+    retried from the row reached); a pre-tokenized source's ids decoded with `tokenizer()`, called only for such a
+    source (None: refused)."""
+    texts = RowDocuments(spec, (lambda: len(tokenizer())) if tokenizer is not None else None)
     current = [retried_open(spec)]
     for index, row in enumerate(retried_rows(spec, current[0], lambda: open_source(spec),
                                              lambda reopened: current.__setitem__(0, reopened))):

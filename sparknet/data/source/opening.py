@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sparknet.config import MixConfig, SourceSpec
@@ -212,7 +212,7 @@ class RowDocuments:
     as it is to train a tokenizer). Rows without a document (missing, null or empty) are skipped with one warning
     per pass."""
 
-    def __init__(self, spec: SourceSpec, vocab_size: int | None = None) -> None:
+    def __init__(self, spec: SourceSpec, vocab_size: int | Callable[[], int] | None = None) -> None:
         self.spec, self.vocab_size, self.field, self.warned = spec, vocab_size, None, False
         self.tokens = False  # a pre-tokenized source (decided at the first row)
 
@@ -226,6 +226,8 @@ class RowDocuments:
                     raise UserError(f"source {self.spec.label!r} holds token ids ({TOKENS_FIELD!r}), not text: "
                                     "a tokenizer trains on text; leave this source out of its mix config")
                 self.field, self.tokens = TOKENS_FIELD, True
+                if callable(self.vocab_size):  # known only now that it is needed (a tokenizer to load)
+                    self.vocab_size = self.vocab_size()
             else:
                 self.field = pick_text_field(row, self.spec, columns)
         if self.tokens:
@@ -265,10 +267,12 @@ class RowDocuments:
             self.warned = True
 
 
-def decoded(document: str | list[int], tokenizer: Any) -> str:
-    """A document as text: a pre-tokenized one's ids decoded with `tokenizer` (its trailing eos left out)."""
+def decoded(document: str | list[int], tokenizer: Callable[[], Any] | None) -> str:
+    """A document as text: a pre-tokenized one's ids decoded with `tokenizer()` (its trailing eos left out)."""
     if isinstance(document, str):
         return document
+    assert tokenizer is not None  # RowDocuments gives ids only where a vocabulary was given
+    tokenizer = tokenizer()
     ids = document[:-1] if document and document[-1] == tokenizer.eos_token_id else document
     return tokenizer.decode(ids)
 

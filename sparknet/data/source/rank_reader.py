@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -53,7 +53,7 @@ class SourceReader:
         shuffle_buffer: int = 0,
         seed: int = 0,
         state: dict[str, Any] | None = None,
-        vocab_size: int | None = None,
+        vocab_size: int | Callable[[], int] | None = None,
     ) -> None:
         self.spec = spec
         self.vocab_size = vocab_size  # a pre-tokenized source's ids are checked against it (None: text only)
