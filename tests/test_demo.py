@@ -103,3 +103,34 @@ def test_demo_state_tells_new_interrupted_and_finished_apart(tmp_path: Path) -> 
         assert _shown(run_dir) == f"checkpoints/{run}"
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_to_the_demo_reaches_its_step_once(sig: signal.Signals, tmp_path: Path) -> None:
+    """The demo passes SIGTERM and SIGHUP (a closed terminal) on to the running step, which stops as it would on its
+    own (the trainers save); the step here counts what it received."""
+    from sparknet.demo.chain import run_forwarding_signals
+
+    step, ready, got = tmp_path / "step.py", tmp_path / "ready", tmp_path / "got"
+    step.write_text(
+        "import signal, sys, time\n"
+        "def stop(signum, frame):\n"
+        "    open(sys.argv[2], 'a').write(signal.Signals(signum).name + '\\n')\n"
+        "    time.sleep(0.5)\n"  # a second delivery would be counted meanwhile
+        "    sys.exit(128 + signum)\n"
+        f"signal.signal({int(sig)}, stop)\n"
+        "open(sys.argv[1], 'w').close()\n"
+        "time.sleep(60)\n")
+
+    def send_when_ready() -> None:
+        deadline = time.time() + 30
+        while not ready.exists() and time.time() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), sig)
+
+    before = signal.getsignal(sig)
+    threading.Thread(target=send_when_ready, daemon=True).start()
+    code, stopped_by = run_forwarding_signals([sys.executable, str(step), str(ready), str(got)])
+    assert (code, stopped_by) == (128 + sig, sig)
+    assert got.read_text().split() == [sig.name]
+    assert signal.getsignal(sig) == before  # put back

@@ -202,6 +202,15 @@ def test_ctrl_c_to_the_whole_group_saves_and_a_killed_encoder_is_one_line(corpus
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143 and "Traceback" not in out, out[-3000:]
     stopped = stopped_checkpoint(out, run_dir)
+
+    # and so is SIGHUP (the terminal or SSH session closed)
+    proc = _stream(args, own_group=True)
+    wait_for(run_dir / f"checkpoint-{checkpoint_step(stopped) // 10 * 10 + 10}" / ".complete", proc)
+    os.killpg(proc.pid, signal.SIGHUP)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 129 and "Traceback" not in out, out[-3000:]
+    assert "received SIGHUP: saving a checkpoint" in out
+    stopped = stopped_checkpoint(out, run_dir)
     out = finish_ok(_stream(args))
     assert f"resuming from {stopped}" in out
 

@@ -144,16 +144,17 @@ def test_kill_then_resume_reproduces_lr_and_batch_order(tiny_dataset: Path, tmp_
 
 
 @pytest.mark.slow
-def test_sigint_saves_a_checkpoint_then_exits(tiny_dataset: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])  # Ctrl-C; the terminal or SSH session closed
+def test_a_stop_signal_saves_a_checkpoint_then_exits(sig: signal.Signals, tiny_dataset: Path, tmp_path: Path) -> None:
     args = train_args(tmp_path, tiny_dataset, target_tokens=4000 * 4 * 128, eval_steps=50, save_steps=100,
                         sample_steps=0, logging_steps=1000)
     run_dir = tmp_path / "ckpt" / "run"
     proc = start_script("train_sparknet_v5.py", args)
     wait_for(run_dir / "eval_start.json", proc)
     time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out[-2000:]
+    assert proc.returncode == 128 + sig, out[-2000:]
     assert "Traceback" not in out
     saved = latest_complete_checkpoint(run_dir)
     assert saved is not None and f"checkpoint saved in {saved}" in out

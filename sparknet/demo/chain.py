@@ -1,9 +1,9 @@
 """Running the demo chain: each step is one of the real scripts, started as the user would start it.
 
-A Ctrl-C (or SIGTERM) while a step runs reaches that step's script exactly once, forwarded from here: the script
-runs in its own process group, so the terminal's signal to the foreground group (make, this process) does not reach
-it a second time, which the trainers take as "abort, do not save". The script stops as it would on its own (the
-trainer saves a checkpoint, the build its position) and the demo says how to go on.
+A Ctrl-C (or SIGTERM, or SIGHUP from a closed terminal) while a step runs reaches that step's script exactly once,
+forwarded from here: the script runs in its own process group, so the terminal's signal to the foreground group (make,
+this process) does not reach it a second time, which the trainers take as "abort, do not save". The script stops as it
+would on its own (the trainer saves a checkpoint, the build its position) and the demo says how to go on.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Chain:
         print(f"\n=== {title}\n$ python {shlex.join(argv)}", flush=True)
         t = time.time()
         code, stopped_by = run_forwarding_signals([sys.executable, *argv])
-        if stopped_by is not None or code in (130, 143, -signal.SIGINT, -signal.SIGTERM):
+        if stopped_by is not None or code in (129, 130, 143, -signal.SIGHUP, -signal.SIGINT, -signal.SIGTERM):
             print(f"\ndemo stopped during '{title}' (what it saved is said above): run the same command (make demo)"
                   " to resume; make clean-demo starts over", file=sys.stderr, flush=True)
             raise SystemExit(128 + (stopped_by or signal.SIGINT))
@@ -75,8 +75,8 @@ def machine() -> str:
 
 
 def run_forwarding_signals(command: list[str]) -> tuple[int, int | None]:
-    """Runs `command` from the project root in its own process group, passing SIGINT and SIGTERM on to it (see the
-    module docstring); returns (its exit status, the first signal forwarded or None)."""
+    """Runs `command` from the project root in its own process group, passing SIGINT, SIGTERM and SIGHUP on to it (see
+    the module docstring); returns (its exit status, the first signal forwarded or None)."""
     child = subprocess.Popen(command, cwd=PROJECT_ROOT, process_group=0)
     received: list[int] = []
 
@@ -85,7 +85,7 @@ def run_forwarding_signals(command: list[str]) -> tuple[int, int | None]:
         if child.poll() is None:
             child.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         code = child.wait()
     finally:

@@ -1,5 +1,5 @@
-"""The safety net of a run: a clean stop on SIGINT/SIGTERM (checkpoint first), a stop on a non-finite loss or grad
-norm (nothing saved after it), checkpoints marked complete only when every process has written its part, and under
+"""The safety net of a run: a clean stop on SIGINT/SIGTERM/SIGHUP (checkpoint first), a stop on a non-finite loss or
+grad norm (nothing saved after it), checkpoints marked complete only when every process has written its part, and under
 data parallelism one decision for all processes."""
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from sparknet.train.folders import mark_complete
 log = logging.getLogger("sparknet.train")
 
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what asks a run to stop
+# what asks a run to stop: Ctrl-C, a stop from outside (timeout, systemd, Slurm), the terminal or SSH session closed
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class SafetyCallback(TrainerCallback):
-    """Stops cleanly on SIGINT/SIGTERM (saving a checkpoint first) and on a non-finite loss or grad norm (saving
+    """Stops cleanly on SIGINT/SIGTERM/SIGHUP (saving a checkpoint first) and on a non-finite loss or grad norm (saving
     nothing, so the last good checkpoint stays the latest); marks each checkpoint complete once every process has
     written its part; logs at the last step and at a stop, so no step's loss or grad norm goes unlogged.
 
@@ -124,7 +125,7 @@ class SafetyCallback(TrainerCallback):
 
 @contextmanager
 def stop_on_signals(safety: SafetyCallback) -> Iterator[None]:
-    """While training: SIGINT/SIGTERM ask for a checkpoint and a clean stop; a second signal aborts.
+    """While training: SIGINT/SIGTERM/SIGHUP ask for a checkpoint and a clean stop; a second signal aborts.
 
     Under torchrun a Ctrl-C reaches each worker twice (from the terminal, then forwarded by torchrun), so repeats
     within a few seconds of the first count as the same request there."""
@@ -141,6 +142,8 @@ def stop_on_signals(safety: SafetyCallback) -> Iterator[None]:
             signal.raise_signal(signum)
             return
         first_at.append(now)
+        if signum == signal.SIGHUP:
+            _quiet_closed_terminal()
         log.warning("received %s: saving a checkpoint at the end of this step, then stopping (again to abort)",
                     signal.Signals(signum).name)
         safety.request_stop(signum)
@@ -150,7 +153,7 @@ def stop_on_signals(safety: SafetyCallback) -> Iterator[None]:
 
 
 class Interrupted(Exception):
-    """SIGINT or SIGTERM during work that cannot stop half way cleanly (the final eval and export)."""
+    """SIGINT, SIGTERM or SIGHUP during work that cannot stop half way cleanly (the final eval and export)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -159,7 +162,7 @@ class Interrupted(Exception):
 
 @contextmanager
 def signals_interrupt() -> Iterator[None]:
-    """While the final model is written: SIGINT/SIGTERM raise `Interrupted`, so the run ends with a line saying
+    """While the final model is written: SIGINT/SIGTERM/SIGHUP raise `Interrupted`, so the run ends with a line saying
     what happened and what to do (the default SIGTERM ends the process without a word)."""
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
 
@@ -180,6 +183,19 @@ def _handled_by(handler: Callable[[int, Any], None], previous: dict[int, Any]) -
         yield
     finally:
         _restore(previous)
+
+
+def _quiet_closed_terminal() -> None:
+    """After SIGHUP the terminal may be gone, and a write to it fails (EIO), which would end the run before its
+    checkpoint is saved: output bound for a terminal goes to /dev/null from here on, as under nohup. Output bound for
+    a file or a pipe is kept."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            if os.isatty(fd):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def _restore(previous: dict[int, Any]) -> None:

@@ -13,6 +13,9 @@ Details that keep a stop clean:
   needs its encoders to do so. They are spawned with SIGINT blocked until they have left it. SIGTERM is not
   blocked: it is also how the executor stops a worker, and a stop during a worker's start-up must not be lost (the
   executor would wait for that worker for good); a group SIGTERM in the second a worker starts still ends it.
+- multiprocessing's resource tracker (a helper process that stays in the group) is started with SIGHUP ignored,
+  as it ignores SIGINT and SIGTERM itself: a closed terminal stops the trainer cleanly, and the tracker, killed by
+  it, was restarted and printed a traceback for the semaphores it no longer knew.
 - Workers exit when the main process is gone (kill -9): unlike Pool's, the executor's workers hold their task
   queue's writing end, never see it close and would wait forever, orphaned.
 """
@@ -38,6 +41,21 @@ from sparknet.data.encoding.packer import DocumentEncoder
 from sparknet.errors import UserError
 
 _BLOCKED_AT_START = {signal.SIGINT}
+
+
+def _start_resource_tracker() -> None:
+    """multiprocessing's resource tracker, started now (if it is not running) with SIGHUP ignored, which it keeps
+    across its exec: it ignores SIGINT and SIGTERM itself, but a closed terminal's SIGHUP to the group killed it."""
+    from multiprocessing import resource_tracker
+
+    if threading.current_thread() is not threading.main_thread():  # signal.signal works on the main thread only
+        resource_tracker.ensure_running()
+        return
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 class EncoderDied(UserError):
@@ -116,6 +134,7 @@ class EncoderPool:
     """`workers` encoder processes; `submit(texts)` starts encoding a batch."""
 
     def __init__(self, workers: int, tokenizer_json: str, eos_id: int, dtype: np.dtype) -> None:
+        _start_resource_tracker()
         handle, self._tokenizer_file = tempfile.mkstemp(prefix="sparknet-tokenizer-", suffix=".json")
         with os.fdopen(handle, "w", encoding="utf-8") as f:
             f.write(tokenizer_json)
