@@ -23,6 +23,7 @@ import io
 import json
 import math
 import os
+import signal
 import sys
 import tokenize
 from collections.abc import Callable
@@ -245,10 +246,30 @@ def apply_overrides(namespace: dict[str, Any], argv: list[str] | None = None) ->
     return {n: namespace[n] for n in names}
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (timeout, systemd, Slurm) or SIGHUP (the terminal or SSH session closed), raised where the script is,
+    as Ctrl-C's KeyboardInterrupt is: the same clean-up runs (a build saves its position, encoder processes stop,
+    temporary files go), then one line. The trainers catch these signals themselves while they train."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_as_ctrl_c_does(signum: int, _frame: Any) -> None:
+    if signum == signal.SIGHUP:
+        from sparknet.runtime import quiet_closed_terminal
+
+        quiet_closed_terminal()
+    raise Stopped(signum)
+
+
 def run_script(namespace: dict[str, Any], main: Callable[[], Any], argv: list[str] | None = None) -> None:
-    """A script's entry point: apply the flags, run `main`; user mistakes and Ctrl-C become messages, not tracebacks,
-    and a reader that goes away (`--help | head`) ends the script quietly."""
+    """A script's entry point: apply the flags, run `main`; user mistakes and Ctrl-C (or SIGTERM, SIGHUP) become
+    messages, not tracebacks, and a reader that goes away (`--help | head`) ends the script quietly."""
     _quiet_handed_over_disk_full()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop_as_ctrl_c_does)
     try:
         try:
             from sparknet.checks import check_values
@@ -260,9 +281,10 @@ def run_script(namespace: dict[str, Any], main: Callable[[], Any], argv: list[st
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        raise SystemExit(130) from None
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
+        print(f"\ninterrupted by {signal.Signals(signum).name}: run the same command again", file=sys.stderr)
+        raise SystemExit(128 + signum) from None
     except BrokenPipeError:
         # what is left in stdout's buffer would fail again at exit: point stdout at /dev/null (Python's docs' recipe)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

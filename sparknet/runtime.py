@@ -223,3 +223,16 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def quiet_closed_terminal() -> None:
+    """After SIGHUP the terminal may be gone, and a write to it fails (EIO), which would end the work before it has
+    saved: output bound for a terminal goes to /dev/null from here on, as under nohup. Output bound for a file or a
+    pipe is kept."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            if os.isatty(fd):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)

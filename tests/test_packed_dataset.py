@@ -460,24 +460,30 @@ def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
 
 
 @pytest.mark.slow
-def test_a_killed_encoder_or_ctrl_c_to_the_whole_group_stops_the_build_cleanly_and_it_resumes(
-    sources: dict, tokenizer_dir: Path, tmp_path: Path
+@pytest.mark.parametrize("stops", [
+    ((lambda pid: os.kill(encoder_processes(pid)[0], signal.SIGKILL), "error: an encoder process died: killed"),
+     (lambda pid: os.killpg(pid, signal.SIGINT), "interrupted by SIGINT: run the same command again")),
+    ((lambda pid: os.killpg(pid, signal.SIGTERM), "interrupted by SIGTERM: run the same command again"),
+     (lambda pid: os.killpg(pid, signal.SIGHUP), "interrupted by SIGHUP: run the same command again")),
+], ids=["killed-encoder-then-ctrl-c", "sigterm-then-sighup"])
+def test_a_killed_encoder_or_a_signal_to_the_whole_group_stops_the_build_cleanly_and_it_resumes(
+    stops: tuple, sources: dict, tokenizer_dir: Path, tmp_path: Path
 ) -> None:
     """An encoder process killed from outside (as the out-of-memory killer does) stops the build with one line
-    instead of hanging; Ctrl-C typed in a terminal reaches every process of the group and stops it with its position
-    saved. The same command then finishes, with the bytes of a build never interrupted."""
+    instead of hanging; Ctrl-C typed in a terminal, SIGTERM (timeout, systemd) and SIGHUP (the terminal closed) reach
+    every process of the group and stop it with its position saved, one line and no temporary file left. The same
+    command then finishes, with the bytes of a build never interrupted."""
     cfg = _config(sources, tmp_path)
     extra = ("--target_tokens", 1_200_000, "--shuffle_buffer", 64, "--num_workers", 2, "--checkpoint_seconds", 0.05)
     reference = tmp_path / "reference"
     assert run_script("build_dataset_v5.py", *build_args(cfg, reference, tokenizer_dir, *extra)).returncode == 0
     out, building = tmp_path / "ds", tmp_path / ".ds.building"
     argv = [sys.executable, "scripts/build_dataset_v5.py", *map(str, build_args(cfg, out, tokenizer_dir, *extra))]
-
-    stops = ((lambda pid: os.kill(encoder_processes(pid)[0], signal.SIGKILL), "error: an encoder process died: killed"),
-             (lambda pid: os.killpg(pid, signal.SIGINT), "interrupted"))
+    temp = tmp_path / "temp"  # the build's own temporary folder: what it leaves there is seen
+    temp.mkdir()
     for kill, said in stops:
         start = (build_position(building) or {"written": {"train": 0}})["written"]["train"]
-        proc = subprocess.Popen(argv, env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen(argv, env={**os.environ, **OFFLINE_ENV, "TMPDIR": str(temp)}, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             deadline = time.time() + 120
@@ -493,6 +499,7 @@ def test_a_killed_encoder_or_ctrl_c_to_the_whole_group_stops_the_build_cleanly_a
                 os.killpg(proc.pid, signal.SIGKILL)  # a hang must not outlive the test
         assert proc.returncode != 0 and "Traceback" not in err, err
         assert said in err and "resumes it from its last saved position" in err, err
+        assert not list(temp.glob("sparknet-tokenizer-*")), said
     proc = run_script("build_dataset_v5.py", *build_args(cfg, out, tokenizer_dir, *extra))
     assert proc.returncode == 0 and "resuming the interrupted build" in proc.stderr, proc.stderr
     for name in ("train.bin", "val.bin"):

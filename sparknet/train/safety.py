@@ -15,6 +15,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from sparknet.runtime import quiet_closed_terminal
 from sparknet.train.folders import mark_complete
 
 log = logging.getLogger("sparknet.train")
@@ -143,7 +144,7 @@ def stop_on_signals(safety: SafetyCallback) -> Iterator[None]:
             return
         first_at.append(now)
         if signum == signal.SIGHUP:
-            _quiet_closed_terminal()
+            quiet_closed_terminal()
         log.warning("received %s: saving a checkpoint at the end of this step, then stopping (again to abort)",
                     signal.Signals(signum).name)
         safety.request_stop(signum)
@@ -183,19 +184,6 @@ def _handled_by(handler: Callable[[int, Any], None], previous: dict[int, Any]) -
         yield
     finally:
         _restore(previous)
-
-
-def _quiet_closed_terminal() -> None:
-    """After SIGHUP the terminal may be gone, and a write to it fails (EIO), which would end the run before its
-    checkpoint is saved: output bound for a terminal goes to /dev/null from here on, as under nohup. Output bound for
-    a file or a pipe is kept."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        for fd in (1, 2):
-            if os.isatty(fd):
-                os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
 
 
 def _restore(previous: dict[int, Any]) -> None:
