@@ -218,3 +218,17 @@ def test_ids_beyond_the_vocabulary_another_tokenizer_or_a_tokenizer_training_are
     with pytest.raises(UserError, match="source 'docs' holds token ids \\('input_ids'\\), not text: a tokenizer"):
         train_tokenizer(load_config(write_config(tmp_path / "t.json", mix)), tmp_path / "tok", vocab_size=300,
                         max_bytes=20_000, heldout_docs=2)
+
+
+def test_a_rows_token_ids_are_checked_one_by_one() -> None:
+    from sparknet.config import SourceSpec
+    from sparknet.data.source.opening import RowDocuments
+
+    docs = RowDocuments(SourceSpec(name="json", prob=1.0, label="s"), vocab_size=100)
+    assert docs.document({"id": "a", "input_ids": [5, 99]}, 0, None) == [5, 99]  # a string id column is no text
+    assert docs.document({"id": "b", "input_ids": []}, 1, None) is None  # skipped, said once
+    for ids, bad in (([5, -3], -3), ([100, 5], 100), ([-1, 250], 250)):
+        with pytest.raises(UserError, match=f"row 2 holds token id {bad}, outside the tokenizer's 100 ids"):
+            docs.document({"id": "c", "input_ids": ids}, 2, None)
+    with pytest.raises(UserError, match="row 3's 'input_ids' is not a list of token ids"):
+        docs.document({"id": "d", "input_ids": [1.5]}, 3, None)

@@ -253,17 +253,17 @@ class RowDocuments:
         low, high = min(ids), max(ids)
         assert self.vocab_size is not None
         if low < 0 or high >= self.vocab_size:
-            raise UserError(f"source {self.spec.label!r}: row {row_index} holds token id {high if high >= 0 else low}"
-                            f", outside the tokenizer's {self.vocab_size} ids (0 to {self.vocab_size - 1}): its ids "
-                            "were made with another tokenizer; build with that one (TOKENIZER_DIR), or leave the "
-                            "source out")
+            bad = high if high >= self.vocab_size else low
+            raise UserError(f"source {self.spec.label!r}: row {row_index} holds token id {bad}, outside the "
+                            f"tokenizer's {self.vocab_size} ids (0 to {self.vocab_size - 1}): its ids were made with "
+                            "another tokenizer; build with that one (TOKENIZER_DIR), or leave the source out")
         return ids
 
     def _warn_empty(self, row_index: int, what: str) -> None:
         if not self.warned:
             log.warning("source %r: row %d has no %s in column %r (missing, null or empty): such rows are "
-                        "skipped; if many rows keep theirs under another key, set \"text_field\"",
-                        self.spec.label, row_index, what, self.field)
+                        "skipped; if many rows keep their %s under another key, set \"text_field\"",
+                        self.spec.label, row_index, what, self.field, what)
             self.warned = True
 
 
