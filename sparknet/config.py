@@ -340,6 +340,37 @@ def _refuse_shared_files(check: _Checker, sources: list[dict[str, Any]]) -> None
                 raise check.fail(f"mix[{i}].data_files", f"the file {real} is {where}: its documents would be read "
                                  "twice, and validation documents trained on; list each file in one entry, once")
             seen[key] = (i, named)
+    _refuse_same_content(check, sources)
+
+
+def _refuse_same_content(check: _Checker, sources: list[dict[str, Any]]) -> None:
+    """A copy or a hard link of a local file, under another name, puts its documents in the data twice just as the
+    same file does. Files are compared by size first, so only files of equal size are read (and hashed). Within one
+    entry of the text kind a file is one document: two equal ones are a repeated document, as two equal rows of a
+    JSONL file are, and empty files hold nothing."""
+    import hashlib
+
+    by_size: dict[tuple[int, str | None], list[tuple[int, str, str]]] = {}
+    for i, source in enumerate(sources):
+        for named, real in dict.fromkeys(_local_files(source)):
+            size = os.path.getsize(real)
+            if size:
+                by_size.setdefault((size, source["text_field"]), []).append((i, named, real))
+    for group in by_size.values():
+        seen: dict[str, tuple[int, str]] = {}
+        for i, named, real in group if len(group) > 1 else ():
+            digest = hashlib.sha256()
+            with open(real, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    digest.update(chunk)
+            key = digest.hexdigest()
+            if key in seen and not (seen[key][0] == i and sources[i]["name"] == "text"):
+                j, first = seen[key]
+                where = f"in mix[{j}]" if j != i else "in the same entry"
+                raise check.fail(f"mix[{i}].data_files", f"the file {real} has the same content as {first} {where} (a "
+                                 "copy or a link): its documents would be read twice, and validation documents "
+                                 "trained on; list one of them, once")
+            seen[key] = (i, real)
 
 
 def _refuse_duplicates(check: _Checker, sources: list[dict[str, Any]]) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sparknet.config import LOCAL_KINDS
+from sparknet.data.pieces import PIECE_BLOCKS
 from sparknet.errors import UserError
 from sparknet.eval.models import load_model, resolve_model
 from sparknet.eval.reports import eval_dir, markdown_table
@@ -141,10 +142,21 @@ def _training_section(metadata: dict[str, Any], settings: dict[str, Any], metric
         return ["## Training", "", "No training_metadata.json was found for this model.", ""]
     out = ["## Training data", ""]
     mix = metadata.get("dataset", {}).get("realised_mixture", {}).get("train", {})
+    streamed = metadata.get("stream", {}).get("training", {})
+    if not mix and streamed.get("shares"):  # the streaming trainer's realised mix, per figure
+        mix = {label: {"tokens": streamed.get("tokens", {}).get(label, 0),
+                       "documents": streamed.get("documents", {}).get(label, 0), "share": share,
+                       "requested_share": streamed.get("requested_shares", {}).get(label, 0),
+                       "validation_repeats_removed": streamed.get("validation_repeats_removed", {}).get(label, 0)}
+               for label, share in streamed["shares"].items()}
     if mix:
         rows = [[source, info.get("tokens", 0), info.get("documents", 0), f"{info.get('share', 0):.2%}",
-                 f"{info.get('requested_share', 0):.2%}"] for source, info in mix.items()]
-        out += [markdown_table(["source", "tokens", "documents", "share", "requested"], rows)]
+                 f"{info.get('requested_share', 0):.2%}", info.get("validation_repeats_removed", 0)]
+                for source, info in mix.items()]
+        out += [markdown_table(["source", "tokens", "documents", "share", "requested",
+                                "validation repeats removed"], rows),
+                "Documents that repeat a validation document verbatim are removed from training (counted above); "
+                f"a document longer than {PIECE_BLOCKS} blocks is mixed in pieces, each counted as a document.", ""]
     out += [f"Mix config: `{metadata.get('config', {}).get('path', '-')}`.", "", "## Training", ""]
     keys = ["target_tokens", "global_batch_size", "batch_size", "optimizer", "learning_rate", "muon_learning_rate",
             "min_lr_ratio", "warmup_ratio", "weight_decay", "adam_betas", "max_grad_norm", "dropout", "seed"]

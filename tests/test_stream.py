@@ -298,7 +298,7 @@ def test_unreadable_files_name_the_source_and_the_file(data: Path, tokenizer, tm
 
 
 def test_no_block_at_all_is_an_error_saying_every_source_ran_dry(tmp_path: Path, tokenizer) -> None:
-    mix = [{"name": "json", "prob": 1, "data_files": str(write_jsonl(tmp_path / f"{n}.jsonl", ["a b", "c"]))}
+    mix = [{"name": "json", "prob": 1, "data_files": str(write_jsonl(tmp_path / f"{n}.jsonl", [f"a b {n}", "c"]))}
            for n in ("one", "two")]
     config = load_config(write_config(tmp_path / "mix.json", mix))
     with pytest.raises(UserError, match="every source ran dry before one block of 128 tokens"):

@@ -4,16 +4,20 @@ blocks handed to the Trainer; both wire it here, with the same reader, encoders,
 format.
 
 - `Encoders`: the batches of every source encoded on `num_workers` spawned processes, or in this process (0).
-- `Pipeline`: each source read (`SourceReader`) and encoded ahead (`EncodedDocuments`), the `Mixer` taking whole
-  documents by tokens, and, while a validation hold-out is taken, `DocumentCaps`.
+- `Pipeline`: each source read (`SourceReader`), encoded ahead (`EncodedDocuments`) and handed to the mixer with
+  long documents in pieces and validation documents excluded (`SourcePieces`), the `Mixer` taking those items by
+  tokens, and, while a validation hold-out is taken, `DocumentCaps` (whole documents, cut to their caps).
 - The hold-out is the same rule for both: the first documents of the mixed stream, each cut to its source's cap.
-  The build then goes on in the same pass (`end_hold_out`: whole documents, shares counted afresh); the stream, whose
-  training is split among ranks while its validation is not, takes the hold-out in a pass of its own
-  (data/stream/holdout.py) and starts each rank's training after the rows it used (`SourceReader`'s `skip`).
+  The build then goes on in the same pass (`end_hold_out`: documents in pieces, the hold-out's excluded, shares
+  counted afresh); the stream, whose training is split among ranks while its validation is not, takes the hold-out
+  in a pass of its own (data/stream/holdout.py) and starts each rank's training after the rows it used
+  (`SourceReader`'s `skip`), excluding the hold-out's documents by their hashes (`held_out_hashes`).
 
-Its position ("sources": per source the reader's position before the batch holding the first unused document and
-how many of that batch's documents to skip; "mixer": the mixer's counts) is part of both the build's saved state and
-the stream's. It is written by hand because no library gives it for this pipeline (see data/stream/token_stream.py).
+Its position ("sources": per source the reader's position before the batch holding the first unused document, how
+many of that batch's documents to skip, the pieces of that document already used and the documents excluded so
+far; "mixer": the mixer's counts; "held_out": the hashes of the hold-out's documents, once it took any) is part of
+both the build's saved state and the stream's. It is written by hand because no library gives it for this pipeline
+(see data/stream/token_stream.py).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from sparknet.data.encoding.encoder_pool import EncoderPool
 from sparknet.data.encoding.packer import DocumentEncoder, cut_document
 from sparknet.data.encoding.read_ahead import Done, EncodedDocuments
 from sparknet.data.mixing import Mixer
+from sparknet.data.pieces import SourcePieces, document_hash
 from sparknet.data.source.opening import is_hub_source
 from sparknet.data.source.rank_reader import SourceReader
 
@@ -42,6 +47,7 @@ class Encoders:
         from tokenizers import Tokenizer
 
         self.vocab_size = Tokenizer.from_str(tokenizer_json).get_vocab_size()  # a pre-tokenized source's bound
+        self.eos_id = eos_id
         self._pool = EncoderPool(num_workers, tokenizer_json, eos_id, dtype) if num_workers > 0 else None
         self._encoder = None if self._pool is not None else DocumentEncoder(tokenizer_json, eos_id, dtype)
 
@@ -116,7 +122,8 @@ class Pipeline:
     """Iterate for `(label, document)` in mix order: each source of `config` read from its position (`state`'s
     "sources"; none: from the start), encoded ahead by `encoders` (at most `in_flight` batches of up to `batch_docs`
     documents or `batch_chars` characters per source), mixed by tokens (`state`'s "mixer": the counts so far) and
-    cut to `caps` while they are active.
+    cut to `caps` while they are active. Otherwise documents longer than `piece_tokens` (0: none) are mixed in pieces
+    and those whose hashes are in `exclude` (or the hold-out's, after it) are dropped (data/pieces.py).
 
     Reader options are SourceReader's: `skip` rows per source never read, this `rank`'s share of `world_size`,
     `restart` a dry source, a seeded `shuffle_buffer`. `read_ahead`: batches each source reads ahead on a thread
@@ -127,9 +134,13 @@ class Pipeline:
                  seed: int, shuffle_buffer: int = 0, caps: DocumentCaps | None = None, in_flight: int = 2,
                  batch_docs: int = 256, batch_chars: int = 1 << 20, read_ahead: int | None = 0,
                  skip: Mapping[str, int] | None = None, rank: int = 0, world_size: int = 1,
-                 restart: bool = False) -> None:
+                 restart: bool = False, piece_tokens: int = 0, exclude: set[str] | None = None) -> None:
         positions = (state or {}).get("sources") or {}
-        self.sources: dict[str, EncodedDocuments] = {}
+        self.caps = caps or DocumentCaps(None)
+        # the hold-out's documents (their hashes), which the rest never repeats
+        self.held_out_hashes: set[str] = set((state or {}).get("held_out") or [])
+        self._exclude = set(exclude or ()) | self.held_out_hashes
+        self.sources: dict[str, SourcePieces] = {}
         try:  # added one by one, so that a failure (to open one, or later here) closes those opened
             for spec in config.mix:
                 position = positions.get(spec.label) or {}
@@ -137,10 +148,12 @@ class Pipeline:
                                       restart=restart, shuffle_buffer=shuffle_buffer, seed=seed,
                                       state=position.get("reader"), vocab_size=encoders.vocab_size)
                 ahead = read_ahead if read_ahead is not None else (8 if is_hub_source(spec) else 0)
-                self.sources[spec.label] = EncodedDocuments(reader, encoders.submit, in_flight=in_flight,
-                                                            max_docs=batch_docs, max_chars=batch_chars,
-                                                            skip=position.get("skip", 0), read_ahead=ahead)
-            self.caps = caps or DocumentCaps(None)
+                documents = EncodedDocuments(reader, encoders.submit, in_flight=in_flight, max_docs=batch_docs,
+                                             max_chars=batch_chars, skip=position.get("skip", 0), read_ahead=ahead)
+                self.sources[spec.label] = SourcePieces(documents, piece_tokens=piece_tokens, eos_id=encoders.eos_id,
+                                                        active=not self.caps.active, exclude=self._exclude,
+                                                        piece=position.get("piece", 0),
+                                                        removed=position.get("removed", 0))
             self.mixer: Mixer[np.ndarray] = Mixer(self.sources, {s.label: s.prob for s in config.mix}, cost=len,
                                                   costs=self.caps.costs())
             if state is not None and state.get("mixer") is not None:
@@ -155,6 +168,8 @@ class Pipeline:
 
     def __next__(self) -> tuple[str, np.ndarray]:
         label, doc = next(self._mixed)
+        if self.caps.active:  # a hold-out document, whole (before its cut): the rest must never repeat it
+            self.held_out_hashes.add(document_hash(doc))
         return label, self.caps.cut(label, doc)
 
     def next_of(self, label: str) -> np.ndarray | None:
@@ -163,9 +178,16 @@ class Pipeline:
         return None if doc is None else self.caps.cut(label, doc)
 
     def end_hold_out(self) -> None:
-        """Whole documents from here on, and shares counted afresh: what follows carries the mix by itself, whatever
-        the hold-out's last document left out."""
+        """Documents uncut (long ones in pieces) from here on, none that the hold-out holds, and shares counted
+        afresh: what follows carries the mix by itself, whatever the hold-out's last document left out. The mixer's
+        read-ahead documents go back to their sources, to be handed out again by these rules."""
         self.caps.active = False
+        self._exclude.update(self.held_out_hashes)
+        for label, source in self.sources.items():
+            head = self.mixer.pop_head(label)
+            if head is not None:
+                source.put_back(head)
+            source.active = True
         self.mixer.restart_shares()
 
     def used(self, label: str, unused: int = 0) -> int:
@@ -180,7 +202,13 @@ class Pipeline:
             "sources": {label: copy.deepcopy(source.position(self.used(label, (unused or {}).get(label, 0))))
                         for label, source in self.sources.items()},
             "mixer": self.mixer.state_dict(),
+            **({"held_out": sorted(self.held_out_hashes)} if self.held_out_hashes else {}),
         }
+
+    def removed(self, unused: Mapping[str, int] | None = None) -> dict[str, int]:
+        """Per source, the documents excluded (a hold-out document repeated) before the position."""
+        return {label: int(source.position(self.used(label, (unused or {}).get(label, 0)))["removed"])
+                for label, source in self.sources.items()}
 
     def exhausted(self) -> list[str]:
         return [label for label, c in self.mixer.counts.items() if c.exhausted]

@@ -51,12 +51,14 @@ class StreamPlan(DataPlan):
 
     def metadata(self) -> dict[str, Any]:
         stats = self.stream.stats()
-        realised = {k: stats[k] for k in ("shares", "tokens", "documents", "blocks", "restarts", "exhausted", "end")}
+        realised = {k: stats[k] for k in ("shares", "tokens", "documents", "validation_repeats_removed", "blocks",
+                                          "restarts", "exhausted", "end")}
+        validation = {k: v for k, v in self.report.items() if k != "document_hashes"}  # thousands of hashes
         config = self.spec.config
         return {"config": {"path": config.path, **config.to_dict()},
                 "source_revisions": {s.label: {"revision": s.revision, "commit": self.commits.get(s.label)}
                                      for s in config.mix},
-                "stream": {"validation": self.report,
+                "stream": {"validation": validation,
                            "training": {**realised, "requested_shares": requested_shares(self.stream.config)}}}
 
     def callbacks(self, writer: Any) -> list[Any]:
@@ -99,7 +101,7 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
     log.info("stream: %d encoding process(es) for this training process", spec.num_workers)
     stream = TokenStream(**common, config=at_commits(spec.config, commits), on_exhausted=spec.on_exhausted,
                          num_workers=spec.num_workers, rank=process_rank(), world_size=world_size(),
-                         skip_documents=report["rows_held_out"])
+                         skip_documents=report["rows_held_out"], exclude_documents=report.get("document_hashes"))
     return StreamPlan(
         train=stream,
         stream=stream,

@@ -32,8 +32,9 @@ from sparknet.data.encoding.packer import (
     val_document_caps,
 )
 from sparknet.data.packed.dataset import FORMAT_VERSION, MANIFEST, SPLITS, SplitWriter, read_manifest
-from sparknet.data.packed.manifest import description, split_report
+from sparknet.data.packed.manifest import description, missed_shares, split_report
 from sparknet.data.packed.resume import STATE, load_state, restore_packers, save_state
+from sparknet.data.pieces import PIECE_BLOCKS, piece_tokens_for
 from sparknet.data.pipeline import DocumentCaps, Encoders, Pipeline, stop
 from sparknet.data.source.opening import at_commits, resolve_revisions
 from sparknet.errors import UserError
@@ -46,7 +47,8 @@ log = logging.getLogger(__name__)
 
 # The rules that decide which document goes where, part of a dataset's inputs: a dataset built by other rules is
 # other data.
-MIXING_RULES = "midpoint key; validation documents capped per source for 20 each"
+MIXING_RULES = ("midpoint key; validation documents capped per source for 20 each; training documents over "
+                f"{PIECE_BLOCKS} blocks mixed in pieces; validation documents never repeated in training")
 
 
 
@@ -235,7 +237,8 @@ def _build(spec: BuildSpec, tok: Any, dtype: np.dtype, tmp: Path, saved: dict[st
         # read at the resolved commits (from the saved position when resuming)
         pipeline = Pipeline(at_commits(spec.config, saved["commits"]), encoders, state=state, seed=spec.seed,
                             shuffle_buffer=spec.shuffle_buffer, caps=caps, in_flight=max(2, 2 * spec.num_workers),
-                            batch_docs=spec.batch_docs, batch_chars=spec.batch_chars, read_ahead=spec.read_ahead)
+                            batch_docs=spec.batch_docs, batch_chars=spec.batch_chars, read_ahead=spec.read_ahead,
+                            piece_tokens=piece_tokens_for(spec.block_size))
         manifest = _pack(spec, pipeline, tmp, dtype, saved, state)
     except BaseException:
         stop(pipeline.sources if pipeline is not None else {}, encoders, clean=False)
@@ -305,7 +308,7 @@ def _pack(spec: BuildSpec, pipeline: Pipeline, folder: Path, dtype: np.dtype, sa
             w.close()
 
     cut = {s.label: pipeline.caps.documents_cut[s.label] for s in spec.config.mix}
-    splits = split_report(spec, mixer, packers, writers, cut, _val_caps(spec))
+    splits = split_report(spec, mixer, packers, writers, cut, _val_caps(spec), pipeline.removed())
     exhausted = [label for label, c in mixer.counts.items() if c.exhausted]
     if writers["train"].blocks == 0:
         caps = pipeline.caps.caps
@@ -325,4 +328,11 @@ def _pack(spec: BuildSpec, pipeline: Pipeline, folder: Path, dtype: np.dtype, sa
         if spec.fail_on_exhausted:
             raise UserError(message + " (FAIL_ON_EXHAUSTED is on)")
         log.warning(message)
-    return {"splits": splits, "exhausted_sources": exhausted, "complete": not short, "requested_blocks": want}
+    missed = missed_shares(splits, spec.block_size)
+    for split, labels in missed.items():
+        shares = {label: splits[split]["sources"][label] for label in labels}
+        log.warning("the %s split misses the mix: %s", split, ", ".join(
+            f"{label} {s['share']:.1%} for {s['requested_share']:.1%}" for label, s in shares.items()))
+    # "complete": the size asked and every split's mix; never written over a mix that missed its shares
+    return {"splits": splits, "exhausted_sources": exhausted, "complete": not short and not missed,
+            "shares_missed": missed, "requested_blocks": want}

@@ -12,6 +12,11 @@ from sparknet.config import LABEL_RULE
 from sparknet.data.encoding.packer import BlockPacker
 from sparknet.data.mixing import Mixer
 from sparknet.data.packed.dataset import FORMAT_VERSION, SPLITS, SplitWriter
+from sparknet.data.pieces import piece_tokens_for
+
+# How far a split's realised share may stand from the requested one before the mix counts as missed: 2 points, or
+# the longest item's share of the split (a validation document's cap, a training piece) where that is more.
+SHARE_TOLERANCE = 0.02
 
 
 def description(spec: Any, tok: Any, dtype: np.dtype, inputs: dict[str, Any], commits: dict[str, str | None],
@@ -40,9 +45,10 @@ def description(spec: Any, tok: Any, dtype: np.dtype, inputs: dict[str, Any], co
 
 
 def split_report(spec: Any, mixer: Mixer, packers: dict[str, BlockPacker], writers: dict[str, SplitWriter],
-                 cut: dict[str, int], caps: dict[str, int]) -> dict[str, Any]:
-    """The manifest's `splits`: blocks, tokens and documents per split, and per source its realised share against
-    the requested one (validation: with its cap and documents cut)."""
+                 cut: dict[str, int], caps: dict[str, int], removed: dict[str, int]) -> dict[str, Any]:
+    """The manifest's `splits`: blocks, tokens and documents per split (a long training document counts once per
+    piece), and per source its realised share against the requested one (validation: with its cap and documents
+    cut; training: with the documents removed for repeating a validation document)."""
     block = spec.block_size
     labels = list(mixer.counts)
     requested = {label: c.requested for label, c in mixer.counts.items()}
@@ -61,9 +67,23 @@ def split_report(spec: Any, mixer: Mixer, packers: dict[str, BlockPacker], write
                     "documents": p.documents_by_source[label],
                     "share": p.tokens_by_source[label] / total,
                     "requested_share": requested[label],
-                    **({"document_cap_tokens": caps[label], "documents_cut": cut[label]} if name == "val" else {}),
+                    **({"document_cap_tokens": caps[label], "documents_cut": cut[label]} if name == "val" else
+                       {"piece_tokens": piece_tokens_for(block), "validation_repeats_removed": removed[label]}),
                 }
                 for label in labels
             },
         }
     return splits
+
+
+def missed_shares(splits: dict[str, Any], block_size: int) -> dict[str, list[str]]:
+    """Per split, the sources whose realised share misses the requested one by more than the tolerance (a source that
+    ran dry, a mix too small for its longest items); splits that meet the mix are left out."""
+    missed: dict[str, list[str]] = {}
+    for name, split in splits.items():
+        tokens = split["tokens"] or 1
+        for label, source in split["sources"].items():
+            longest = source.get("document_cap_tokens") or source.get("piece_tokens") or block_size
+            if abs(source["share"] - source["requested_share"]) > max(SHARE_TOLERANCE, longest / tokens):
+                missed.setdefault(name, []).append(label)
+    return missed

@@ -108,12 +108,17 @@ class StreamBlocks:
             self.blocks_yielded += 1
             yield block
 
-    def state_dict(self) -> dict[str, Any]:
+    def _unused(self) -> tuple[Cutting | None, Counter[str]]:
+        """The document being cut (if tokens of it are left) and the documents handed out but not used, per source:
+        the one being cut and those given back, read again from the position."""
         cutting = self._current if self._current is not None and self._current.pending else None
-        # documents handed out but not used are read again: the one being cut and those given back
         unused = Counter(self._taken_back)
         if cutting is not None:
             unused[cutting.label] += 1
+        return cutting, unused
+
+    def state_dict(self) -> dict[str, Any]:
+        cutting, unused = self._unused()
         return {
             "format": STATE_FORMAT,
             "settings": copy.deepcopy(self.settings),
@@ -134,6 +139,8 @@ class StreamBlocks:
         return {
             "tokens": {label: int(self.packer.tokens_by_source[label]) for label in self.sources},
             "documents": {label: c.documents for label, c in self.mixer.counts.items()},
+            # documents dropped for repeating a validation document
+            "validation_repeats_removed": self.pipeline.removed(self._unused()[1]),
             "restarts": self.restarts(),
             "exhausted": self.pipeline.exhausted(),
             "blocks": self.blocks_yielded,

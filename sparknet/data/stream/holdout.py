@@ -33,7 +33,9 @@ def hold_out_validation(
     taken from the start of the mixed stream, unsharded (the same on every rank); the rows of each source they used
     (pass as `skip_documents` to TokenStream so that training never reads them); and a report of their shares.
     Documents longer than their source's cap (`packer.val_document_caps`) are cut, so that the blocks carry the
-    mix within ±2 points; the rest of a cut document is never trained on either.
+    mix within ±2 points; the rest of a cut document is never trained on either. The report's "document_hashes"
+    name the documents held out: pass them as `exclude_documents` to TokenStream so that no copy of one (in
+    another file, source or row) is trained on.
 
     With a shuffle buffer the rows skipped also hold the documents still in the buffer: at most `shuffle_buffer`
     documents per source are then neither validated nor trained on.
@@ -49,6 +51,7 @@ def hold_out_validation(
         rows = live.rows_used()
         stats = stream.stats()
         cut = dict(live.pipeline.caps.documents_cut)
+        hashes = sorted(live.pipeline.held_out_hashes)  # every document with tokens in the blocks
         # a source read to its end while holding out (small, or a shuffle buffer larger than it): its size is known
         sizes = {label: source.reader.rows if source.reader.draining or source.reader.passes else None
                  for label, source in live.sources.items()}
@@ -76,5 +79,7 @@ def hold_out_validation(
             }
             for label in requested
         },
+        # the hold-out's documents, by the hash of their tokens (data/pieces.py): training drops any repeat of them
+        "document_hashes": hashes,
     }
     return np.stack(blocks), rows, report

@@ -7,6 +7,7 @@ Per rank, every source goes reader -> encoder -> mixer -> packer:
   optionally restarted when dry;
 - `EncodedDocuments` (data/encoding/read_ahead.py): bounded batches encoded ahead on `num_workers` spawned processes
   (or in this process), as the packed build does;
+- `SourcePieces` (data/pieces.py): a long document in pieces, the validation hold-out's documents excluded;
 - `Mixer` with token cost (data/mixing.py): the next document from the source furthest behind its token share, so
   the blocks carry the mix from the first one on;
 - `BlockPacker` (data/encoding/packer.py): documents end with eos, are concatenated and cut into `block_size` blocks;
@@ -39,6 +40,7 @@ import torch
 from sparknet.checks import problems as check_problems
 from sparknet.config import MixConfig
 from sparknet.data.encoding.packer import token_dtype
+from sparknet.data.pieces import piece_tokens_for
 from sparknet.data.pipeline import DocumentCaps, Encoders, Pipeline
 from sparknet.data.stream.blocks import STATE_FORMAT, StreamBlocks
 from sparknet.errors import UserError
@@ -89,6 +91,7 @@ class TokenStream(torch.utils.data.IterableDataset):
         batch_docs: int = 256,
         batch_chars: int = 1 << 20,
         document_caps: dict[str, int] | None = None,
+        exclude_documents: list[str] | None = None,
     ) -> None:
         from tokenizers import Tokenizer
 
@@ -113,6 +116,9 @@ class TokenStream(torch.utils.data.IterableDataset):
         self.dtype = token_dtype(vocab_size)
         # a validation hold-out cuts documents longer than its source's cap (packer.val_document_caps)
         self.document_caps = dict(document_caps) if document_caps else None
+        # training never repeats a validation document: the hold-out's documents (their hashes) are dropped
+        self.exclude_documents = sorted(set(exclude_documents or ()))
+        self.piece_tokens = piece_tokens_for(block_size)  # a long document is mixed in pieces (data/pieces.py)
         self.settings = self._settings()
         self._state: dict[str, Any] | None = None  # loaded, not yet iterated
         self._pipeline: StreamBlocks | None = None
@@ -137,6 +143,9 @@ class TokenStream(torch.utils.data.IterableDataset):
             "tokenizer_sha256": hashlib.sha256(self.tokenizer_json.encode()).hexdigest(),
             "eos_id": self.eos_id,
             **({"document_caps": self.document_caps} if self.document_caps else {}),
+            "piece_tokens": self.piece_tokens,
+            **({"excluded_documents_sha256": hashlib.sha256(" ".join(self.exclude_documents).encode()).hexdigest()}
+               if self.exclude_documents else {}),
         })
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -200,6 +209,10 @@ class TokenStream(torch.utils.data.IterableDataset):
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise UserError(f"not a TokenStream state of format {STATE_FORMAT}: cannot resume the stream from it")
         saved = state.get("settings", {})
+        if "piece_tokens" not in saved and _plain({**saved, "piece_tokens": self.piece_tokens}) == self.settings:
+            # a position saved before long documents were mixed in pieces: resumed as it was taken, whole
+            self.piece_tokens = 0
+            self.settings = _plain(saved)
         if _plain(saved) != self.settings:
             changes = "; ".join(describe_changes(_plain(saved), self.settings))
             raise UserError(f"the saved stream position was taken with other data settings ({changes}): it cannot "
@@ -220,6 +233,8 @@ class TokenStream(torch.utils.data.IterableDataset):
             counts = {
                 "tokens": dict(state["packer"]["tokens"]),
                 "documents": {label: c["documents"] for label, c in state["mixer"].items()},
+                "validation_repeats_removed": {label: int(position.get("removed", 0))
+                                               for label, position in state["sources"].items()},
                 "restarts": dict(state["restarts"]),
                 "exhausted": [label for label, c in state["mixer"].items() if c["exhausted"]],
                 "blocks": state["blocks_yielded"],
@@ -254,7 +269,8 @@ class TokenStream(torch.utils.data.IterableDataset):
                             shuffle_buffer=self.shuffle_buffer, caps=DocumentCaps(self.document_caps),
                             in_flight=max(2, 2 * self.num_workers), batch_docs=self.batch_docs,
                             batch_chars=self.batch_chars, skip=self.skip_documents, rank=self.rank,
-                            world_size=self.world_size, restart=self.on_exhausted == "restart")
+                            world_size=self.world_size, restart=self.on_exhausted == "restart",
+                            piece_tokens=self.piece_tokens, exclude=set(self.exclude_documents))
         self._pipeline = StreamBlocks(pipeline, state, block_size=self.block_size, dtype=self.dtype,
                                       on_exhausted=self.on_exhausted, settings=self.settings)
         return self._pipeline
