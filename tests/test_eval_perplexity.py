@@ -284,3 +284,34 @@ def test_token_ids_beyond_the_vocabulary_are_one_line(tiny_dataset: Path, random
                       "--context", 32, "--eval_dir", tmp_path / "eval")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "val.bin holds token id 60000" in proc.stderr and "outside the tokenizer's vocabulary" in proc.stderr
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage"])
+def test_a_damaged_hold_out_file_of_a_streaming_run_is_one_line(how: str, corpus_config: Path, random_model: Path,
+                                                                 tmp_path: Path) -> None:
+    """A streaming run's val_blocks.npy (DATA) or val_report.json (a mix config as DATA) cut short or overwritten:
+    one line naming the file and the fix, not numpy's or json's exception."""
+    from sparknet.config import load_config
+    from sparknet.errors import UserError
+    from sparknet.eval.data import DataRequest, load_documents
+    from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
+
+    run = tmp_path / "ckpt" / "streamed"
+    shutil.copytree(random_model, run)
+    (run / RUN_CONFIG).write_text(json.dumps({"format_version": 2, "data": "stream",
+                                              "mix": load_config(corpus_config).to_dict()["mix"]}))
+    np.save(run / VAL_BLOCKS, np.arange(256, dtype=np.uint16).reshape(2, 128))
+    (run / VAL_REPORT).write_text(json.dumps({"blocks": 2, "rows_held_out": {"prose": 3, "code": 3}, "commits": {}}))
+    assert load_documents(DataRequest(str(run / VAL_BLOCKS))) and load_documents(
+        DataRequest(str(corpus_config), runs=[run], max_documents=2))  # whole, both read
+    for name in (VAL_BLOCKS, VAL_REPORT):
+        data = (run / name).read_bytes()
+        (run / name).write_bytes(data[: len(data) // 2] if how == "truncated" else b"\x00garbage\xff" * 8)
+    with pytest.raises(UserError, match=rf"{VAL_REPORT} is damaged .*training command again"):
+        load_documents(DataRequest(str(corpus_config), runs=[run]))
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", run / VAL_BLOCKS,
+                      "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{run / VAL_BLOCKS} is damaged" in lines[0] and "training command again" in lines[0], \
+        proc.stderr[-3000:]

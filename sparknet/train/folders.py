@@ -56,6 +56,35 @@ def read_metadata(folder: Path) -> dict[str, Any] | None:
     return data
 
 
+def read_val_report(path: Path) -> dict[str, Any]:
+    """A streaming run's VAL_REPORT; ValueError saying why when it is damaged (not JSON, or without the rows held
+    out and the commits a resume reads at)."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(str(exc)) from None
+    if not isinstance(report, dict) or not isinstance(report.get("blocks"), int) or not all(
+            isinstance(report.get(key), dict) for key in ("rows_held_out", "commits")):
+        raise ValueError("not a hold-out report: no blocks, rows_held_out and commits")
+    return report
+
+
+def read_val_blocks(path: Path, block_size: int | None = None, blocks: int | None = None) -> Any:
+    """A streaming run's VAL_BLOCKS ([blocks, block_size] token ids, when given); ValueError saying why when it is
+    damaged (cut short, other bytes, another shape)."""
+    import numpy as np
+
+    try:
+        tokens = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise ValueError(" ".join(str(exc).split()) or type(exc).__name__) from None
+    if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"holds {tokens.dtype} of shape {tokens.shape}, not blocks of token ids")
+    if (block_size is not None and tokens.shape[1] != block_size) or (blocks is not None and len(tokens) != blocks):
+        raise ValueError(f"holds blocks of shape {tokens.shape}, expected ({blocks}, {block_size})")
+    return tokens
+
+
 def checkpoint_step(path: Path) -> int | None:
     """The step of a `checkpoint-N` folder, or None for anything else."""
     suffix = path.name.split("-", 1)[1] if path.name.startswith("checkpoint-") else ""

@@ -82,9 +82,9 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
         run = open_run(settings.run_name, settings.checkpoints_dir, settings.logs_dir,
                        run_identity(settings, data, target), settings.allow_config_change, process_rank() == 0,
                        fixed=data.fixed_identity)
+        data.prepare_run(run.run_dir, run.resume)  # (a finished streaming run's damaged hold-out is written too)
         if run.finished_metadata is not None:
             return TrainResult("already_finished", run.run_dir, metadata=run.finished_metadata)
-        data.prepare_run(run.run_dir, run.resume)
         parts = build_trainer(settings, data, run, preset, max_steps, batch, tokens_per_step)
         with parts.writer, closing(data):
             runtime_seconds = train_steps(run, parts, max_steps)
