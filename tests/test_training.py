@@ -106,6 +106,30 @@ def test_same_run_name_with_other_settings_is_refused(finished, tiny_dataset: Pa
     assert "--allow_config_change true" in proc.stderr
 
 
+def test_a_resume_refused_for_a_rebuilt_dataset_names_the_changed_file_and_both_sums(finished, tiny_dataset: Path,
+                                                                                     tmp_path: Path) -> None:
+    """The run trained on the dataset before one of its files was edited and the dataset rebuilt: the refusal names
+    the file's key and both sha256 (once two identical 80-character prefixes of the whole inputs)."""
+    import shutil
+
+    _, tmp = finished
+    shutil.copytree(tmp / "ckpt", tmp_path / "ckpt")
+    identity_path = tmp_path / "ckpt" / "run" / "run_config.json"
+    identity = json.loads(identity_path.read_text())
+    sums = identity["dataset_inputs"]["local_files_sha256"]
+    edited = sorted(sums)[-1]
+    before = sums[edited] = "0" * 40 + sums[edited][40:]  # the file as it was when the run trained on it
+    identity_path.write_text(json.dumps(identity))
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    now = json.loads((tiny_dataset / "manifest.json").read_text())["inputs"]["local_files_sha256"][edited]
+    assert len(error) == 1 and f"DATASET_INPUTS.local_files_sha256.{edited}: " in error[0], proc.stderr[-3000:]
+    shown = error[0].split(f"local_files_sha256.{edited}: ")[1]
+    old, new = shown.split(" -> ")[0], shown.split(" -> ")[1].split(")")[0]
+    assert old != new and old.strip('"…').startswith(before[:8]) and new.strip('"…').startswith(now[:8]), error
+
+
 @pytest.mark.slow
 def test_kill_then_resume_reproduces_lr_and_batch_order(tiny_dataset: Path, tmp_path: Path) -> None:
     long = dict(target_tokens=120 * 4 * 128, eval_steps=10, save_steps=10, sample_steps=0, record_batches=True)
