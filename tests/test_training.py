@@ -448,3 +448,29 @@ def test_resume_skips_a_damaged_checkpoint_and_matches_the_uninterrupted_run(tin
     got = read_steps(run_dir / "batches.jsonl")
     assert all((got[s]["lr"], got[s]["blocks"], got[s]["weights"]) == (
         expected[s]["lr"], expected[s]["blocks"], expected[s]["weights"]) for s in expected)
+
+
+def test_a_checkpoint_that_lost_a_file_since_it_was_saved_is_skipped_naming_the_file(
+        finished, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A file deleted (or cut short) after the checkpoint was marked complete: the warning names it, and does not
+    say the process died while saving; only a checkpoint without its marker is said to be half-written."""
+    import shutil
+
+    from sparknet.train.folders import COMPLETE_MARKER, checkpoint_step
+
+    result, _ = finished
+    run_dir = tmp_path / "run"
+    shutil.copytree(result.run_dir, run_dir)
+    checkpoints = sorted(run_dir.glob("checkpoint-*"), key=checkpoint_step)
+    latest, before = checkpoints[-1], checkpoints[-2]
+    (latest / "optimizer.pt").unlink()
+    (before / "model.safetensors").write_bytes(b"cut")
+    (checkpoints[-3] / COMPLETE_MARKER).unlink()
+    latest_complete_checkpoint(run_dir)
+    assert f"skipping {latest}: its optimizer.pt is missing (deleted since the checkpoint was saved)" in caplog.text
+    size = json.loads((before / COMPLETE_MARKER).read_text())["files"]["model.safetensors"]["size"]
+    assert (f"skipping {before}: its model.safetensors holds 3 bytes, {size:,} were saved (cut short since)"
+            in caplog.text)
+    assert f"skipping {checkpoints[-3]}: it was not completely written (the process died while saving)" \
+        in caplog.text
+    assert caplog.text.count("died while saving") == 1

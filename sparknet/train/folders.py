@@ -126,9 +126,24 @@ def _size(entry: Any) -> Any:
 
 def is_complete(folder: Path) -> bool:
     """Whether the marker exists and every file it lists is there with its size (cheap: no reading)."""
+    return incomplete(folder) is None
+
+
+def incomplete(folder: Path) -> str | None:
+    """Why the checkpoint does not count (cheap: sizes only), or None when its marker vouches for every file: no
+    marker (the process died while saving), or a file it lists that is gone or has another size since."""
     files = _marker_files(folder)
-    return files is not None and all((folder / name).is_file() and (folder / name).stat().st_size == _size(entry)
-                                     for name, entry in files.items())
+    if files is None and (folder / COMPLETE_MARKER).exists():  # written atomically: damaged since, or older
+        return f"its {COMPLETE_MARKER} marker lists no files (damaged, or written by an older SparkNet)"
+    if files is None:
+        return "it was not completely written (the process died while saving)"
+    for name, entry in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"its {name} is missing (deleted since the checkpoint was saved)"
+        if path.stat().st_size != _size(entry):
+            return f"its {name} holds {path.stat().st_size:,} bytes, {_size(entry):,} were saved (cut short since)"
+    return None
 
 
 def damaged_file(folder: Path) -> str | None:
@@ -153,8 +168,9 @@ def latest_complete_checkpoint(run_dir: Path, verify: bool = False) -> Path | No
     for step, path in found:
         if step is None:
             continue
-        if not is_complete(path):
-            log.warning("skipping %s: it was not completely written (the process died while saving)", path)
+        why = incomplete(path)
+        if why is not None:
+            log.warning("skipping %s: %s", path, why)
             continue
         damaged = damaged_file(path) if verify else None
         if damaged is None:
