@@ -220,6 +220,8 @@ def test_ctrl_c_to_the_whole_group_saves_and_a_killed_encoder_is_one_line(corpus
     [
         ([{"id": 1, "score": 0.5}] * 5, "no usable text column (looked for text, content"),
         pytest.param("not json at all\n", "cannot read source 'bad' (", marks=pytest.mark.slow),
+        pytest.param('{"text": "a document"}\n' * 5 + "[1, 2]\n", "bad.jsonl): line 6 is [1, 2], not a JSON object: "
+                     "a JSONL file holds one JSON object per line, with its text in 'text'", marks=pytest.mark.slow),
         pytest.param([{"text": "a document"}] * 5 + [{"text": 12345}],
                      "column 'text' holds mixed JSON values, not only text", marks=pytest.mark.slow),
     ],
