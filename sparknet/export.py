@@ -17,6 +17,7 @@ from sparknet.data.pieces import PIECE_BLOCKS
 from sparknet.errors import UserError
 from sparknet.eval.models import load_model, resolve_model
 from sparknet.eval.reports import eval_dir, markdown_table
+from sparknet.model import set_for_use
 
 CARD_IMAGE = "loss.png"  # the loss curve, copied beside the card when scripts/plot_runs.py has drawn it
 BENCHMARKS = "benchmarks.json"  # {"results": {task: {metric: value}}}, from scripts/eval_benchmarks.py
@@ -42,7 +43,8 @@ def export_model(spec: str, output_dir: Path, *, license: str = "apache-2.0", la
                         "the final model?). Run the same training command again, which completes it, or pass "
                         "--unfinished true to export the folder as it is")
     model, tokenizer, _ = load_model(ref, device="cpu")
-    tokenizer.pad_token = tokenizer.eos_token  # batched generation pads with <|endoftext|>, as the trainer exports
+    # as the trainer's final save sets them, whatever the folder: a checkpoint-N holds the Trainer's (no KV cache)
+    set_for_use(model, tokenizer)
     results = eval_dir(ref.name, eval_root)
     perplexities, benchmarks = _read_json(results / "perplexity.json"), _read_json(results / BENCHMARKS)
     writes_to(output_dir.parent)

@@ -148,6 +148,18 @@ def _with_special_ids(model: Any, bos: int, eos: int) -> Any:
     return model
 
 
+def set_for_use(model: Any, tokenizer: Any) -> None:
+    """The config a model is exported with, by the trainer's final save and by scripts/export_model.py alike (so a
+    checkpoint-N exports as the final model does): `<|endoftext|>` as the pad token, so that batched generation and
+    evaluation with padding work (training never padded: blocks are packed), and the KV cache on. The Trainer turns
+    the cache off for training (TrainingArguments.use_cache) and saves that into every checkpoint; users of an
+    exported model expect the library's default, a forward that returns its cache."""
+    tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.eos_token_id
+    model.config.use_cache = True
+
+
 def preset_dict(name: str) -> dict[str, Any]:
     """A preset as plain data (for metadata)."""
     return {"name": name, **asdict(get_preset(name))}

@@ -284,3 +284,62 @@ def test_token_ids_beyond_the_vocabulary_are_one_line(tiny_dataset: Path, random
                       "--context", 32, "--eval_dir", tmp_path / "eval")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "val.bin holds token id 60000" in proc.stderr and "outside the tokenizer's vocabulary" in proc.stderr
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage"])
+def test_a_damaged_hold_out_file_of_a_streaming_run_is_one_line(how: str, corpus_config: Path, random_model: Path,
+                                                                 tmp_path: Path) -> None:
+    """A streaming run's val_blocks.npy (DATA) or val_report.json (a mix config as DATA) cut short or overwritten:
+    one line naming the file and the fix, not numpy's or json's exception."""
+    from sparknet.config import load_config
+    from sparknet.errors import UserError
+    from sparknet.eval.data import DataRequest, load_documents
+    from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
+
+    run = tmp_path / "ckpt" / "streamed"
+    shutil.copytree(random_model, run)
+    (run / RUN_CONFIG).write_text(json.dumps({"format_version": 2, "data": "stream",
+                                              "mix": load_config(corpus_config).to_dict()["mix"]}))
+    np.save(run / VAL_BLOCKS, np.arange(256, dtype=np.uint16).reshape(2, 128))
+    (run / VAL_REPORT).write_text(json.dumps({"blocks": 2, "rows_held_out": {"prose": 3, "code": 3}, "commits": {}}))
+    assert load_documents(DataRequest(str(run / VAL_BLOCKS))) and load_documents(
+        DataRequest(str(corpus_config), runs=[run], max_documents=2))  # whole, both read
+    for name in (VAL_BLOCKS, VAL_REPORT):
+        data = (run / name).read_bytes()
+        (run / name).write_bytes(data[: len(data) // 2] if how == "truncated" else b"\x00garbage\xff" * 8)
+    with pytest.raises(UserError, match=rf"{VAL_REPORT} is damaged .*training command again"):
+        load_documents(DataRequest(str(corpus_config), runs=[run]))
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", run / VAL_BLOCKS,
+                      "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{run / VAL_BLOCKS} is damaged" in lines[0] and "training command again" in lines[0], \
+        proc.stderr[-3000:]
+
+
+def test_a_checkpoint_rotated_away_is_a_missing_folder_never_a_hub_id(random_model: Path, tmp_path: Path) -> None:
+    """A checkpoint-N that SAVE_TOTAL_LIMIT removes while evaluation runs (after it was resolved) or before: one line
+    saying the folder no longer exists, not the Hub's 'Repo id must be in the form ...' for its path."""
+    from sparknet.errors import UserError
+    from sparknet.runtime import PROJECT_ROOT
+
+    run = tmp_path / "checkpoints" / "run"
+    for step in (40, 48):
+        shutil.copytree(random_model, run / f"checkpoint-{step}")
+    ref = resolve_model(str(run / "checkpoint-40"))
+    shutil.rmtree(run / "checkpoint-40")  # a running training's rotation, between resolving and loading
+    with pytest.raises(UserError, match=r"checkpoint-40 no longer exists \(a running training's SAVE_TOTAL_LIMIT "
+                                        r"removes old checkpoints; run holds checkpoint-48\): evaluate the run "
+                                        "folder or a newer checkpoint"):
+        load_model(ref, device="cpu")
+    with pytest.raises(UserError, match=r"checkpoint-40 no longer exists .*SAVE_TOTAL_LIMIT.*holds checkpoint-48"):
+        resolve_model(str(run / "checkpoint-40"))
+    relative = str((run / "checkpoint-40").relative_to(tmp_path.parent))  # its first folder is not in the project
+    assert not (PROJECT_ROOT / relative.split("/")[0]).exists()
+    with pytest.raises(UserError, match="checkpoint-40 no longer exists|not found"):
+        resolve_model(relative)
+    assert resolve_model("openai-community/gpt2").folder is None  # a Hub id stays one
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(run / "checkpoint-40")]), "--data",
+                      "x.jsonl", "--eval_dir", tmp_path / "eval")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and "checkpoint-40 no longer exists" in lines[0], proc.stderr

@@ -166,3 +166,23 @@ def test_a_run_that_did_not_finish_is_not_exported_unless_asked(run: tuple[Path,
     proc = run_script("export_model.py", "--model", folder, "--output_dir", tmp / "a", "--eval_dir", tmp / "eval",
                       "--unfinished", "true")
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_checkpoint_exports_with_the_config_of_the_final_export(finished, tmp_path: Path) -> None:
+    """The Trainer saves checkpoints with use_cache false (it trains without the KV cache) and no pad token; an
+    export of a checkpoint-N (e.g. while the run still trains) gets the same config and generation config as the
+    run's final model: KV cache on, <|endoftext|> as the pad token."""
+    from sparknet.export import export_model
+    from sparknet.train.folders import checkpoint_step
+
+    result, _ = finished
+    checkpoint = min(result.run_dir.glob("checkpoint-*"), key=lambda p: checkpoint_step(p) or 0)
+    saved = json.loads((checkpoint / "config.json").read_text())
+    assert saved["use_cache"] is False and saved.get("pad_token_id") is None  # as the Trainer saved it
+    for name, source in (("final", result.run_dir), ("checkpoint", checkpoint)):
+        export_model(str(source), tmp_path / name, eval_root=str(tmp_path / "eval"))
+    for file in ("config.json", "generation_config.json"):
+        final, exported = (json.loads((tmp_path / name / file).read_text()) for name in ("final", "checkpoint"))
+        assert exported == final, file
+    config = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    assert config["use_cache"] is True and config["pad_token_id"] == config["eos_token_id"]

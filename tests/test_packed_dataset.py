@@ -614,3 +614,14 @@ def test_a_dataset_in_an_older_format_is_refused_in_one_line_naming_both_version
     with pytest.raises(UserError, match=f"format version {FORMAT_VERSION - 1}, and this SparkNet reads "
                                         f"{FORMAT_VERSION}: rebuild it"):
         PackedDataset(old, "train")
+
+
+def test_a_jsonl_line_that_is_not_an_object_stops_the_build_in_one_line(tokenizer_dir: Path, tmp_path: Path) -> None:
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"text": "some words"}\n' * 3 + '"just a string"\n' + '{"text": "more words"}\n' * 3)
+    cfg = write_config(tmp_path / "mix.json", [{"name": "json", "data_files": str(data), "prob": 1.0}])
+    proc = run_script("build_dataset_v5.py", *build_args(cfg, tmp_path / "ds", tokenizer_dir))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and f"({data}): line 4 is \"just a string\", not a JSON object" in error[0], proc.stderr
+    assert "with its text in 'text'" in error[0]

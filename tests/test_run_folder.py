@@ -75,3 +75,22 @@ def test_damaged_state_files_are_named_before_training(tmp_path: Path, caplog) -
     folder = open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), {"seed": 4}, False, True)
     assert "eval_start.json is damaged" in caplog.text
     assert folder.initial_eval() is None  # the metadata is written without it, hours later, without a crash
+
+
+def test_changes_are_named_by_the_path_to_the_leaf_that_differs_with_the_difference_shown() -> None:
+    from sparknet.identity import describe_changes
+
+    sha_a, sha_b = "ab" * 32, "ab" * 30 + "cdcd"
+    old = {"lr": 0.003, "dataset_inputs": {"mix": [{"prob": 0.6}, {"prob": 0.4}], "seed": 1,
+                                           "local_files_sha256": {"/data/a.jsonl": sha_a, "/data/b.jsonl": sha_b}}}
+    new = {"lr": 0.003, "dataset_inputs": {"mix": [{"prob": 0.5}, {"prob": 0.4}], "seed": 1, "added": True,
+                                           "local_files_sha256": {"/data/a.jsonl": sha_b, "/data/b.jsonl": sha_b}}}
+    changes = describe_changes(old, new, upper=True)
+    assert changes[0] == "DATASET_INPUTS.added: null -> true"
+    assert changes[1].startswith("DATASET_INPUTS.local_files_sha256./data/a.jsonl: ")
+    assert changes[2] == "DATASET_INPUTS.mix[0].prob: 0.6 -> 0.5"
+    assert len(changes) == 3
+    text = "a" * 200 + "OLD" + "z" * 200
+    (change,) = describe_changes({"note": text}, {"note": text.replace("OLD", "NEW")}, limit=40)
+    before, after = change.removeprefix("note: ").split(" -> ")
+    assert "OLD" in before and "NEW" in after and len(before) <= 40 and len(after) <= 40

@@ -83,7 +83,7 @@ def test_a_malformed_line_is_one_line_naming_source_file_row_and_fix(tmp_path: P
         list(iter_texts(SourceSpec(name="json", prob=1, data_files=[str(good), str(path)], label="bad")))
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"cannot read source 'bad' ({path}): "), message
-    assert "row 2" in message and message.endswith("fix or remove the file")
+    assert "line 3" in message and message.endswith("fix or remove the line")
 
 
 def test_a_local_folder_opens_by_name_and_refuses_a_revision(tmp_path: Path) -> None:
@@ -146,3 +146,26 @@ def test_an_empty_data_file_is_named(tmp_path: Path) -> None:
     spec = SourceSpec(name="json", prob=1, data_files=str(tmp_path / "zero.jsonl"), label="zero")
     with pytest.raises(UserError, match=r"source 'zero': its data file .*zero\.jsonl is empty \(0 bytes\)"):
         list(iter_texts(spec))
+
+
+@pytest.mark.parametrize("line", ["[1, 2]", '"text"', "5"])
+def test_a_line_that_is_not_a_json_object_is_named_by_file_and_line(line: str, tmp_path: Path) -> None:
+    """pyarrow says "Trailing data at position 5" or "changed from object to string in row 0": the file is scanned
+    for the first line that is not a JSON object, and that line is named with what is expected."""
+    good = write_jsonl(tmp_path / "good.jsonl", ["x", "y"], field="body")
+    path = tmp_path / "bad.jsonl"
+    path.write_text(f'{{"body": "a"}}\n\n{{"body": "b"}}\n{line}\n{{"body": "c"}}\n')
+    with pytest.raises(UserError) as err:
+        list(iter_texts(SourceSpec(name="json", prob=1, data_files=[str(good), str(path)], label="bad",
+                                   text_field="body")))
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"cannot read source 'bad' ({path}): line 4 is {line}, not a "
+                                                      "JSON object"), message
+    assert "one JSON object per line" in message and "'body'" in message and "Trailing data" not in message
+
+
+def test_a_broken_line_is_named_by_its_line_number_in_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "a"}\n{"text": "b"}\n{"text": broken\n{"text": "c"}\n')
+    with pytest.raises(UserError, match=r"bad.jsonl\): line 3 is not valid JSON \(Expecting value"):
+        list(iter_texts(SourceSpec(name="json", prob=1, data_files=str(path), label="bad")))

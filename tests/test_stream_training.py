@@ -220,6 +220,8 @@ def test_ctrl_c_to_the_whole_group_saves_and_a_killed_encoder_is_one_line(corpus
     [
         ([{"id": 1, "score": 0.5}] * 5, "no usable text column (looked for text, content"),
         pytest.param("not json at all\n", "cannot read source 'bad' (", marks=pytest.mark.slow),
+        pytest.param('{"text": "a document"}\n' * 5 + "[1, 2]\n", "bad.jsonl): line 6 is [1, 2], not a JSON object: "
+                     "a JSONL file holds one JSON object per line, with its text in 'text'", marks=pytest.mark.slow),
         pytest.param([{"text": "a document"}] * 5 + [{"text": 12345}],
                      "column 'text' holds mixed JSON values, not only text", marks=pytest.mark.slow),
     ],
@@ -330,3 +332,48 @@ def test_a_small_source_the_hold_out_would_use_up_is_refused_at_the_start(tokeni
     training = meta["stream"]["training"]
     assert training["requested_shares"] == pytest.approx({"short": 0.3, "long": 0.7})
     assert training["shares"]["long"] == pytest.approx(0.7, abs=0.05)
+
+
+def _damage(path: Path, how: str) -> None:
+    """A file cut short (a full disk, a copy stopped half-way) or overwritten with other bytes."""
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if how == "truncated" else b"\x00garbage\xff" * 8)
+
+
+@pytest.mark.slow
+def test_a_damaged_hold_out_file_is_held_out_again_on_resume_or_refused_in_one_line(
+        corpus_config: Path, tokenizer_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The hold-out follows from the config, the seed and the commits the report records: on resume a damaged
+    val_blocks.npy or val_report.json is held out again and written back byte for byte, when that gives what the
+    other file records; when it does not (here: blocks that are not this mix's), one line names the file."""
+    import numpy as np
+
+    from sparknet.train.folders import METADATA, VAL_BLOCKS, VAL_REPORT
+
+    run_dir = tmp_path / "ckpt" / "run"
+    settings = dict(target_tokens=8 * 4 * 128, save_steps=8, num_workers=0)
+    assert train_streamed(tmp_path, corpus_config, tokenizer_dir, **settings).status == "finished"
+    saved = {name: (run_dir / name).read_bytes() for name in (VAL_BLOCKS, VAL_REPORT)}
+    for name, how in ((VAL_REPORT, "truncated"), (VAL_BLOCKS, "garbage"), (VAL_BLOCKS, "truncated"),
+                      (VAL_REPORT, "garbage")):
+        (run_dir / METADATA).unlink()  # not finished: the run resumes from checkpoint-8 (its final export)
+        _damage(run_dir / name, how)
+        caplog.clear()
+        result = train_streamed(tmp_path, corpus_config, tokenizer_dir, **settings)
+        assert result.status == "finished", (name, how)
+        assert f"{run_dir / name} is damaged" in caplog.text and "holding the validation blocks out again" in \
+            caplog.text, (name, how, caplog.text[-2000:])
+        assert {n: (run_dir / n).read_bytes() for n in saved} == saved, (name, how)
+    _damage(run_dir / VAL_BLOCKS, "truncated")  # a finished run: the same command writes it back (for evaluation)
+    assert train_streamed(tmp_path, corpus_config, tokenizer_dir, **settings).status == "already_finished"
+    assert (run_dir / VAL_BLOCKS).read_bytes() == saved[VAL_BLOCKS]
+
+    # the report damaged, and blocks that are not what holding out again gives: refused, naming the file
+    (run_dir / METADATA).unlink()
+    _damage(run_dir / VAL_REPORT, "garbage")
+    np.save(run_dir / VAL_BLOCKS, np.zeros_like(np.load(run_dir / VAL_BLOCKS)))
+    proc = run_script("train_sparknet.py", *stream_args(tmp_path, corpus_config, tokenizer_dir, **settings))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and f"{run_dir / VAL_REPORT} is damaged" in error[0] and "another RUN_NAME" in error[0], \
+        proc.stderr[-3000:]

@@ -106,6 +106,30 @@ def test_same_run_name_with_other_settings_is_refused(finished, tiny_dataset: Pa
     assert "--allow_config_change true" in proc.stderr
 
 
+def test_a_resume_refused_for_a_rebuilt_dataset_names_the_changed_file_and_both_sums(finished, tiny_dataset: Path,
+                                                                                     tmp_path: Path) -> None:
+    """The run trained on the dataset before one of its files was edited and the dataset rebuilt: the refusal names
+    the file's key and both sha256 (once two identical 80-character prefixes of the whole inputs)."""
+    import shutil
+
+    _, tmp = finished
+    shutil.copytree(tmp / "ckpt", tmp_path / "ckpt")
+    identity_path = tmp_path / "ckpt" / "run" / "run_config.json"
+    identity = json.loads(identity_path.read_text())
+    sums = identity["dataset_inputs"]["local_files_sha256"]
+    edited = sorted(sums)[-1]
+    before = sums[edited] = "0" * 40 + sums[edited][40:]  # the file as it was when the run trained on it
+    identity_path.write_text(json.dumps(identity))
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    now = json.loads((tiny_dataset / "manifest.json").read_text())["inputs"]["local_files_sha256"][edited]
+    assert len(error) == 1 and f"DATASET_INPUTS.local_files_sha256.{edited}: " in error[0], proc.stderr[-3000:]
+    shown = error[0].split(f"local_files_sha256.{edited}: ")[1]
+    old, new = shown.split(" -> ")[0], shown.split(" -> ")[1].split(")")[0]
+    assert old != new and old.strip('"…').startswith(before[:8]) and new.strip('"…').startswith(now[:8]), error
+
+
 @pytest.mark.slow
 def test_kill_then_resume_reproduces_lr_and_batch_order(tiny_dataset: Path, tmp_path: Path) -> None:
     long = dict(target_tokens=120 * 4 * 128, eval_steps=10, save_steps=10, sample_steps=0, record_batches=True)
@@ -424,3 +448,29 @@ def test_resume_skips_a_damaged_checkpoint_and_matches_the_uninterrupted_run(tin
     got = read_steps(run_dir / "batches.jsonl")
     assert all((got[s]["lr"], got[s]["blocks"], got[s]["weights"]) == (
         expected[s]["lr"], expected[s]["blocks"], expected[s]["weights"]) for s in expected)
+
+
+def test_a_checkpoint_that_lost_a_file_since_it_was_saved_is_skipped_naming_the_file(
+        finished, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A file deleted (or cut short) after the checkpoint was marked complete: the warning names it, and does not
+    say the process died while saving; only a checkpoint without its marker is said to be half-written."""
+    import shutil
+
+    from sparknet.train.folders import COMPLETE_MARKER, checkpoint_step
+
+    result, _ = finished
+    run_dir = tmp_path / "run"
+    shutil.copytree(result.run_dir, run_dir)
+    checkpoints = sorted(run_dir.glob("checkpoint-*"), key=checkpoint_step)
+    latest, before = checkpoints[-1], checkpoints[-2]
+    (latest / "optimizer.pt").unlink()
+    (before / "model.safetensors").write_bytes(b"cut")
+    (checkpoints[-3] / COMPLETE_MARKER).unlink()
+    latest_complete_checkpoint(run_dir)
+    assert f"skipping {latest}: its optimizer.pt is missing (deleted since the checkpoint was saved)" in caplog.text
+    size = json.loads((before / COMPLETE_MARKER).read_text())["files"]["model.safetensors"]["size"]
+    assert (f"skipping {before}: its model.safetensors holds 3 bytes, {size:,} were saved (cut short since)"
+            in caplog.text)
+    assert f"skipping {checkpoints[-3]}: it was not completely written (the process died while saving)" \
+        in caplog.text
+    assert caplog.text.count("died while saving") == 1

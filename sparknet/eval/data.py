@@ -27,7 +27,8 @@ import numpy as np
 
 from sparknet.config import LOCAL_KINDS, SourceSpec, local_kind_of_file
 from sparknet.errors import UserError
-from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
+from sparknet.runtime import read_json_object
+from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, read_val_blocks, read_val_report
 
 log = logging.getLogger("sparknet.eval")
 
@@ -222,7 +223,12 @@ def _blocks_documents(request: DataRequest) -> list[str]:
     if not (path.parent / "tokenizer.json").is_file():
         raise UserError(f"{request.data}: blocks are read with the tokenizer of the run folder beside them, and "
                         f"{path.parent} holds none: pass checkpoints/RUN_NAME/{VAL_BLOCKS} of a finished run")
-    return _decoded(np.load(path), load_tokenizer(str(path.parent)))
+    try:
+        blocks = read_val_blocks(path)
+    except ValueError as exc:
+        raise UserError(f"{path} is damaged ({exc}): run the run's training command again, which holds its "
+                        "validation blocks out again (they follow from its config)") from None
+    return _decoded(blocks, load_tokenizer(str(path.parent)))
 
 
 def _decoded(tokens: np.ndarray, tokenizer: Any) -> list[str]:
@@ -277,8 +283,12 @@ def _held_out_rows(config: Any, request: DataRequest) -> dict[str, int]:
         for run in (folder, folder.parent):
             identity, report = run / RUN_CONFIG, run / VAL_REPORT
             if identity.is_file() and report.is_file():
-                if json.loads(identity.read_text()).get("mix") == mix:
-                    recorded.append(json.loads(report.read_text())["rows_held_out"])
+                fix = "run the run's training command again, which writes it again, or set HOLDOUT_ROWS"
+                if read_json_object(identity, fix).get("mix") == mix:
+                    try:
+                        recorded.append(read_val_report(report)["rows_held_out"])
+                    except ValueError as exc:
+                        raise UserError(f"{report} is damaged ({exc}): {fix}") from None
                 break
     if not recorded:
         raise UserError(

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from sparknet.errors import UserError
+from sparknet.train.folders import checkpoint_step
 
 WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -36,6 +37,8 @@ def resolve_model(spec: str) -> ModelRef:
             raise UserError(f"{folder} is not a model folder (no config.json and weights){hint}")
         run = folder.parent.name if folder.name.startswith("checkpoint-") else None
         return ModelRef(spec, str(folder), f"{run}/{folder.name}" if run else folder.name, folder)
+    if any(checkpoint_step(Path(part)) is not None for part in Path(spec).parts):
+        raise UserError(_gone(folder))  # a Trainer checkpoint's name: a local folder, whatever else the path holds
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or not spec.strip():
         raise UserError(f"model folder {spec} not found (looked for {folder}): pass checkpoints/RUN_NAME or a Hub id")
     parent = project_path(spec.split("/")[0])
@@ -44,6 +47,17 @@ def resolve_model(spec: str) -> ModelRef:
         raise UserError(f"model folder {spec} not found (looked for {folder}); {parent.name}/ holds: "
                         f"{', '.join(held[:10]) or 'nothing'}")
     return ModelRef(spec, spec, spec.replace("/", "__"), None)
+
+
+def _gone(folder: Path) -> str:
+    """A local model folder that is not there: for a checkpoint-N, most likely removed by its run's rotation."""
+    if checkpoint_step(folder) is None:
+        return f"{folder} no longer exists: evaluate another model folder"
+    newer = sorted((p for p in folder.parent.glob("checkpoint-*") if p.is_dir() and checkpoint_step(p) is not None),
+                   key=checkpoint_step)  # type: ignore[arg-type, return-value]
+    held = f"; {folder.parent.name} holds {', '.join(p.name for p in newer[-3:])}" if newer else ""
+    return (f"{folder} no longer exists (a running training's SAVE_TOTAL_LIMIT removes old checkpoints{held}): "
+            "evaluate the run folder or a newer checkpoint")
 
 
 def _holds_models(folder: Path) -> bool:
@@ -66,6 +80,8 @@ def tokenizer_source(ref: ModelRef) -> str:
 
 
 def _cannot_load(ref: ModelRef, exc: Exception) -> UserError:
+    if ref.folder is not None and not ref.folder.is_dir():  # removed since it was resolved: never a Hub id
+        return UserError(_gone(ref.folder))
     first = str(exc).splitlines()[0] if str(exc) else ""
     return UserError(f"cannot load model {ref.spec!r} ({type(exc).__name__}: {first}); Hub ids need network access "
                      "or a cached copy")

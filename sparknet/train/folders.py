@@ -56,6 +56,35 @@ def read_metadata(folder: Path) -> dict[str, Any] | None:
     return data
 
 
+def read_val_report(path: Path) -> dict[str, Any]:
+    """A streaming run's VAL_REPORT; ValueError saying why when it is damaged (not JSON, or without the rows held
+    out and the commits a resume reads at)."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(str(exc)) from None
+    if not isinstance(report, dict) or not isinstance(report.get("blocks"), int) or not all(
+            isinstance(report.get(key), dict) for key in ("rows_held_out", "commits")):
+        raise ValueError("not a hold-out report: no blocks, rows_held_out and commits")
+    return report
+
+
+def read_val_blocks(path: Path, block_size: int | None = None, blocks: int | None = None) -> Any:
+    """A streaming run's VAL_BLOCKS ([blocks, block_size] token ids, when given); ValueError saying why when it is
+    damaged (cut short, other bytes, another shape)."""
+    import numpy as np
+
+    try:
+        tokens = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise ValueError(" ".join(str(exc).split()) or type(exc).__name__) from None
+    if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"holds {tokens.dtype} of shape {tokens.shape}, not blocks of token ids")
+    if (block_size is not None and tokens.shape[1] != block_size) or (blocks is not None and len(tokens) != blocks):
+        raise ValueError(f"holds blocks of shape {tokens.shape}, expected ({blocks}, {block_size})")
+    return tokens
+
+
 def checkpoint_step(path: Path) -> int | None:
     """The step of a `checkpoint-N` folder, or None for anything else."""
     suffix = path.name.split("-", 1)[1] if path.name.startswith("checkpoint-") else ""
@@ -97,9 +126,24 @@ def _size(entry: Any) -> Any:
 
 def is_complete(folder: Path) -> bool:
     """Whether the marker exists and every file it lists is there with its size (cheap: no reading)."""
+    return incomplete(folder) is None
+
+
+def incomplete(folder: Path) -> str | None:
+    """Why the checkpoint does not count (cheap: sizes only), or None when its marker vouches for every file: no
+    marker (the process died while saving), or a file it lists that is gone or has another size since."""
     files = _marker_files(folder)
-    return files is not None and all((folder / name).is_file() and (folder / name).stat().st_size == _size(entry)
-                                     for name, entry in files.items())
+    if files is None and (folder / COMPLETE_MARKER).exists():  # written atomically: damaged since, or older
+        return f"its {COMPLETE_MARKER} marker lists no files (damaged, or written by an older SparkNet)"
+    if files is None:
+        return "it was not completely written (the process died while saving)"
+    for name, entry in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"its {name} is missing (deleted since the checkpoint was saved)"
+        if path.stat().st_size != _size(entry):
+            return f"its {name} holds {path.stat().st_size:,} bytes, {_size(entry):,} were saved (cut short since)"
+    return None
 
 
 def damaged_file(folder: Path) -> str | None:
@@ -124,8 +168,9 @@ def latest_complete_checkpoint(run_dir: Path, verify: bool = False) -> Path | No
     for step, path in found:
         if step is None:
             continue
-        if not is_complete(path):
-            log.warning("skipping %s: it was not completely written (the process died while saving)", path)
+        why = incomplete(path)
+        if why is not None:
+            log.warning("skipping %s: %s", path, why)
             continue
         damaged = damaged_file(path) if verify else None
         if damaged is None:

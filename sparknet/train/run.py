@@ -27,7 +27,16 @@ from sparknet.checks import RULES
 from sparknet.errors import UserError
 from sparknet.eval.metrics import bytes_of_tokens, perplexity
 from sparknet.locks import exclusive
-from sparknet.model import Preset, build_model, flops_per_token, get_preset, parameter_count, peak_flops, preset_dict
+from sparknet.model import (
+    Preset,
+    build_model,
+    flops_per_token,
+    get_preset,
+    parameter_count,
+    peak_flops,
+    preset_dict,
+    set_for_use,
+)
 from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic, writes_to
 from sparknet.tokenizer import portable_config
 from sparknet.train.batch import BatchPlan, TokenCount, budget, check_enough_blocks, plan_batch
@@ -82,9 +91,9 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
         run = open_run(settings.run_name, settings.checkpoints_dir, settings.logs_dir,
                        run_identity(settings, data, target), settings.allow_config_change, process_rank() == 0,
                        fixed=data.fixed_identity)
+        data.prepare_run(run.run_dir, run.resume)  # (a finished streaming run's damaged hold-out is written too)
         if run.finished_metadata is not None:
             return TrainResult("already_finished", run.run_dir, metadata=run.finished_metadata)
-        data.prepare_run(run.run_dir, run.resume)
         parts = build_trainer(settings, data, run, preset, max_steps, batch, tokens_per_step)
         with parts.writer, closing(data):
             runtime_seconds = train_steps(run, parts, max_steps)
@@ -264,14 +273,9 @@ def conclude(s: TrainSettings, data: DataPlan, run: RunFolder, parts: TrainerPar
 
 
 def export(trainer: SparkTrainer, tokenizer: Any, out_dir: Path) -> None:
-    """Saves the (best) model and its tokenizer for `from_pretrained`, with `<|endoftext|>` as the pad token so that
-    batched generation and evaluation with padding work (training never padded: blocks are packed)."""
-    tokenizer.pad_token = tokenizer.eos_token
-    trainer.model.config.pad_token_id = tokenizer.eos_token_id
-    trainer.model.generation_config.pad_token_id = tokenizer.eos_token_id
-    # the Trainer turns the KV cache off for training (TrainingArguments.use_cache) and saves that; users of the
-    # exported model expect the library's default, a forward that returns its cache
-    trainer.model.config.use_cache = True
+    """Saves the (best) model and its tokenizer for `from_pretrained`, configured for use (`set_for_use`: a pad
+    token, the KV cache on)."""
+    set_for_use(trainer.model, tokenizer)
     plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
     if trainer.is_fsdp_enabled and plugin is not None and "FULL_STATE_DICT" not in str(plugin.state_dict_type):
         # checkpoints stay sharded (fast to save and resume), but a SHARDED_STATE_DICT save_model writes no weights

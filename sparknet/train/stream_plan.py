@@ -17,7 +17,7 @@ from transformers import TrainerCallback
 from sparknet.config import MixConfig
 from sparknet.errors import UserError
 from sparknet.train.data_plan import BlockDataset, DataPlan
-from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, read_identity
+from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, read_identity, read_val_blocks, read_val_report
 
 log = logging.getLogger("sparknet.train")
 
@@ -48,6 +48,7 @@ class StreamPlan(DataPlan):
     spec: StreamSpec
     report: dict[str, Any]  # the validation hold-out's (train_sparknet's VAL_REPORT)
     commits: dict[str, str | None]
+    write_hold_out: bool  # the run folder has no hold-out yet, or a damaged one held out again
 
     def metadata(self) -> dict[str, Any]:
         stats = self.stream.stats()
@@ -65,11 +66,16 @@ class StreamPlan(DataPlan):
         return [StreamCallback(stream=self.stream, writer=writer)]
 
     def prepare_run(self, run_dir: Path, resume: Path | None) -> None:
-        """Writes the validation blocks into a new run folder; on resume, restores this rank's stream position."""
+        """Writes the validation blocks into a new run folder (or over damaged ones); on resume, restores this rank's
+        stream position."""
+        import os
+
         from sparknet.runtime import process_rank, write_json_atomic
 
-        if process_rank() == 0 and not (run_dir / VAL_REPORT).is_file():
-            np.save(run_dir / VAL_BLOCKS, self.val_tokens)
+        if process_rank() == 0 and self.write_hold_out:
+            with open(run_dir / f".{VAL_BLOCKS}.tmp", "wb") as f:  # renamed into place whole, as the report is
+                np.save(f, self.val_tokens)
+            os.replace(run_dir / f".{VAL_BLOCKS}.tmp", run_dir / VAL_BLOCKS)
             write_json_atomic(run_dir / VAL_REPORT, self.report)
         if resume is not None:
             path = resume / STREAM_STATE.format(rank=process_rank())
@@ -96,7 +102,7 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
     check_source_tokenizers(spec.config, spec.tokenizer_dir, tokenizer)
     common = dict(tokenizer_json=tokenizer.backend_tokenizer.to_str(), eos_id=int(tokenizer.eos_token_id),
                   block_size=spec.block_size, seed=spec.seed, shuffle_buffer=spec.shuffle_buffer)
-    val_tokens, report, commits = _validation(spec, run_dir, common)
+    val_tokens, report, commits, write_hold_out = _validation(spec, run_dir, common)
     _check_training_left(report, spec)
     log.info("stream: %d encoding process(es) for this training process", spec.num_workers)
     stream = TokenStream(**common, config=at_commits(spec.config, commits), on_exhausted=spec.on_exhausted,
@@ -108,6 +114,7 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
         spec=spec,
         report=report,
         commits=commits,
+        write_hold_out=write_hold_out,
         fixed_identity={"stream_processes": (world_size(), (
             "the stream's position is kept per process, each reading its own documents, so it resumes only on the "
             "same number of processes: run with that many (torchrun --nproc_per_node N), or start a new RUN_NAME "
@@ -125,28 +132,68 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
 
 
 def _validation(spec: StreamSpec, run_dir: Path,
-                common: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any], dict[str, str | None]]:
-    """The validation blocks, their report and the commits read: held out now for a new run, read from the run
-    folder on resume.
+                common: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any], dict[str, str | None], bool]:
+    """The validation blocks, their report, the commits read, and whether the run folder needs them written: held
+    out now for a new run, read from the run folder on resume.
 
     Every read of the run (hold-out, training, each resume) is at the commits its start resolved: a branch that
-    moves during a run of days does not change its data."""
-    from sparknet.data.source.opening import at_commits, resolve_revisions
+    moves during a run of days does not change its data. A damaged (or lost) VAL_BLOCKS or VAL_REPORT is held out
+    again, as it follows from the config, the seed and those commits, when the result is what the other file
+    records (the run then trains on exactly what it would have); otherwise the resume is refused naming the file."""
+    from sparknet.data.source.opening import is_hub_source, resolve_revisions
+
+    blocks_path, report_path = run_dir / VAL_BLOCKS, run_dir / VAL_REPORT
+    if not blocks_path.is_file() and not report_path.is_file():
+        log.info("holding out %s validation tokens from the start of the mix", f"{spec.val_tokens:,}")
+        commits = resolve_revisions(spec.config)
+        val_tokens, report = _hold_out(spec, common, commits)
+        return _nonempty(val_tokens), report, commits, True
+    report = blocks = None
+    problems: dict[Path, str] = {}
+    try:
+        report = read_val_report(report_path)
+    except ValueError as exc:
+        problems[report_path] = str(exc) if report_path.is_file() else "missing"
+    try:
+        blocks = read_val_blocks(blocks_path, spec.block_size, report["blocks"] if report else None)
+    except ValueError as exc:
+        problems[blocks_path] = str(exc) if blocks_path.is_file() else "missing"
+    if report is not None and blocks is not None:
+        return _nonempty(blocks), report, report["commits"], False
+    damaged = "; ".join(f"{path} is damaged ({why})" for path, why in problems.items())
+    hub = [source.label for source in spec.config.mix if is_hub_source(source)]
+    if report is None and hub:
+        raise UserError(f"{damaged}: it records the commits the run reads its Hub sources ({', '.join(hub)}) at, "
+                        "which cannot be recomputed: restore it from a backup, or start again with another RUN_NAME")
+    log.warning("%s: holding the validation blocks out again (they follow from the config, the seed and the "
+                "recorded commits)", damaged)
+    commits = report["commits"] if report is not None else {source.label: None for source in spec.config.mix}
+    val_tokens, again = _hold_out(spec, common, commits)
+    same = (again["rows_held_out"] == report["rows_held_out"] and again["blocks"] == report["blocks"]
+            if report is not None else blocks is None or np.array_equal(blocks, val_tokens))
+    if not same:
+        other = report_path if report is not None else blocks_path
+        raise UserError(f"{damaged}, and holding the validation blocks out again gives other blocks than {other.name} "
+                        "records (the data changed since the run began): restore it from a backup, or start again "
+                        "with another RUN_NAME")
+    return _nonempty(val_tokens), again, commits, True
+
+
+def _hold_out(spec: StreamSpec, common: dict[str, Any],
+              commits: dict[str, str | None]) -> tuple[np.ndarray, dict[str, Any]]:
+    """The validation blocks from the start of the mix read at `commits`, and their report (VAL_REPORT)."""
+    from sparknet.data.source.opening import at_commits
     from sparknet.data.stream.holdout import hold_out_validation
 
-    resumed = (run_dir / VAL_BLOCKS).is_file() and (run_dir / VAL_REPORT).is_file()
-    report = json.loads((run_dir / VAL_REPORT).read_text()) if resumed else {}
-    commits = report["commits"] if resumed else resolve_revisions(spec.config)
-    if resumed:
-        val_tokens = np.load(run_dir / VAL_BLOCKS)
-    else:
-        log.info("holding out %s validation tokens from the start of the mix", f"{spec.val_tokens:,}")
-        val_tokens, rows, report = hold_out_validation(**common, config=at_commits(spec.config, commits),
-                                                       val_tokens=spec.val_tokens, num_workers=spec.num_workers)
-        report = {**report, "rows_held_out": rows, "commits": commits}
+    val_tokens, rows, report = hold_out_validation(**common, config=at_commits(spec.config, commits),
+                                                   val_tokens=spec.val_tokens, num_workers=spec.num_workers)
+    return val_tokens, {**report, "rows_held_out": rows, "commits": commits}
+
+
+def _nonempty(val_tokens: np.ndarray) -> np.ndarray:
     if len(val_tokens) == 0:
         raise UserError("the mix gave no validation block: add data, or lower VAL_TOKENS")
-    return val_tokens, report, commits
+    return val_tokens
 
 
 def _identity(spec: StreamSpec, tokenizer: Any) -> dict[str, Any]:
