@@ -1,4 +1,5 @@
-"""One writer per target: a dataset build into an OUTPUT_DIR, a training run of a RUN_NAME.
+"""One writer per target: a tokenizer training or a dataset build into an OUTPUT_DIR, a training run of a RUN_NAME,
+an export into an OUTPUT_DIR.
 
 The lock is `filelock`'s (an OS file lock, the one huggingface_hub uses for its cache), held for the whole job:
 the operating system releases it when the process ends, however it ends, so a lock left by a killed process is
