@@ -11,10 +11,9 @@ EVAL_DIR = "eval"  # PNGs go to EVAL_DIR/<RUN_NAME>/plots/
 
 def main() -> None:
     from sparknet import runtime
-
-    runtime.setup(0)
     from sparknet.errors import UserError
-    from sparknet.eval.reports import comparison_name, eval_dir
+    from sparknet.eval.reports import comparison_name, eval_dir, eval_outputs
+    from sparknet.outputs import check_outputs
 
     if not RUNS:
         raise UserError("no runs: set RUNS to a list of run names")
@@ -24,9 +23,11 @@ def main() -> None:
         if not folder.is_dir():
             raise UserError(f"no TensorBoard logs for run {run!r} (looked for {folder})")
         folders.append(folder)
+    names = [folder.name for folder in folders]
+    check_outputs(*eval_outputs(names, EVAL_DIR, "plots", names_from="RUNS"))
+    runtime.setup(0)
     from sparknet.eval.plots import plot_runs  # matplotlib and tensorboard: only once the input is known good
 
-    names = [folder.name for folder in folders]
     out = eval_dir(comparison_name(names) if len(names) > 1 else names[0], EVAL_DIR) / "plots"
     for path in plot_runs(folders, out):
         print(path)
