@@ -19,7 +19,8 @@ def main() -> None:
         raise UserError("no runs: set RUNS to a list of run names")
     folders = []
     for run in RUNS:
-        folder = runtime.project_path(run) if "/" in run else runtime.project_path(LOGS_DIR) / run
+        # resolved: "logs/run/" and "logs/run/x/.." are the run, named by its folder (never "..": beside EVAL_DIR)
+        folder = (runtime.project_path(run) if "/" in run else runtime.project_path(LOGS_DIR) / run).resolve()
         if not folder.is_dir():
             raise UserError(f"no TensorBoard logs for run {run!r} (looked for {folder})")
         folders.append(folder)

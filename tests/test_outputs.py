@@ -1,11 +1,13 @@
 """Every output location of every script is checked before any work: a folder that is a file, a path through a
 file, a folder that cannot be written and a name the file system refuses (or whose lock file's name it refuses) are
-one line naming the constant and the path, exit status 1, and nothing written."""
+one line naming the constant and the path, exit status 1, and nothing written; results of an evaluation land inside
+EVAL_DIR however the model's path is spelled."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sparknet.errors import UserError
-from tests.helpers import build_args, run_script, stream_args, train_args
+from tests.helpers import build_args, run_script, stream_args, train_args, write_jsonl
 
 
 @dataclass(frozen=True)
@@ -216,3 +218,60 @@ def test_every_problem_is_listed_at_once_and_nothing_is_created(tmp_path: Path) 
     assert "\n" not in message and message.count("is a file, not a folder") == 2
     assert "CHECKPOINTS_DIR=" in message and "LOGS_DIR=" in message and "EVAL_DIR" not in message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # the good one is not created by the check
+
+
+# -- where evaluation results go ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def run_with_checkpoint(random_model: Path, tmp_path: Path) -> Path:
+    """A run folder (a copy of the random model) with a checkpoint-1 folder inside, for paths through it."""
+    run = tmp_path / "runs" / "run"
+    shutil.copytree(random_model, run)
+    shutil.copytree(random_model, run / "checkpoint-1")
+    return run
+
+
+@pytest.mark.parametrize("spelling", ["{run}/checkpoint-1/..", "{run}/", *(pytest.param(s, marks=pytest.mark.slow)
+                                                                     for s in ("{run}/.", "{run}", "runs/run/../run"))])
+def test_perplexity_results_land_inside_eval_dir_however_the_model_is_spelled(
+        spelling: str, run_with_checkpoint: Path, corpus_dir: Path, tmp_path: Path) -> None:
+    eval_root = tmp_path / "results" / "eval"
+    model = spelling.format(run=run_with_checkpoint)
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([model]), "--data", corpus_dir / "prose.val.jsonl",
+                      "--max_documents", 2, "--context", 16, "--eval_dir", eval_root, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = sorted(p.relative_to(tmp_path / "results") for p in (tmp_path / "results").rglob("*") if p.is_file())
+    assert written == [Path("eval/run/perplexity.json"), Path("eval/run/perplexity.md")]
+    assert f"results: {eval_root / 'run'}/perplexity.json" in proc.stdout
+
+
+@pytest.mark.slow  # lm-eval's import and run: about 20 s
+def test_generation_and_benchmark_results_land_inside_eval_dir(run_with_checkpoint: Path, tmp_path: Path) -> None:
+    eval_root = tmp_path / "results" / "eval"
+    model = json.dumps([f"{run_with_checkpoint}/checkpoint-1/.."])
+    proc = run_script("eval_generation.py", "--models", model, "--max_new_tokens", 2, "--num_samples", 1,
+                      "--eval_dir", eval_root, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # documents of short words: the suite's continuations fit the random model's 32-token context
+    words = write_jsonl(tmp_path / "words.jsonl", [" ".join(["the", "cat", "sat", "on", "a", "mat", "and", "ran"][
+        (i * 3 + j) % 8] for j in range(40)) for i in range(8)])
+    proc = run_script("eval_benchmarks.py", "--models", model, "--suite_data", words, "--suite_items", 4,
+                      "--suite_dir", tmp_path / "suite", "--eval_dir", eval_root, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = sorted(p.relative_to(tmp_path / "results") for p in (tmp_path / "results").rglob("*") if p.is_file())
+    assert written == [Path("eval/run/benchmarks.json"), Path("eval/run/benchmarks.md"),
+                       Path("eval/run/generation.md")]
+
+
+def test_a_model_is_named_by_its_resolved_folder_and_a_hub_id_stays_inside(run_with_checkpoint: Path,
+                                                                           tmp_path: Path) -> None:
+    from sparknet.eval.models import resolve_model
+    from sparknet.eval.reports import eval_dir
+
+    assert resolve_model(f"{run_with_checkpoint}/checkpoint-1/..").name == "run"
+    assert resolve_model(f"{run_with_checkpoint}/checkpoint-1/../checkpoint-1/").name == "run/checkpoint-1"
+    hub = resolve_model("openai-community/gpt2")
+    assert eval_dir(hub.name, str(tmp_path / "eval")).parent == tmp_path / "eval"
+    for name in ("..", "", "run/..", "/etc"):
+        with pytest.raises(UserError, match="inside EVAL_DIR"):
+            eval_dir(name, str(tmp_path / "eval"))

@@ -10,7 +10,13 @@ from sparknet.runtime import project_path, read_json_object, write_json_atomic
 
 
 def eval_dir(name: str, root: str = "eval") -> Path:
-    """eval/<name>/ for one model (RUN_NAME, RUN_NAME/checkpoint-N, or a Hub id with "/" as "__")."""
+    """eval/<name>/ for one model (RUN_NAME, RUN_NAME/checkpoint-N, or a Hub id with "/" as "__"): always a folder
+    inside `root` (EVAL_DIR), never `root` itself or a folder beside it."""
+    if name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/")):
+        from sparknet.errors import UserError
+
+        raise UserError(f"the results of model {name!r} would not be inside EVAL_DIR={root}: name the model by its "
+                        "folder (checkpoints/RUN_NAME or a checkpoint-N inside it) or its Hub id")
     return project_path(root) / name
 
 
