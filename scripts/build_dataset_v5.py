@@ -28,7 +28,9 @@ HUB_RETRY_MINUTES = 15.0  # a Hub source that fails (429, 5xx, a dropped connect
 def main() -> None:
     from sparknet import runtime
     from sparknet.config import load_config
+    from sparknet.outputs import Output, check_outputs
 
+    check_outputs(Output("OUTPUT_DIR", runtime.project_path(OUTPUT_DIR), locked=True))
     config = load_config(CONFIG)
     seed = config.seed if SEED is None else SEED
     runtime.setup(seed)

@@ -31,7 +31,15 @@ EXPORT_DIR = "exports/demo"  # the Hub-ready folder with the model card
 def main() -> None:
     from sparknet import runtime
     from sparknet.demo.chain import Chain, demo_state, remove_previous_run, report
+    from sparknet.outputs import Output, check_outputs
 
+    path = runtime.project_path
+    # every folder of the chain, before its first step: a bad one would otherwise stop it steps later
+    check_outputs(Output("CORPUS_DIR", path(CORPUS_DIR)), Output("TOKENIZER_DIR", path(TOKENIZER_DIR), locked=True),
+                  Output("DATASET_DIR", path(DATASET_DIR), locked=True),
+                  Output("RUN_NAME", path("checkpoints") / RUN_NAME, locked=True),
+                  Output("RUN_NAME", path("logs") / RUN_NAME), Output("RUN_NAME", path("eval") / RUN_NAME),
+                  Output("EXPORT_DIR", path(EXPORT_DIR), locked=True))
     runtime.setup()
     state, line = demo_state(RUN_NAME, DATASET_DIR, EXPORT_DIR)
     print(line, flush=True)

@@ -18,17 +18,23 @@ EVAL_DIR = "eval"  # results go to EVAL_DIR/<RUN_NAME>/
 
 def main() -> None:
     from sparknet import runtime
-
-    runtime.setup(SEED)
     from sparknet.errors import UserError
-    from sparknet.eval.benchmarks import SUITE_TASK, benchmark_table, run_benchmarks, save_results, write_offline_suite
-    from sparknet.eval.data import load_documents
-    from sparknet.eval.models import check_loadable, resolve_model, tokenizer_source
-    from sparknet.eval.reports import check_results, comparison_name, console_table, eval_dir, markdown_table
+    from sparknet.eval.benchmarks import SUITE_TASK
+    from sparknet.eval.models import resolve_model
+    from sparknet.eval.reports import eval_outputs
+    from sparknet.outputs import Output, check_outputs
 
     if not MODELS or not TASKS:
         raise UserError("set MODELS and TASKS (JSON lists)")
     refs = [resolve_model(spec) for spec in MODELS]
+    suite = [Output("SUITE_DIR", runtime.project_path(SUITE_DIR))] if SUITE_TASK in TASKS else []
+    check_outputs(*suite, *eval_outputs([ref.name for ref in refs], EVAL_DIR))
+    runtime.setup(SEED)
+    from sparknet.eval.benchmarks import benchmark_table, run_benchmarks, save_results, write_offline_suite
+    from sparknet.eval.data import load_documents
+    from sparknet.eval.models import check_loadable, tokenizer_source
+    from sparknet.eval.reports import check_results, comparison_name, console_table, eval_dir, markdown_table
+
     for ref in refs:
         check_loadable(ref)
     check_results([eval_dir(ref.name, EVAL_DIR) / "benchmarks.json" for ref in refs])

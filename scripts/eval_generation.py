@@ -19,17 +19,19 @@ EVAL_DIR = "eval"  # the report goes to EVAL_DIR/<RUN_NAME>/generation.md
 
 def main() -> None:
     from sparknet import runtime
-
-    runtime.setup(SEED)
-    from sparknet.eval.generation import SamplingSettings, generate_samples, generation_report, load_prompts
-    from sparknet.eval.models import load_model, resolve_model
-    from sparknet.eval.reports import comparison_name, eval_dir
+    from sparknet.eval.models import resolve_model
+    from sparknet.eval.reports import comparison_name, eval_dir, eval_outputs
+    from sparknet.outputs import check_outputs
 
     if not MODELS:
         from sparknet.errors import UserError
 
         raise UserError("no models: set MODELS to a list of checkpoint folders or Hub ids")
     refs = [resolve_model(spec) for spec in MODELS]
+    check_outputs(*eval_outputs([ref.name for ref in refs], EVAL_DIR))
+    runtime.setup(SEED)
+    from sparknet.eval.generation import SamplingSettings, generate_samples, generation_report, load_prompts
+    from sparknet.eval.models import load_model
     prompts = load_prompts(PROMPTS, PROMPTS_FILE)
     settings = SamplingSettings(temperature=TEMPERATURE, top_p=TOP_P, top_k=TOP_K,
                                 repetition_penalty=REPETITION_PENALTY, max_new_tokens=MAX_NEW_TOKENS,

@@ -27,19 +27,21 @@ EVAL_DIR = "eval"  # results go to EVAL_DIR/<RUN_NAME>/
 
 def main() -> None:
     from sparknet import runtime
+    from sparknet.eval.models import resolve_model
+    from sparknet.eval.reports import comparison_name, eval_dir, eval_outputs
+    from sparknet.outputs import check_outputs
 
+    names = [resolve_model(spec).name for spec in MODELS]  # each model checked; its name names its results folder
+    check_outputs(*eval_outputs(names, EVAL_DIR))
     runtime.setup(0)
     from sparknet.eval.data import DataRequest
-    from sparknet.eval.models import resolve_model
     from sparknet.eval.perplexity import evaluate_perplexity, perplexity_table
-    from sparknet.eval.reports import comparison_name, eval_dir
 
     request = DataRequest(DATA or "", text_field=TEXT_FIELD, split=SPLIT, subset=SUBSET, max_documents=MAX_DOCUMENTS,
                           holdout_rows=HOLDOUT_ROWS)
     rows = evaluate_perplexity(MODELS, request, context=CONTEXT, stride=STRIDE, batch_size=BATCH_SIZE,
                                eval_root=EVAL_DIR)
     print(perplexity_table(rows))
-    names = [resolve_model(spec).name for spec in MODELS]
     if len(names) > 1:
         out = eval_dir(comparison_name(names), EVAL_DIR) / "perplexity.md"
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,12 +17,14 @@ PRIVATE = False  # create the Hub repository as private
 
 def main() -> None:
     from sparknet import runtime
-
-    runtime.setup(0)
     from sparknet.eval.models import resolve_model
-    from sparknet.export import export_model, push_to_hub
+    from sparknet.outputs import Output, check_outputs
 
     output = runtime.project_path(OUTPUT_DIR or f"exports/{resolve_model(MODEL).name.replace('/', '-')}")
+    check_outputs(Output("OUTPUT_DIR", output, locked=True))
+    runtime.setup(0)
+    from sparknet.export import export_model, push_to_hub
+
     card = export_model(MODEL, output, license=LICENSE, language=LANGUAGE, eval_root=EVAL_DIR, overwrite=OVERWRITE,
                         repo_id=PUSH_TO_HUB, unfinished=UNFINISHED)
     print(f"exported: {output} (card: {card})")

@@ -11,22 +11,24 @@ EVAL_DIR = "eval"  # PNGs go to EVAL_DIR/<RUN_NAME>/plots/
 
 def main() -> None:
     from sparknet import runtime
-
-    runtime.setup(0)
     from sparknet.errors import UserError
-    from sparknet.eval.reports import comparison_name, eval_dir
+    from sparknet.eval.reports import comparison_name, eval_dir, eval_outputs
+    from sparknet.outputs import check_outputs
 
     if not RUNS:
         raise UserError("no runs: set RUNS to a list of run names")
     folders = []
     for run in RUNS:
-        folder = runtime.project_path(run) if "/" in run else runtime.project_path(LOGS_DIR) / run
+        # resolved: "logs/run/" and "logs/run/x/.." are the run, named by its folder (never "..": beside EVAL_DIR)
+        folder = (runtime.project_path(run) if "/" in run else runtime.project_path(LOGS_DIR) / run).resolve()
         if not folder.is_dir():
             raise UserError(f"no TensorBoard logs for run {run!r} (looked for {folder})")
         folders.append(folder)
+    names = [folder.name for folder in folders]
+    check_outputs(*eval_outputs(names, EVAL_DIR, "plots", names_from="RUNS"))
+    runtime.setup(0)
     from sparknet.eval.plots import plot_runs  # matplotlib and tensorboard: only once the input is known good
 
-    names = [folder.name for folder in folders]
     out = eval_dir(comparison_name(names) if len(names) > 1 else names[0], EVAL_DIR) / "plots"
     for path in plot_runs(folders, out):
         print(path)

@@ -58,7 +58,10 @@ def main() -> None:
     from sparknet import runtime
     from sparknet.cli import constant_names
     from sparknet.config import load_config
+    from sparknet.outputs import check_outputs
+    from sparknet.train.folders import run_outputs
 
+    check_outputs(*run_outputs(RUN_NAME, CHECKPOINTS_DIR, LOGS_DIR))
     config = load_config(CONFIG)
     runtime.setup(SEED)
     from sparknet.data.source.hub_retries import set_hub_retry_minutes

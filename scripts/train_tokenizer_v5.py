@@ -21,7 +21,9 @@ OVERWRITE = False  # replace an existing, non-empty OUTPUT_DIR
 def main() -> None:
     from sparknet import runtime
     from sparknet.config import load_config
+    from sparknet.outputs import Output, check_outputs
 
+    check_outputs(Output("OUTPUT_DIR", runtime.project_path(OUTPUT_DIR), locked=True))
     config = load_config(CONFIG)
     runtime.setup(config.seed)
     from sparknet.data.source.hub_retries import set_hub_retry_minutes

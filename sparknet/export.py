@@ -15,7 +15,7 @@ from typing import Any
 from sparknet.config import LOCAL_KINDS
 from sparknet.data.pieces import PIECE_BLOCKS
 from sparknet.errors import UserError
-from sparknet.eval.models import load_model, resolve_model
+from sparknet.eval.models import ModelRef, load_model, resolve_model
 from sparknet.eval.reports import eval_dir, markdown_table
 from sparknet.model import set_for_use
 
@@ -27,14 +27,27 @@ def export_model(spec: str, output_dir: Path, *, license: str = "apache-2.0", la
                  eval_root: str = "eval", overwrite: bool = False, repo_id: str = "", unfinished: bool = False) -> Path:
     """Writes the folder and returns the card's path. `spec`: checkpoints/RUN_NAME or a checkpoint-N inside it;
     `repo_id`: the Hub repository the card's usage example loads (default: the folder's name). The folder is
-    written beside OUTPUT_DIR and put in place by renames, so an interrupted export leaves the old one whole."""
-    from sparknet.runtime import replace_folder, writes_to
-    from sparknet.tokenizer import save as save_tokenizer
-    from sparknet.train.folders import RUN_CONFIG
+    written beside OUTPUT_DIR and put in place by renames, so an interrupted export leaves the old one whole; one
+    export into a folder at a time (a second at once is refused in one line: both would build in one hidden folder).
+    """
+    from sparknet.locks import exclusive
 
     ref = resolve_model(spec)
     if ref.folder is None:
         raise UserError(f"{spec}: export takes a run folder (checkpoints/RUN_NAME), not a Hub id")
+    with exclusive(output_dir, "an export"):
+        return _export(ref, output_dir, license=license, language=language, eval_root=eval_root, overwrite=overwrite,
+                       repo_id=repo_id, unfinished=unfinished)
+
+
+def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str] | None, eval_root: str,
+            overwrite: bool, repo_id: str, unfinished: bool) -> Path:
+    """`export_model`'s work, under its lock."""
+    from sparknet.runtime import replace_folder, writes_to
+    from sparknet.tokenizer import save as save_tokenizer
+    from sparknet.train.folders import RUN_CONFIG
+
+    spec = ref.spec
     if output_dir.exists() and any(output_dir.iterdir()) and not overwrite:
         raise UserError(f"{output_dir} is not empty: choose another OUTPUT_DIR or pass --overwrite true")
     metadata = _training_metadata(ref.folder)

@@ -1,4 +1,5 @@
-"""One writer per target: a dataset build into an OUTPUT_DIR, a training run of a RUN_NAME.
+"""One writer per target: a tokenizer training or a dataset build into an OUTPUT_DIR, a training run of a RUN_NAME,
+an export into an OUTPUT_DIR.
 
 The lock is `filelock`'s (an OS file lock, the one huggingface_hub uses for its cache), held for the whole job:
 the operating system releases it when the process ends, however it ends, so a lock left by a killed process is
@@ -16,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sparknet.errors import UserError
-from sparknet.runtime import write_json_atomic
+from sparknet.runtime import temporary_path, write_json_atomic
 
 
 def _holder(info: Path) -> str:
@@ -27,6 +28,13 @@ def _holder(info: Path) -> str:
         return "another process"
 
 
+def lock_files(target: Path) -> tuple[Path, Path, Path]:
+    """The files the lock of `target` puts beside it: the lock, its holder's record, and the record's temporary
+    file while it is written (the longest name: sparknet.outputs checks that the file system takes it)."""
+    info = target.with_name(f".{target.name}.lock.json")
+    return target.with_name(f".{target.name}.lock"), info, temporary_path(info)
+
+
 @contextmanager
 def exclusive(target: Path, what: str) -> Iterator[None]:
     """Holds the lock of `target` (a folder, locked through `.<name>.lock` beside it) or raises UserError at once
@@ -34,8 +42,7 @@ def exclusive(target: Path, what: str) -> Iterator[None]:
     from filelock import FileLock, Timeout
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    lock_file = target.with_name(f".{target.name}.lock")
-    info = target.with_name(f".{target.name}.lock.json")
+    lock_file, info, _ = lock_files(target)
     lock = FileLock(str(lock_file), timeout=0)
     try:
         lock.acquire()

@@ -111,9 +111,14 @@ def device_info() -> dict[str, object]:
     return {"kind": "cpu", "name": "cpu", "count": 1, "bf16": False, "tf32": False}
 
 
+def temporary_path(path: Path) -> Path:
+    """The temporary file `write_json_atomic` writes before renaming it over `path`: beside it, hidden."""
+    return path.with_name(f".{path.name}.tmp")
+
+
 def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
     """Writes JSON to a temporary file, fsyncs it and renames it over `path`: readers see all or nothing."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = temporary_path(path)
     with tmp.open("w", encoding="utf-8") as f:
         if compact:
             json.dump(data, f, separators=(",", ":"), ensure_ascii=False)

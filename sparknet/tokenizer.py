@@ -20,6 +20,7 @@ from typing import Any
 from sparknet.config import MixConfig
 from sparknet.data.mixing import Mixer, mix_texts
 from sparknet.errors import UserError
+from sparknet.locks import exclusive
 from sparknet.progress import Progress
 from sparknet.runtime import project_path, replace_folder
 
@@ -111,9 +112,18 @@ def train_tokenizer(
 ) -> dict[str, Any]:
     """Samples `max_bytes` of text from the mix (by UTF-8 bytes, in proportion to `prob`; each source read through
     the dataset build's seeded shuffle buffer of `shuffle_buffer` documents), trains the BPE, saves it with
-    `save_pretrained` into `out_dir` and writes `training_report.json` there. Returns the report."""
+    `save_pretrained` into `out_dir` and writes `training_report.json` there. Returns the report. One training
+    into a folder at a time: a second one at once is refused in one line (it would replace the first's tokenizer)."""
     _check_settings(vocab_size, max_bytes, shuffle_buffer)
-    _check_output_dir(out_dir, overwrite)
+    with exclusive(out_dir, "a tokenizer training"):
+        _check_output_dir(out_dir, overwrite)
+        return _train_into(config, out_dir, vocab_size=vocab_size, max_bytes=max_bytes, min_frequency=min_frequency,
+                           heldout_docs=heldout_docs, shuffle_buffer=shuffle_buffer)
+
+
+def _train_into(config: MixConfig, out_dir: Path, *, vocab_size: int, max_bytes: int, min_frequency: int,
+                heldout_docs: int, shuffle_buffer: int) -> dict[str, Any]:
+    """`train_tokenizer`'s work, under its lock."""
     started = time.time()
     from sparknet.data.source.opening import at_commits, resolve_revisions
 

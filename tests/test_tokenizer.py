@@ -205,6 +205,25 @@ def test_existing_output_is_not_overwritten_silently(tokenizer_dir: Path, corpus
     assert (tokenizer_dir / "tokenizer.json").read_bytes() == before
 
 
+def test_a_second_training_into_the_same_folder_refuses_at_once(corpus_config: Path, tmp_path: Path) -> None:
+    """One writer per tokenizer folder, as per dataset and run: while another process holds the folder (here this
+    test, through the same lock), the script says so in one line and trains nothing."""
+    import os
+
+    from sparknet.locks import exclusive
+
+    out = tmp_path / "tok"
+    with exclusive(out, "a tokenizer training"):
+        proc = run_script("train_tokenizer_v5.py", "--config", corpus_config, "--output_dir", out, "--vocab_size",
+                          300, "--max_bytes", 200_000, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr[-3000:]  # no sampling or training began: its log lines would be here
+    assert lines[0].startswith(f"error: {out} is in use: a tokenizer training into it is running as process "
+                               f"{os.getpid()} (")
+    assert not out.exists() and not (tmp_path / ".tok.building").exists()
+
+
 def test_load_tokenizer_checks(tmp_path: Path, tokenizer_dir: Path) -> None:
     assert load_tokenizer(str(tokenizer_dir)).eos_token == EOT
     with pytest.raises(UserError, match="holds no tokenizer"):

@@ -27,7 +27,9 @@ def resolve_model(spec: str) -> ModelRef:
     """A model folder (relative to the project root) or a Hub id; a folder that holds no model is a UserError."""
     from sparknet.runtime import project_path
 
-    folder = project_path(spec)
+    # resolved: "run/checkpoint-49/..", "run/." and a symlink name the folder they lead to, whose name names its
+    # results (eval/<name>/), never ".." (which put them beside EVAL_DIR)
+    folder = project_path(spec).resolve()
     if folder.exists():
         if not (folder / "config.json").is_file() or not any((folder / w).is_file() for w in WEIGHT_FILES):
             checkpoints = sorted(folder.glob("checkpoint-*")) if folder.is_dir() else []

@@ -5,12 +5,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sparknet.outputs import Output
 from sparknet.runtime import project_path, read_json_object, write_json_atomic
 
 
 def eval_dir(name: str, root: str = "eval") -> Path:
-    """eval/<name>/ for one model (RUN_NAME, RUN_NAME/checkpoint-N, or a Hub id with "/" as "__")."""
+    """eval/<name>/ for one model (RUN_NAME, RUN_NAME/checkpoint-N, or a Hub id with "/" as "__"): always a folder
+    inside `root` (EVAL_DIR), never `root` itself or a folder beside it."""
+    if name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/")):
+        from sparknet.errors import UserError
+
+        raise UserError(f"the results of model {name!r} would not be inside EVAL_DIR={root}: name the model by its "
+                        "folder (checkpoints/RUN_NAME or a checkpoint-N inside it) or its Hub id")
     return project_path(root) / name
+
+
+def eval_outputs(names: list[str], root: str, subfolder: str = "", names_from: str = "MODELS") -> list[Output]:
+    """The folders an evaluation of the models `names` (from the constant `names_from`) writes: each model's, and
+    the comparison's when there are several (`subfolder` inside each), to check before any work (sparknet.outputs).
+    """
+    folders = [*names, comparison_name(names)] if len(names) > 1 else names
+    return [Output("EVAL_DIR", eval_dir(name, root) / subfolder, name_constant=names_from) for name in folders]
 
 
 def comparison_name(names: list[str]) -> str:

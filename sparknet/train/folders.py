@@ -19,6 +19,7 @@ from typing import Any
 
 from sparknet.errors import UserError
 from sparknet.identity import describe_changes
+from sparknet.outputs import Output
 from sparknet.runtime import project_path, read_json_object, write_json_atomic
 
 log = logging.getLogger("sparknet.train")
@@ -224,6 +225,13 @@ def _read_state(path: Path) -> dict[str, Any]:
     """A run's JSON state file, or one line naming it and the fix."""
     return read_json_object(path, "it records the run's settings, compared on every resume. Restore it from a backup, "
                                   "or start again with another RUN_NAME")
+
+
+def run_outputs(run_name: str, checkpoints_dir: str, logs_dir: str) -> list[Output]:
+    """The run's two folders as output locations, checked before any work (sparknet.outputs); the run folder has
+    the one-writer lock (sparknet.locks)."""
+    return [Output("CHECKPOINTS_DIR", project_path(checkpoints_dir) / run_name, name_constant="RUN_NAME", locked=True),
+            Output("LOGS_DIR", project_path(logs_dir) / run_name, name_constant="RUN_NAME")]
 
 
 def open_run(run_name: str, checkpoints_dir: str, logs_dir: str, identity: dict[str, Any],
