@@ -206,10 +206,10 @@ class PackedDataset:
         )
 
     def verify(self, vocab_size: int | None = None) -> None:
-        """The file holds what the build wrote: each chunk's sha256 is the manifest's (about 0.6 s per GB on one
-        core), and, in the same pass, every token id is below `vocab_size` when given (a tokenizer other than the
-        build's is one line, not an IndexError deep in the embedding). Damage is one line naming the file and the
-        blocks."""
+        """The file holds what the build wrote: each chunk's sha256 is the manifest's (under 1.5 s per GB on 2
+        cores, bench/content_hash.py), and, in the same pass, every token id is below `vocab_size` when given (a
+        tokenizer other than the build's is one line, not an IndexError deep in the embedding). Damage is one line
+        naming the file and the blocks."""
 
         def in_vocabulary(blocks: np.ndarray, first: int) -> None:
             top = int(blocks.max(initial=0))
