@@ -53,6 +53,7 @@ def write_packed_dataset(folder: Path, tokenizer_dir: Path, vocab_size: int, blo
     `blocks[split]` blocks per split ("train", "val"), a manifest with every field training reads, and the
     tokenizer written by `write_tokenizer` recorded by path and hash. `config` is the mix config as the manifest
     holds it (`{"path": ..., **MixConfig.to_dict()}`). Returns the manifest."""
+    from sparknet.data.packed.contents import ContentHash  # the hashes the reader checks, taken as the build does
     from sparknet.data.packed.dataset import FORMAT_VERSION  # the version the reader accepts
 
     started = time.time()
@@ -62,12 +63,16 @@ def write_packed_dataset(folder: Path, tokenizer_dir: Path, vocab_size: int, blo
     folder.mkdir(parents=True, exist_ok=True)
     splits = {}
     for split, n_blocks in blocks.items():
+        content = ContentHash(block_size * dtype.itemsize)
         with (folder / f"{split}.bin").open("wb") as f:
             for start in range(0, n_blocks, 1024):  # in chunks: memory stays small for any size
                 n = min(1024, n_blocks - start)
-                f.write(rng.integers(0, vocab_size, size=(n, block_size)).astype(dtype).tobytes())
+                data = rng.integers(0, vocab_size, size=(n, block_size)).astype(dtype)
+                f.write(data.tobytes())
+                content.update(data)
         tokens = n_blocks * block_size
         splits[split] = {"file": f"{split}.bin", "blocks": n_blocks, "tokens": tokens, "documents": n_blocks,
+                         "sha256": content.record(),
                          "sources": {"synthetic": {"tokens": tokens, "documents": n_blocks, "share": 1.0,
                                                    "requested_share": 1.0}}}
     inputs = {"format_version": FORMAT_VERSION, "synthetic": "uniform random tokens", "tokenizer_sha256": sha,

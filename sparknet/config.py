@@ -358,7 +358,7 @@ def _refuse_same_content(check: _Checker, sources: list[dict[str, Any]]) -> None
                 by_size.setdefault((size, source["text_field"]), []).append((i, named, real))
     for group in by_size.values():
         seen: dict[str, tuple[int, str]] = {}
-        for i, named, real in group if len(group) > 1 else ():
+        for i, _named, real in group if len(group) > 1 else ():
             digest = hashlib.sha256()
             with open(real, "rb") as f:
                 while chunk := f.read(1 << 22):

@@ -234,21 +234,23 @@ def test_reader_gives_blocks_for_the_trainer(built: Path) -> None:
     assert item["input_ids"].tolist() == raw[-1].tolist()
 
 
-def test_opening_a_1b_token_dataset_copies_nothing(tmp_path: Path) -> None:
+def test_opening_a_1b_token_dataset_copies_nothing(tiny_dataset: Path, tmp_path: Path) -> None:
     import psutil
+
+    from sparknet.data.packed.contents import chunk_blocks, chunk_count
 
     folder = tmp_path / "big"
     folder.mkdir()
     blocks = 1_000_000_000 // 1024
     with (folder / "train.bin").open("wb") as f:
         f.truncate(blocks * 1024 * 2)  # sparse: 2 GB on paper, nothing on disk
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "block_size": 1024,
-        "dtype": "uint16",
-        "splits": {"train": {"file": "train.bin", "blocks": blocks}},
-    }
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "val.bin").touch()
+    manifest = json.loads((tiny_dataset / "manifest.json").read_text())  # a real one, with other splits
+    per_chunk = chunk_blocks(1024 * 2)
+    for split, n in (("train", blocks), ("val", 0)):  # opening reads no hash: these stand in for them
+        hashes = {"chunk_blocks": per_chunk, "chunks": ["0" * 64] * chunk_count(n, per_chunk)}
+        manifest["splits"][split].update(blocks=n, tokens=n * 1024, sha256=hashes)
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "block_size": 1024}))
     rss_before = psutil.Process().memory_info().rss
     t = time.perf_counter()
     ds = PackedDataset(folder, "train")

@@ -208,9 +208,8 @@ def _packed_documents(request: DataRequest) -> list[str]:
     from sparknet.tokenizer import load_tokenizer
 
     dataset = PackedDataset(project_path(request.data), request.split)
-    named = dataset.manifest["tokenizer"]
-    tokenizer = load_tokenizer(named["path"] if isinstance(named, dict) else named)
-    dataset.check_vocabulary(len(tokenizer))
+    tokenizer = load_tokenizer(dataset.manifest["tokenizer"]["path"])
+    dataset.verify(len(tokenizer))  # the bytes the build wrote, ids within the vocabulary
     return _decoded(np.asarray(dataset.tokens), tokenizer)
 
 

@@ -83,8 +83,8 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
                         "rebuild the dataset with this tokenizer, or point TOKENIZER_DIR at the original one")
     if len(val) == 0:
         raise UserError(f"dataset {val.folder} has no validation blocks: rebuild it with VAL_TOKENS > 0")
-    for split in (train, val):
-        split.check_vocabulary(len(tokenizer))
+    for split in (train, val):  # the bytes the build wrote (sha256 per chunk), ids within the vocabulary
+        split.verify(len(tokenizer))
     return PackedPlan(
         train=train,
         val=val,

@@ -31,7 +31,15 @@ from sparknet.data.encoding.packer import (
     token_dtype,
     val_document_caps,
 )
-from sparknet.data.packed.dataset import FORMAT_VERSION, MANIFEST, SPLITS, SplitWriter, read_manifest
+from sparknet.data.packed.dataset import (
+    FORMAT_VERSION,
+    MANIFEST,
+    SPLITS,
+    SplitWriter,
+    read_manifest,
+    split_damage,
+    split_size_problem,
+)
 from sparknet.data.packed.manifest import description, missed_shares, split_report
 from sparknet.data.packed.resume import STATE, load_state, restore_packers, save_state
 from sparknet.data.pieces import PIECE_BLOCKS, piece_tokens_for
@@ -77,22 +85,18 @@ class BuildSpec:
     read_ahead: int | None = None
 
 
-def _damage(folder: Path, manifest: dict[str, Any]) -> str | None:
-    """What is wrong with the files a finished dataset would be reused from (None when they are whole): every split
-    the manifest lists must have its token file at exactly `blocks × block_size × itemsize` bytes."""
-    try:
-        itemsize = np.dtype(manifest["dtype"]).itemsize
-        block = int(manifest["block_size"])
-        splits = manifest["splits"]
-        for split in SPLITS:
-            info = splits[split]
-            path = folder / info["file"]
-            expected = int(info["blocks"]) * block * itemsize
-            size = path.stat().st_size if path.is_file() else None
-            if size != expected:
-                return f"{path.name} holds {'no file' if size is None else f'{size} bytes'}, expected {expected}"
-    except (KeyError, TypeError, ValueError) as exc:
-        return f"{MANIFEST} lacks or garbles {exc}"
+def _damage(folder: Path, manifest: dict[str, Any], contents: bool = True) -> str | None:
+    """What is wrong with the token files of a dataset (its manifest read by read_manifest), None when they are
+    whole: every split's file at exactly `blocks × block_size × itemsize` bytes, and, with `contents`, each chunk's
+    sha256 the manifest's (under 1.5 s per GB; the sizes of every file are checked first)."""
+    for split in SPLITS:
+        problem = split_size_problem(folder, manifest, split)
+        if problem is not None:
+            return problem
+    for split in SPLITS if contents else ():
+        problem = split_damage(folder, manifest, split)
+        if problem is not None:
+            return problem
     return None
 
 
@@ -108,8 +112,8 @@ def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] |
     try:
         manifest = read_manifest(out)
         unreadable = None
-    except UserError as exc:
-        manifest, unreadable = None, str(exc)
+    except UserError as exc:  # unreadable, of the wrong shape or of another format: it names the file and the fix
+        manifest, unreadable = None, exc
     if manifest is None:
         if unreadable is None and not any(out.iterdir()):
             return None
@@ -117,26 +121,24 @@ def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] |
         if spec.overwrite and only_dataset_files:
             return None  # a damaged dataset: rebuilt in place
         if unreadable is not None:
-            raise UserError(f"{unreadable.removesuffix(': rebuild the dataset')}: a damaged dataset; pass "
-                            "--overwrite true to rebuild it")
+            raise unreadable from None
         raise UserError(
             f"{out} exists but holds no dataset (no {MANIFEST}): move it away or choose another OUTPUT_DIR"
         )
-    if not isinstance(manifest, dict):
-        manifest = {}
+    if manifest["inputs"] != inputs:
+        if spec.overwrite:
+            return None
+        changes = "; ".join(describe_changes(manifest["inputs"], inputs))
+        raise UserError(
+            f"{out} already holds a dataset built from other inputs ({changes}). Choose another "
+            "OUTPUT_DIR, or pass --overwrite true to replace it"
+        )
     damage = _damage(out, manifest)
-    if manifest.get("inputs") == inputs and damage is None:
+    if damage is None:
         return manifest
     if spec.overwrite:
         return None
-    if damage is not None and manifest.get("inputs") == inputs:
-        raise UserError(f"{out} holds this dataset but it is damaged ({damage}): pass --overwrite true to rebuild it")
-    old_inputs = manifest.get("inputs")
-    changes = "; ".join(describe_changes(old_inputs if isinstance(old_inputs, dict) else {}, inputs))
-    raise UserError(
-        f"{out} already holds a dataset built from other inputs ({changes}). Choose another "
-        "OUTPUT_DIR, or pass --overwrite true to replace it"
-    )
+    raise UserError(f"{out} holds this dataset but it is damaged ({damage}): pass --overwrite true to rebuild it")
 
 
 def build_dataset(spec: BuildSpec) -> dict[str, Any]:
@@ -164,7 +166,8 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
         manifest.update(description(spec, tok, dtype, inputs, commits, trained_for))
         manifest["build_seconds"] = round(time.time() - started, 2)
         write_json_atomic(tmp / MANIFEST, manifest)
-        damage = _damage(tmp, manifest)  # what is published is what the manifest says, byte for byte in size
+        # what is published is what the manifest says, byte for byte in size (its hashes were taken as it wrote)
+        damage = _damage(tmp, manifest, contents=False)
         if damage is not None:
             raise UserError(f"the build's own files do not match its manifest ({damage}): something else wrote into "
                             f"{tmp} (or the disk is full); run the same command again")

@@ -2,25 +2,35 @@
 
 Layout of a dataset folder:
     train.bin, val.bin   raw little-endian uint16/uint32 tokens, `blocks × block_size` of them, memory-mappable
-    manifest.json        format version, tokenizer hash, config, realised mixture, ...; written last, atomically
+    manifest.json        format version, tokenizer hash, config, realised mixture, each file's sha256 per chunk
+                         (contents.py), ...; written last, atomically
 A folder without manifest.json is not a dataset. The raw format (not Arrow) is deliberate: a numpy memmap opens a
 1B-token file instantly, copies nothing into RAM and reads random blocks ~20× faster than Arrow rows.
+
+A manifest is read in one place, `read_manifest`, which checks that it holds everything the build, the trainers and
+evaluation take from it (`_SHAPE`): a hand-edited or cut manifest is one line naming the file and what it lacks,
+never a KeyError where a key is read, nor "built from other inputs".
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sparknet.data.packed.contents import ContentHash, damaged_blocks, record_problem
 from sparknet.errors import UserError
 
-FORMAT_VERSION = 2  # a dataset in another format is refused in one line, never migrated
+# 3: each split's sha256 per chunk. A dataset in another format is refused in one line, never migrated.
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
+REBUILD = "rebuild it with scripts/build_dataset_v5.py --overwrite true"
 
 
 class SplitWriter:
@@ -31,8 +41,12 @@ class SplitWriter:
         self.path = folder / f"{split}.bin"
         self.block_size, self.dtype = block_size, np.dtype(dtype)
         self.blocks = blocks
+        block_bytes = block_size * self.dtype.itemsize
         if blocks:
-            os.truncate(self.path, blocks * block_size * self.dtype.itemsize)
+            os.truncate(self.path, blocks * block_bytes)
+            self.content = ContentHash.of_file(self.path, block_bytes)  # what is kept, hashed again
+        else:
+            self.content = ContentHash(block_bytes)
         self._file = self.path.open("ab" if blocks else "wb")
 
     def sync(self) -> None:
@@ -42,7 +56,9 @@ class SplitWriter:
 
     def write(self, blocks: np.ndarray) -> None:
         if blocks.size:
-            self._file.write(np.ascontiguousarray(blocks, dtype=self.dtype).tobytes())
+            data = np.ascontiguousarray(blocks, dtype=self.dtype)
+            self._file.write(data.tobytes())
+            self.content.update(data)
             self.blocks += blocks.shape[0]
 
     def close(self) -> None:
@@ -50,15 +66,110 @@ class SplitWriter:
         self._file.close()
 
 
+@dataclass(frozen=True)
+class _Kind:
+    """A leaf of the manifest's shape: what it must be, said as the message says it."""
+
+    what: str
+    accepts: Callable[[Any], bool]
+
+
+_COUNT = _Kind("an integer ≥ 0", lambda v: type(v) is int and v >= 0)
+_POSITIVE = _Kind("an integer ≥ 1", lambda v: type(v) is int and v >= 1)
+_NUMBER = _Kind("a number", lambda v: type(v) in (int, float))
+_TEXT = _Kind("a string", lambda v: isinstance(v, str))
+_LIST = _Kind("a list", lambda v: isinstance(v, list))
+_OBJECT = _Kind("an object", lambda v: isinstance(v, dict))
+_DTYPE = _Kind("uint16 or uint32", lambda v: v in ("uint16", "uint32"))
+
+
+@dataclass(frozen=True)
+class _Each:
+    """An object whose every value has `shape` (the sources of a split, by label)."""
+
+    shape: dict[str, Any]
+
+
+_SPLIT = {
+    "file": _TEXT,
+    "blocks": _COUNT,
+    "tokens": _COUNT,
+    "documents": _COUNT,
+    "sources": _Each({"tokens": _COUNT, "documents": _COUNT, "share": _NUMBER, "requested_share": _NUMBER}),
+    "sha256": {"chunk_blocks": _POSITIVE, "chunks": _LIST},
+}
+# What the build (its "nothing to do" and the script's summary), the packed plan, evaluation and the demo take from a
+# manifest: a key's value is a _Kind, a nested shape (an object) or _Each.
+_SHAPE: dict[str, Any] = {
+    "format_version": _COUNT,
+    "inputs": _OBJECT,
+    "tokenizer": {"path": _TEXT, "sha256": _TEXT, "vocab_size": _POSITIVE, "eos_token_id": _COUNT},
+    "config": {"path": _TEXT, "mix": _LIST, "target_tokens": _COUNT},
+    "block_size": _POSITIVE,
+    "dtype": _DTYPE,
+    "splits": {split: _SPLIT for split in SPLITS},
+    "build_seconds": _NUMBER,
+}
+
+
+def _shown(value: Any) -> str:
+    """A value as the messages show it: JSON in single quotes, cut at 60 characters."""
+    return json.dumps(value)[:60].replace('"', "'")
+
+
+def _shape_problem(value: dict[str, Any], shape: dict[str, Any], where: str = "") -> str | None:
+    """What first differs from `shape` in `value` (an object), said with the key's dotted path."""
+    for key, want in shape.items():
+        name = f"{where}{key}"
+        if key not in value:
+            return f"lacks {name}"
+        got = value[key]
+        if isinstance(want, _Kind):
+            if not want.accepts(got):
+                return f"has {name} {_shown(got)}, expected {want.what}"
+            continue
+        if not isinstance(got, dict):
+            return f"has {name} {_shown(got)}, expected an object"
+        # _Each: every value of the object has the shape; else the object itself has it
+        items = {f"{name}.{k}": v for k, v in got.items()} if isinstance(want, _Each) else {name: got}
+        for item_name, item in items.items():
+            if not isinstance(item, dict):
+                return f"has {item_name} {_shown(item)}, expected an object"
+            problem = _shape_problem(item, want.shape if isinstance(want, _Each) else want, f"{item_name}.")
+            if problem is not None:
+                return problem
+    return None
+
+
 def read_manifest(folder: Path) -> dict[str, Any] | None:
-    """The manifest of a complete dataset, or None when the folder holds none."""
+    """The manifest of a complete dataset, checked to be in this format and of the shape its readers take
+    (`_SHAPE`, and a hash per chunk of each split), or None when the folder holds none. Anything else is a
+    UserError naming the file and what is wrong, with the fix."""
     path = folder / MANIFEST
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path} is unreadable ({exc}): rebuild the dataset") from None
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path} is unreadable ({exc}): {REBUILD}") from None
+    if not isinstance(manifest, dict):
+        kind = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(manifest),
+                                                                                                  "null")
+        raise UserError(f"{path} holds a JSON {kind}, not an object: {REBUILD}")
+    version = manifest.get("format_version")
+    if "format_version" in manifest and version != FORMAT_VERSION:  # an older shape: said as such, not as a problem
+        raise UserError(f"dataset {folder} has format version {version}, and this SparkNet reads {FORMAT_VERSION}: "
+                        f"{REBUILD}")
+    problem = _shape_problem(manifest, _SHAPE)
+    for split in SPLITS if problem is None else ():
+        info = manifest["splits"][split]
+        wrong = record_problem(info["sha256"], info["blocks"])
+        if wrong is not None:
+            problem = f"has splits.{split}.sha256.chunks of {wrong}"
+            break
+    if problem is not None:
+        raise UserError(f"{path} {problem}: {REBUILD}")
+    return manifest
 
 
 class PackedDataset:
@@ -72,45 +183,44 @@ class PackedDataset:
         from sparknet.runtime import project_path
 
         self.folder = project_path(folder)
+        self.split = split
         manifest = read_manifest(self.folder)
         if manifest is None:
             what = "does not exist" if not self.folder.exists() else "has no manifest.json (an unfinished build?)"
             raise UserError(f"dataset {self.folder} {what}: build it with scripts/build_dataset_v5.py")
-        if manifest.get("format_version") != FORMAT_VERSION:
-            raise UserError(
-                f"dataset {self.folder} has format version {manifest.get('format_version')}, and this "
-                f"SparkNet reads {FORMAT_VERSION}: rebuild it with scripts/build_dataset_v5.py (--overwrite true)"
-            )
         if split not in manifest["splits"]:
             raise UserError(f"dataset {self.folder} has no split {split!r}; splits: {', '.join(manifest['splits'])}")
         info = manifest["splits"][split]
         self.manifest = manifest
-        self.block_size = int(manifest["block_size"])
+        self.block_size = manifest["block_size"]
         self.dtype = np.dtype(manifest["dtype"])
-        self.blocks = int(info["blocks"])
-        path = self.path = self.folder / info["file"]
-        expected = self.blocks * self.block_size * self.dtype.itemsize
-        if not path.is_file() or path.stat().st_size != expected:
-            size = path.stat().st_size if path.is_file() else "missing"
-            raise UserError(f"{path}: expected {expected} bytes from the manifest, found {size}: rebuild the dataset")
+        self.blocks = info["blocks"]
+        self.path = self.folder / info["file"]
+        size = split_size_problem(self.folder, manifest, split)
+        if size is not None:
+            raise UserError(f"dataset {self.folder} is damaged ({size}): {REBUILD}")
         self.tokens = (
-            np.memmap(path, dtype=self.dtype, mode="r", shape=(self.blocks, self.block_size))
+            np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.blocks, self.block_size))
             if self.blocks
             else np.zeros((0, self.block_size), dtype=self.dtype)
         )
 
-    def check_vocabulary(self, vocab_size: int) -> None:
-        """Every token id below `vocab_size`, read in chunks (about 1 s per GB from the page cache): a file of the
-        right size with other bytes in it (damage, another tokenizer's build) is one line, not an IndexError deep
-        in the embedding."""
-        flat = self.tokens.reshape(-1)
-        chunk = 1 << 26
-        for start in range(0, flat.size, chunk):
-            top = int(flat[start:start + chunk].max(initial=0))
+    def verify(self, vocab_size: int | None = None) -> None:
+        """The file holds what the build wrote: each chunk's sha256 is the manifest's (under 1.5 s per GB on 2
+        cores, bench/content_hash.py), and, in the same pass, every token id is below `vocab_size` when given (a
+        tokenizer other than the build's is one line, not an IndexError deep in the embedding). Damage is one line
+        naming the file and the blocks."""
+
+        def in_vocabulary(blocks: np.ndarray, first: int) -> None:
+            top = int(blocks.max(initial=0))
             if top >= vocab_size:
                 raise UserError(f"{self.path} holds token id {top} at or after position "
-                                f"{start:,}, outside the tokenizer's vocabulary of {vocab_size}: the file is damaged "
-                                "or from another build; rebuild the dataset with --overwrite true")
+                                f"{first * self.block_size:,}, outside the tokenizer's vocabulary of {vocab_size}: "
+                                "the file is damaged or from another build; rebuild the dataset with --overwrite true")
+
+        damage = split_damage(self.folder, self.manifest, self.split, in_vocabulary if vocab_size else None)
+        if damage is not None:
+            raise UserError(f"{self.folder}/{damage}: the file is damaged; {REBUILD}")
 
     def __len__(self) -> int:
         return self.blocks
@@ -120,3 +230,31 @@ class PackedDataset:
 
         ids = torch.from_numpy(self.tokens[index].astype(np.int64))
         return {"input_ids": ids, "labels": ids}
+
+
+def split_size_problem(folder: Path, manifest: dict[str, Any], split: str) -> str | None:
+    """What is wrong with the size of a split's token file (of a manifest read_manifest accepted), or None."""
+    info = manifest["splits"][split]
+    path = folder / info["file"]
+    expected = info["blocks"] * manifest["block_size"] * np.dtype(manifest["dtype"]).itemsize
+    size = path.stat().st_size if path.is_file() else None
+    if size != expected:
+        return f"{path.name} holds {'no file' if size is None else f'{size} bytes'}, expected {expected}"
+    return None
+
+
+def split_damage(folder: Path, manifest: dict[str, Any], split: str,
+                 each_chunk: Callable[[np.ndarray, int], None] | None = None) -> str | None:
+    """What is wrong with a split's token file, starting with its name: its size, else the first chunk whose sha256
+    is not the manifest's; None when it is whole. `each_chunk`: another check in the same pass (contents.py)."""
+    size = split_size_problem(folder, manifest, split)
+    if size is not None:
+        return size
+    info = manifest["splits"][split]
+    path = folder / info["file"]
+    shape = (info["blocks"], manifest["block_size"])
+    tokens = np.memmap(path, dtype=manifest["dtype"], mode="r", shape=shape) if info["blocks"] else np.zeros(shape)
+    blocks = damaged_blocks(tokens, info["sha256"], each_chunk)
+    if blocks is None:
+        return None
+    return f"{path.name} does not match the sha256 in its {MANIFEST} at blocks {blocks[0]}..{blocks[1]}"

@@ -61,6 +61,7 @@ def split_report(spec: Any, mixer: Mixer, packers: dict[str, BlockPacker], write
             "blocks": writers[name].blocks,
             "tokens": writers[name].blocks * block,
             "documents": sum(p.documents_by_source.values()),
+            "sha256": writers[name].content.record(),  # per chunk, as written (packed/contents.py)
             "sources": {
                 label: {
                     "tokens": p.tokens_by_source[label],
