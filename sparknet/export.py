@@ -20,7 +20,7 @@ from sparknet.eval.reports import eval_dir, markdown_table
 from sparknet.model import set_for_use
 
 CARD_IMAGE = "loss.png"  # the loss curve, copied beside the card when scripts/plot_runs.py has drawn it
-BENCHMARKS = "benchmarks.json"  # {"results": {task: {metric: value}}}, from scripts/eval_benchmarks.py
+BENCHMARKS = "benchmarks.json"  # {"results": {task: the fullest scores}, "settings": ...}: eval_benchmarks.py
 
 
 def export_model(spec: str, output_dir: Path, *, license: str = "apache-2.0", language: list[str] | None = None,
@@ -98,13 +98,16 @@ def card_data(name: str, metadata: dict[str, Any], benchmarks: dict[str, Any], *
     a model-index."""
     from huggingface_hub import EvalResult, ModelCardData
 
+    from sparknet.eval.benchmarks import METRICS
+
     mix = metadata.get("config", {}).get("mix", [])
     datasets = sorted({entry["name"] for entry in mix if entry.get("name") is not None
                        and entry["name"] not in LOCAL_KINDS})
+    # the fullest result of each task (`results`, sparknet.eval.results); its scores only, not its item count
     eval_results = [EvalResult(task_type="text-generation", dataset_type=task, dataset_name=task, metric_type=metric,
-                               metric_value=float(value))
-                    for task, metrics in benchmarks.get("results", {}).items()
-                    for metric, value in metrics.items() if isinstance(value, (int, float)) and "stderr" not in metric]
+                               metric_value=float(metrics[metric]))
+                    for task, metrics in benchmarks.get("results", {}).items() for metric in METRICS
+                    if isinstance(metrics.get(metric), (int, float))]
     return ModelCardData(license=license, language=language, library_name="transformers",
                          pipeline_tag="text-generation", datasets=datasets or None, tags=["sparknet", "causal-lm"],
                          model_name=name.replace("/", "-"), eval_results=eval_results or None)
@@ -190,18 +193,28 @@ def _training_section(metadata: dict[str, Any], settings: dict[str, Any], metric
 
 
 def _results_section(perplexity: dict[str, Any], benchmarks: dict[str, Any], has_image: bool) -> list[str]:
+    """The loss curve, then each evaluation's fullest result (sparknet.eval.results) with what it was computed on:
+    documents and tokens, items and shots."""
+    from sparknet.eval.results import fullest_perplexities
+
     out = []
     if has_image:
         out += ["## Loss curve", "", f"![loss curve]({CARD_IMAGE})", ""]
-    if perplexity:
-        rows = [[row.get("data", data), row.get("tokens"), row.get("context"), row.get("stride"), row.get("nll"),
-                 row.get("perplexity"), row.get("bits_per_byte")] for data, row in perplexity.items()]
-        out += ["## Evaluation", "", "Sliding-window perplexity (scripts/eval_perplexity.py):", "",
-                markdown_table(["data", "tokens", "context", "stride", "nll", "perplexity", "bits/byte"], rows)]
+    shown = fullest_perplexities(perplexity)
+    if shown:
+        rows = [[str(row.get("data", "-")) + (f" ({row['split']})" if row.get("split") else ""),
+                 row.get("documents", "-"), row.get("tokens", "-"), row.get("context", "-"), row.get("stride", "-"),
+                 row.get("nll", "-"), row.get("perplexity", "-"), row.get("bits_per_byte", "-")] for row in shown]
+        out += ["## Evaluation", "", "Sliding-window perplexity (scripts/eval_perplexity.py), the fullest evaluation "
+                "on each data source:", "",
+                markdown_table(["data", "documents", "tokens", "context", "stride", "nll", "perplexity",
+                                "bits/byte"], rows)]
     if benchmarks.get("results"):
-        rows = [[task, *(metrics.get(k, "-") for k in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr"))]
+        rows = [[task, metrics.get("items", "-"), metrics.get("shots", "-"),
+                 *(metrics.get(k, "-") for k in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr"))]
                 for task, metrics in benchmarks["results"].items()]
-        out += ["## Benchmarks", "", markdown_table(["task", "acc", "± stderr", "acc_norm", "± stderr"], rows)]
+        out += ["## Benchmarks", "", "lm-eval-harness (scripts/eval_benchmarks.py), the fullest run of each task:", "",
+                markdown_table(["task", "items", "shots", "acc", "± stderr", "acc_norm", "± stderr"], rows)]
     return out
 
 

@@ -143,3 +143,32 @@ def test_a_mistyped_model_folder_or_an_unreachable_hub_model_is_one_line(script:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert lines[-1].startswith(f"error: cannot load model '{spec}'"), proc.stderr[-3000:]
         assert "Hub ids need network access or a cached copy" in lines[-1]
+
+
+@pytest.mark.slow
+def test_a_limited_run_is_kept_beside_the_full_one_and_the_card_shows_the_full_one(random_model: Path,  # noqa: F811
+                                                                                  tmp_path: Path) -> None:
+    """`--limit 4` after the whole suite (12 items): both results are kept, `results` (the model-index) stays the
+    12-item one, and the exported card shows it with its item count."""
+    from huggingface_hub import ModelCard
+
+    from sparknet.export import export_model
+
+    data = write_jsonl(tmp_path / "val.jsonl", WORD_TEXTS)
+    args = ["--models", json.dumps([str(random_model)]), "--suite_data", data, "--suite_items", 12, "--suite_dir",
+            tmp_path / "suite", "--eval_dir", tmp_path / "eval", "--batch_size", 4]
+    proc = run_script("eval_benchmarks.py", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    path = tmp_path / "eval" / "randrun" / "benchmarks.json"
+    full = json.loads(path.read_text())["results"][SUITE_TASK]
+    assert full["items"] == 12
+    proc = run_script("eval_benchmarks.py", *args, "--limit", 4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = json.loads(path.read_text())
+    assert saved["results"][SUITE_TASK] == full  # the fullest result stands
+    assert sorted(entry["items"] for entry in saved["settings"].values()) == [4, 12]  # the limited one is kept
+    card = export_model(str(random_model), tmp_path / "exported", eval_root=str(tmp_path / "eval"))
+    benchmarks = card.read_text().split("## Benchmarks")[1].split("##")[0]
+    assert f"| {SUITE_TASK} | 12 | {full['shots']} | {full['acc']:.4f} |" in benchmarks, benchmarks
+    index = {result.metric_type: result.metric_value for result in ModelCard.load(card).data.eval_results}
+    assert index == {"acc": full["acc"], "acc_norm": full["acc_norm"]}  # the scores only, of the full run

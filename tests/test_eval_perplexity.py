@@ -85,7 +85,7 @@ def test_script_writes_json_and_table(random_model: Path, tmp_path: Path) -> Non
                       "--text_field", "body", "--context", 16, "--stride", 8, "--eval_dir", tmp_path / "eval")
     assert proc.returncode == 0, proc.stderr
     assert "bits/byte" in proc.stdout and "randrun" in proc.stdout
-    saved = json.loads((tmp_path / "eval" / "randrun" / "perplexity.json").read_text())[str(data)]
+    saved = _saved_on(tmp_path / "eval", "randrun", data)
     assert saved["tokens"] > 0 and saved["context"] == 16 and saved["stride"] == 8
     assert saved["bytes"] == sum(len(t.encode("utf-8")) for t in TEXTS)
     table = (tmp_path / "eval" / "randrun_vs_other" / "perplexity.md").read_text()
@@ -112,6 +112,13 @@ def _first_rows(path: Path, n: int) -> list[str]:
 
 def _saved(eval_root: Path, name: str) -> dict:
     return next(iter(json.loads((eval_root / name / "perplexity.json").read_text()).values()))
+
+
+def _saved_on(eval_root: Path, name: str, data: object) -> dict:
+    """The one result kept on `data` (results are keyed by their whole setting)."""
+    (row,) = [row for row in json.loads((eval_root / name / "perplexity.json").read_text()).values()
+              if row["data"] == str(data)]
+    return row
 
 
 @pytest.mark.slow
@@ -165,7 +172,7 @@ def test_a_mix_config_scores_the_rows_the_streaming_run_held_out(corpus_config: 
     proc = run_script("eval_perplexity.py", "--models", json.dumps([str(run)]), "--data", corpus_config, "--context",
                       64, "--eval_dir", tmp_path / "eval")
     assert proc.returncode == 0, proc.stderr
-    saved = json.loads((tmp_path / "eval" / "streamed" / "perplexity.json").read_text())[str(corpus_config)]
+    saved = _saved_on(tmp_path / "eval", "streamed", corpus_config)
     assert saved["kind"] == "config"
     assert saved["tokens"] == sum(len(tok.encode(t, add_special_tokens=False)) for t in expected)
     assert saved["bytes"] == sum(len(t.encode("utf-8")) for t in expected)
@@ -175,7 +182,7 @@ def test_a_mix_config_scores_the_rows_the_streaming_run_held_out(corpus_config: 
     assert proc.returncode == 0, proc.stderr
     blocks = np.load(run / "val_blocks.npy")
     assert blocks.size == 2048
-    saved = json.loads((tmp_path / "eval" / "streamed" / "perplexity.json").read_text())[str(run / "val_blocks.npy")]
+    saved = _saved_on(tmp_path / "eval", "streamed", run / "val_blocks.npy")
     assert saved["kind"] == "blocks"
     from sparknet.eval.metrics import token_byte_lengths
 
@@ -343,3 +350,32 @@ def test_a_checkpoint_rotated_away_is_a_missing_folder_never_a_hub_id(random_mod
                       "x.jsonl", "--eval_dir", tmp_path / "eval")
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1 and "checkpoint-40 no longer exists" in lines[0], proc.stderr
+
+
+@pytest.mark.slow
+def test_a_partial_evaluation_is_kept_beside_the_full_one_and_the_card_shows_the_full_one(random_model: Path,
+                                                                                         tmp_path: Path) -> None:
+    """`--max_documents 2` after a full evaluation of the same data: both results are kept (one per setting), the
+    full one unchanged, and the exported card shows the full one with what it was computed on (documents,
+    tokens), not the partial one."""
+    from sparknet.export import export_model
+
+    texts = [*TEXTS, *(f"Another document, number {i}, with a few words of its own." for i in range(5))]
+    data = write_jsonl(tmp_path / "val.jsonl", texts)
+    args = ["--models", json.dumps([str(random_model)]), "--data", data, "--context", 16, "--eval_dir",
+            tmp_path / "eval"]
+    assert run_script("eval_perplexity.py", *args).returncode == 0
+    results = tmp_path / "eval" / "randrun" / "perplexity.json"
+    (full,) = json.loads(results.read_text()).values()
+    assert full["documents"] == len(texts)
+    proc = run_script("eval_perplexity.py", *args, "--max_documents", 2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kept = list(json.loads(results.read_text()).values())
+    assert len(kept) == 2 and full in kept, kept  # the full result as it was, beside the partial one
+    (partial,) = [row for row in kept if row != full]
+    assert partial["documents"] == 2 and partial["tokens"] < full["tokens"]
+    assert "the card shows the fuller result" in proc.stderr, proc.stderr[-2000:]
+    card = export_model(str(random_model), tmp_path / "exported", eval_root=str(tmp_path / "eval")).read_text()
+    evaluation = card.split("## Evaluation")[1].split("##")[0]
+    assert f"| {len(texts)} | {full['tokens']:,} |" in evaluation, evaluation  # documents, tokens
+    assert f"{full['bits_per_byte']:.4f}" in evaluation and f"{partial['bits_per_byte']:.4f}" not in evaluation

@@ -77,8 +77,10 @@ def _eval(model: Path, data: object, eval_dir: Path, *extra: object, env: dict[s
 
 
 def _result(eval_dir: Path, model: Path, data: object) -> dict:
-    row = json.loads((eval_dir / model.name / "perplexity.json").read_text())[str(data)]
-    assert row["data"] == str(data) and row["tokens"] > 0
+    # results are keyed by their whole setting (data, documents, window): the one on this data
+    (row,) = [row for row in json.loads((eval_dir / model.name / "perplexity.json").read_text()).values()
+              if row["data"] == str(data)]
+    assert row["tokens"] > 0
     return {k: v for k, v in row.items() if k not in ("data", "seconds")}
 
 

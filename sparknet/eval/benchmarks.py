@@ -58,8 +58,8 @@ def write_offline_suite(texts: list[str], out_dir: Path, items: int = 100, seed:
 def run_benchmarks(model_source: str, tokenizer_source: str, tasks: list[str], include_path: Path | None = None, *,
                    limit: int | None = None, batch_size: int = 8, num_fewshot: int | None = None,
                    device: str | None = None) -> dict[str, dict[str, float]]:
-    """{task: {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"}} of one model. Unknown task names and Hub tasks
-    offline are UserErrors."""
+    """{task: {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "items", "shots"}} of one model (items: those
+    scored, after `limit`). Unknown task names and Hub tasks offline are UserErrors."""
     import datasets
     import torch
     from lm_eval import simple_evaluate
@@ -96,6 +96,11 @@ def run_benchmarks(model_source: str, tokenizer_source: str, tasks: list[str], i
         raw = output["results"][task]
         results[task] = {key: float(raw[f"{key},none"]) for m in METRICS for key in (m, f"{m}_stderr")
                          if isinstance(raw.get(f"{key},none"), (int, float))}
+        # what the scores were computed on: the items scored (after LIMIT) and the few-shot examples per item
+        items = output.get("n-samples", {}).get(task, {}).get("effective")
+        shots = output.get("n-shot", {}).get(task)
+        results[task].update({key: int(value) for key, value in (("items", items), ("shots", shots))
+                              if isinstance(value, int)})
     return results
 
 
@@ -113,15 +118,33 @@ def _task_manager(include_path: str | None, include_defaults: bool) -> Any:
     return TaskManager(include_path=include_path, include_defaults=include_defaults)
 
 
-def save_results(path: Path, scores: dict[str, dict[str, float]]) -> None:
-    """Adds the tasks' scores to <path> ({"results": {task: metrics}}), keeping the other tasks' results."""
-    from sparknet.eval.reports import merge_json, read_results
+def save_results(path: Path, scores: dict[str, dict[str, Any]]) -> None:
+    """Adds the tasks' scores to <path>: `settings` holds every result, one per task and setting (items, shots), so
+    a run with a LIMIT is kept beside a fuller one and never replaces it; `results` ({task: scores}, what the card's
+    model-index reads) is the fullest of each task (sparknet.eval.results)."""
+    from sparknet.eval.reports import update_json
+    from sparknet.eval.results import benchmark_setting, fullest_benchmarks
 
-    try:
-        existing = read_results(path).get("results", {})
-    except UserError:
-        existing = {}  # merge_json moves the damaged file aside
-    merge_json(path, "results", {**(existing if isinstance(existing, dict) else {}), **scores})
+    def add(data: dict[str, Any]) -> None:
+        settings = data.get("settings")
+        if not isinstance(settings, dict):  # a file written before results were kept per setting: its results kept
+            legacy = data.get("results")
+            settings = {benchmark_setting(task, old): {"task": task, **old}
+                        for task, old in (legacy.items() if isinstance(legacy, dict) else ()) if isinstance(old, dict)}
+        for task, new in scores.items():
+            key = benchmark_setting(task, new)
+            settings.pop(key, None)  # the same setting again: the new result, written last
+            settings[key] = {"task": task, **new}
+        data["results"] = fullest_benchmarks(settings)
+        data["settings"] = settings
+        for task, new in scores.items():
+            standing = data["results"][task]
+            if standing != new:
+                logging.getLogger("sparknet.eval").info(
+                    "%s: this result (%s items) is kept beside a fuller one (%s items) in %s: the card shows the "
+                    "fuller result", task, new.get("items", "?"), standing.get("items", "?"), path)
+
+    update_json(path, add)
 
 
 def benchmark_table(names: list[str], results: list[dict[str, dict[str, float]]]) -> tuple[list[str], list[list]]:

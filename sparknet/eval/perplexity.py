@@ -93,7 +93,7 @@ def score_documents(model: Any, tokenizer: Any, texts: list[str], context: int, 
     return result
 
 
-PERPLEXITY_HEADER = ["model", "data", "tokens", "bytes", "nll", "perplexity", "bits/byte"]
+PERPLEXITY_HEADER = ["model", "data", "documents", "tokens", "bytes", "nll", "perplexity", "bits/byte"]
 OWN_DATA = "own"  # DATA for "each model on its own held-out data" (the table then says its rows differ)
 
 
@@ -121,13 +121,15 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
                         stride: int | None = None, batch_size: int = 8,
                         eval_root: str = "eval") -> list[dict[str, Any]]:
     """Scores each model on the data `data_for_models` picks; writes eval/<name>/perplexity.json (results keyed by
-    data, so other data's are kept) and perplexity.md; returns one result row per model."""
+    their setting, sparknet.eval.results: other data's, and fuller or smaller evaluations of the same data, are kept)
+    and perplexity.md (every result kept); returns one result row per model."""
     import dataclasses
     import logging
     import time
 
     from sparknet.eval.data import check_unchanged, data_kind, load_documents, trained_on
     from sparknet.eval.reports import check_results, eval_dir, merge_json
+    from sparknet.eval.results import perplexity_setting
 
     if not models:
         raise UserError("no models: set MODELS to a list of checkpoint folders or Hub ids")
@@ -168,11 +170,28 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
                "context": window, "stride": step, **result.as_dict(), "device": device,
                "seconds": round(time.time() - started, 2)}
         out = eval_dir(ref.name, eval_root)
-        merge_json(out / "perplexity.json", source, row)
-        (out / "perplexity.md").write_text(perplexity_table([row], markdown=True))
+        kept = merge_json(out / "perplexity.json", perplexity_setting(row), row)
+        (out / "perplexity.md").write_text(perplexity_table(list(kept.values()), markdown=True))
+        _say_when_fuller_is_kept(row, kept)
         rows.append(row)
         del model
     return rows
+
+
+def _say_when_fuller_is_kept(row: dict[str, Any], kept: dict[str, Any]) -> None:
+    """One line when this result is smaller than one already kept on the same data (MAX_DOCUMENTS): both are kept,
+    and the card shows the fuller one."""
+    import logging
+
+    from sparknet.eval.results import fullest_perplexities
+
+    fuller = [other for other in fullest_perplexities(kept) if other is not row
+              and (other.get("data"), other.get("split")) == (row["data"], row["split"])]
+    if fuller:
+        logging.getLogger("sparknet.eval").info(
+            "%s: this result (%s documents, %s tokens) is kept beside a fuller one on the same data (%s documents, "
+            "%s tokens): the card shows the fuller result", row["model"], row["documents"], row["tokens"],
+            fuller[0].get("documents", "?"), fuller[0].get("tokens", "?"))
 
 
 def perplexity_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
@@ -181,7 +200,7 @@ def perplexity_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
     from sparknet.eval.reports import console_table, markdown_table
 
     table = (markdown_table if markdown else console_table)(PERPLEXITY_HEADER, [perplexity_row(r) for r in rows])
-    data = sorted({row["data"] for row in rows})
+    data = sorted({str(row.get("data")) for row in rows})
     if len(data) > 1:
         note = f"note: these rows were scored on different data ({', '.join(data)}): their numbers do not compare"
         table = table.rstrip("\n") + ("\n\n" if markdown else "\n") + note + ("\n" if markdown else "")
@@ -189,5 +208,5 @@ def perplexity_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
 
 
 def perplexity_row(row: dict[str, Any]) -> list[Any]:
-    return [row["model"], row["data"], row["tokens"], row["bytes"], row["nll"], row["perplexity"],
-            row["bits_per_byte"]]
+    return [row.get("model", "-"), row.get("data", "-"), row.get("documents", "-"), row.get("tokens", "-"),
+            row.get("bytes", "-"), row.get("nll", "-"), row.get("perplexity", "-"), row.get("bits_per_byte", "-")]

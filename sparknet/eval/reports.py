@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,17 @@ def check_results(paths: list[Path]) -> None:
 
 
 def merge_json(path: Path, key: str, value: Any) -> dict[str, Any]:
-    """Adds `value` under `key` to the JSON object at `path` (kept: results on other data), written atomically.
+    """Adds `value` under `key` to the JSON object at `path` (kept: results under other keys), written atomically;
+    the key goes last, so the file's order is the order results were written in (sparknet.eval.results)."""
+    def add(data: dict[str, Any]) -> None:
+        data.pop(key, None)
+        data[key] = value
+
+    return update_json(path, add)
+
+
+def update_json(path: Path, update: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Reads the JSON object at `path` ({} when there is none), lets `update` change it, and writes it atomically.
     Computed results are never dropped: should the file have been damaged since `check_results`, it is moved aside
     (`<name>.damaged`, with a warning) and a new one is written."""
     import logging
@@ -64,7 +75,7 @@ def merge_json(path: Path, key: str, value: Any) -> dict[str, Any]:
         logging.getLogger("sparknet.eval").warning("%s; moved to %s, the new results are written to %s", exc, aside,
                                                    path)
         data = {}
-    data[key] = value
+    update(data)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, data)
     return data
