@@ -26,7 +26,8 @@ BENCHMARKS = "benchmarks.json"  # {"results": {task: the fullest scores}, "setti
 def export_model(spec: str, output_dir: Path, *, license: str = "apache-2.0", language: list[str] | None = None,
                  eval_root: str = "eval", overwrite: bool = False, repo_id: str = "", unfinished: bool = False) -> Path:
     """Writes the folder and returns the card's path. `spec`: checkpoints/RUN_NAME or a checkpoint-N inside it;
-    `repo_id`: the Hub repository the card's usage example loads (default: the folder's name). The folder is
+    `repo_id`: the Hub repository the card's usage example loads (default: the folder, by its path, with a
+    commented line for the Hub). The folder is
     written beside OUTPUT_DIR and put in place by renames, so an interrupted export leaves the old one whole; one
     export into a folder at a time (a second at once is refused in one line: both would build in one hidden folder).
     """
@@ -70,10 +71,24 @@ def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str
     if image.is_file():
         shutil.copy(image, building / CARD_IMAGE)
     card = model_card(ref.name, model, metadata, perplexities, benchmarks, has_image=image.is_file(),
-                      license=license, language=language or ["en"], repo_id=repo_id or output_dir.name)
+                      license=license, language=language or ["en"], repo_id=repo_id,
+                      local_path=usage_path(output_dir))
     (building / "README.md").write_text(card, encoding="utf-8")
     replace_folder(building, output_dir)
     return output_dir / "README.md"
+
+
+def usage_path(output_dir: Path) -> tuple[str, str]:
+    """The card's local path to the folder and where it holds from: relative to the project root when the folder is
+    inside it (the scripts' paths are; the user is there right after the export), else the folder's name. Written
+    with "./", which the Hub never takes for a repository id: a missing folder fails at once, not after asking the
+    Hub."""
+    from sparknet.runtime import PROJECT_ROOT
+
+    try:
+        return f"./{output_dir.resolve().relative_to(PROJECT_ROOT)}", "run from the project root it was exported in"
+    except ValueError:
+        return f"./{output_dir.name}", "run from the folder that holds it"
 
 
 def _training_metadata(folder: Path) -> dict[str, Any]:
@@ -115,13 +130,13 @@ def card_data(name: str, metadata: dict[str, Any], benchmarks: dict[str, Any], *
 
 def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict[str, Any],
                benchmarks: dict[str, Any], *, has_image: bool, license: str, language: list[str],
-               repo_id: str) -> str:
-    """README.md: YAML header, then what the model is, how it was trained, how well it does, how to use it."""
+               repo_id: str, local_path: tuple[str, str]) -> str:
+    """README.md: YAML header, then what the model is, how it was trained, how well it does, how to use it.
+    `repo_id`: the Hub repository ("": not pushed); `local_path`: the folder's path and where it holds from."""
     data = card_data(name, metadata, benchmarks, license=license, language=language)
     config = model.config
     parameters = sum(p.numel() for p in model.parameters())
     settings, metrics = metadata.get("settings", {}), metadata.get("metrics", {})
-    repo = repo_id
     body = [f"# {name.replace('/', '-')}", "",
             f"A {parameters / 1e6:.1f}M-parameter {config.model_type} causal language model trained from scratch with "
             "SparkNet (the Hugging Face Trainer, `transformers`).", "", "## Model", "",
@@ -139,20 +154,32 @@ def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict
             f"(trained: `{metadata.get('tokenizer', {}).get('path', '-')}`).", ""]
     body += _training_section(metadata, settings, metrics)
     body += _results_section(perplexity, benchmarks, has_image)
-    body += ["## How to use", "", "```python",
-             "from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline", "",
-             f'tokenizer = AutoTokenizer.from_pretrained("{repo}")',
-             f'model = AutoModelForCausalLM.from_pretrained("{repo}")',
-             'inputs = tokenizer("The history of", return_tensors="pt")',
-             "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=40, do_sample=True)[0]))", "",
-             f'generator = pipeline("text-generation", model="{repo}")',
-             'print(generator("def fibonacci(n):", max_new_tokens=40)[0]["generated_text"])', "```", "",
-             "(Or the path of this folder.)", "",
-             "## Limitations", "",
+    body += _usage_section(repo_id, local_path)
+    body += ["## Limitations", "",
              "A small model trained on a small token budget: it produces fluent-looking but often wrong or "
              "meaningless text, has no instruction tuning or safety training, and reflects the biases of its "
              "training data. For research and education, not for decisions or facts.", ""]
     return f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body)
+
+
+def _usage_section(repo_id: str, local_path: tuple[str, str]) -> list[str]:
+    """The usage example: one `model_path` line runs, the other is commented; each says which it is. Pushed, the
+    Hub repository runs; else the folder (a placeholder repository for after a push)."""
+    path, where = local_path
+    folder = f'model_path = "{path}"  # this folder, {where}'
+    if repo_id:
+        lines = [f'model_path = "{repo_id}"  # the Hub repository', f"# {folder}"]
+    else:
+        placeholder = f"your-name/{Path(path).name}"
+        lines = [folder, f'# model_path = "{placeholder}"  # the Hub repository, once pushed '
+                         f"(scripts/export_model.py --push_to_hub {placeholder})"]
+    return ["## How to use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline",
+            "", *lines, "tokenizer = AutoTokenizer.from_pretrained(model_path)",
+            "model = AutoModelForCausalLM.from_pretrained(model_path)",
+            'inputs = tokenizer("The history of", return_tensors="pt")',
+            "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=40, do_sample=True)[0]))", "",
+            'generator = pipeline("text-generation", model=model_path)',
+            'print(generator("def fibonacci(n):", max_new_tokens=40)[0]["generated_text"])', "```", ""]
 
 
 def _training_section(metadata: dict[str, Any], settings: dict[str, Any], metrics: dict[str, Any]) -> list[str]:

@@ -5,7 +5,9 @@ never printed)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -127,7 +129,7 @@ def test_an_interrupted_overwrite_leaves_the_old_export_whole(run: tuple[Path, P
     out = tmp / "exported"
     export_module.export_model(str(folder), out, eval_root=str(tmp / "eval"))
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    renamed = 'AutoModelForCausalLM.from_pretrained("someone/renamed")'
+    renamed = 'model_path = "someone/renamed"'
     assert renamed not in before["README.md"].decode()
 
     class KilledAtTheOldFolder:
@@ -187,3 +189,56 @@ def test_a_checkpoint_exports_with_the_config_of_the_final_export(finished, tmp_
         assert exported == final, file
     config = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
     assert config["use_cache"] is True and config["pad_token_id"] == config["eos_token_id"]
+
+
+def _snippet(card: str) -> str:
+    """The card's "How to use" code block."""
+    return card.split("## How to use")[1].split("```python\n")[1].split("```")[0]
+
+
+def _run_snippet(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    import os
+    import sys
+
+    from tests.helpers import OFFLINE_ENV
+
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env={**os.environ, **OFFLINE_ENV},
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_the_cards_snippet_loads_the_folder_where_it_was_exported_and_names_the_hub_line(finished,
+                                                                                         tmp_path: Path) -> None:
+    """The usage example runs as it is, offline, from the project root (an export inside the project: where the
+    user ran the export) or from the folder that holds it (an export elsewhere); its local path can never be taken
+    for a Hub id (which is what made it wait for the Hub); the Hub line is there as a comment until the repository
+    is known, then it is the line that runs."""
+    import time
+    import uuid
+
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    from sparknet.export import export_model
+    from sparknet.runtime import PROJECT_ROOT
+
+    folder, tmp = finished[0].run_dir, tmp_path  # a real run: its context fits the example's 40 new tokens
+    inside = PROJECT_ROOT / f"test-exports-{uuid.uuid4().hex[:8]}"
+    try:
+        for out, cwd in ((inside / "mine-tiny", PROJECT_ROOT), (tmp / "elsewhere" / "mine-tiny", tmp / "elsewhere")):
+            code = _snippet(export_model(str(folder), out, eval_root=str(tmp / "eval")).read_text())
+            local = re.search(r'^model_path = "([^"]+)"', code, re.MULTILINE).group(1)
+            assert (cwd / local).resolve() == out.resolve(), code
+            with pytest.raises(HFValidationError):
+                validate_repo_id(local)  # transformers takes it for a path, never asks the Hub
+            assert '# model_path = "your-name/mine-tiny"' in code, code  # the Hub's line, said which it is
+            started = time.monotonic()
+            proc = _run_snippet(code, cwd)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert time.monotonic() - started < 60
+    finally:
+        shutil.rmtree(inside, ignore_errors=True)
+    pushed = _snippet(export_model(str(folder), tmp / "pushed", eval_root=str(tmp / "eval"),
+                                   repo_id="someone/mine-tiny").read_text())
+    assert re.search(r'^model_path = "someone/mine-tiny"', pushed, re.MULTILINE), pushed
+    assert '# model_path = "./pushed"' in pushed, pushed
