@@ -91,6 +91,23 @@ def usage_path(output_dir: Path) -> tuple[str, str]:
         return f"./{output_dir.name}", "run from the folder that holds it"
 
 
+def card_path(value: Any) -> str:
+    """A path as a card shows it: never an absolute path of this machine (the card is published). Inside the
+    project: relative to its root; elsewhere: the file or folder's name. Relative paths and Hub ids unchanged."""
+    from sparknet.runtime import PROJECT_ROOT
+
+    text = str(value)
+    path = Path(text).expanduser()
+    if not path.is_absolute():
+        return text
+    for candidate in (path, path.resolve()):
+        try:
+            return str(candidate.relative_to(PROJECT_ROOT))
+        except ValueError:
+            continue
+    return path.name
+
+
 def _training_metadata(folder: Path) -> dict[str, Any]:
     """The run's training_metadata.json (a checkpoint-N reads its run's); {} for a folder trained elsewhere."""
     from sparknet.train.folders import read_metadata
@@ -151,7 +168,7 @@ def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict
                                       ["preset", metadata.get("model", {}).get("name", "-")]]),
             "## Tokenizer", "",
             f"Byte-level BPE, vocabulary {config.vocab_size}, `<|endoftext|>` as bos/eos/pad "
-            f"(trained: `{metadata.get('tokenizer', {}).get('path', '-')}`).", ""]
+            f"(trained: `{card_path(metadata.get('tokenizer', {}).get('path', '-'))}`).", ""]
     body += _training_section(metadata, settings, metrics)
     body += _results_section(perplexity, benchmarks, has_image)
     body += _usage_section(repo_id, local_path)
@@ -202,7 +219,7 @@ def _training_section(metadata: dict[str, Any], settings: dict[str, Any], metric
                                 "validation repeats removed"], rows),
                 "Documents that repeat a validation document verbatim are removed from training (counted above); "
                 f"a document longer than {PIECE_BLOCKS} blocks is mixed in pieces, each counted as a document.", ""]
-    out += [f"Mix config: `{metadata.get('config', {}).get('path', '-')}`.", "", "## Training", ""]
+    out += [f"Mix config: `{card_path(metadata.get('config', {}).get('path', '-'))}`.", "", "## Training", ""]
     keys = ["target_tokens", "global_batch_size", "batch_size", "optimizer", "learning_rate", "muon_learning_rate",
             "min_lr_ratio", "warmup_ratio", "weight_decay", "adam_betas", "max_grad_norm", "dropout", "seed"]
     # as written in the settings (0.002, not 0.0020): str() keeps the table from reformatting them
@@ -229,7 +246,7 @@ def _results_section(perplexity: dict[str, Any], benchmarks: dict[str, Any], has
         out += ["## Loss curve", "", f"![loss curve]({CARD_IMAGE})", ""]
     shown = fullest_perplexities(perplexity)
     if shown:
-        rows = [[str(row.get("data", "-")) + (f" ({row['split']})" if row.get("split") else ""),
+        rows = [[card_path(row.get("data", "-")) + (f" ({row['split']})" if row.get("split") else ""),
                  row.get("documents", "-"), row.get("tokens", "-"), row.get("context", "-"), row.get("stride", "-"),
                  row.get("nll", "-"), row.get("perplexity", "-"), row.get("bits_per_byte", "-")] for row in shown]
         out += ["## Evaluation", "", "Sliding-window perplexity (scripts/eval_perplexity.py), the fullest evaluation "

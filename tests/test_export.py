@@ -242,3 +242,25 @@ def test_the_cards_snippet_loads_the_folder_where_it_was_exported_and_names_the_
                                    repo_id="someone/mine-tiny").read_text())
     assert re.search(r'^model_path = "someone/mine-tiny"', pushed, re.MULTILINE), pushed
     assert '# model_path = "./pushed"' in pushed, pushed
+
+
+def test_no_absolute_local_path_goes_into_the_card(finished, tmp_path: Path,
+                                                   tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A real run's card (its mix config, tokenizer and dataset recorded with absolute paths, evaluated on its own
+    held-out data by absolute path): no absolute path of this machine appears in it; paths inside the project are
+    relative to its root, others are their names."""
+    from sparknet.eval.data import DataRequest
+    from sparknet.eval.perplexity import evaluate_perplexity
+    from sparknet.export import export_model
+    from sparknet.runtime import PROJECT_ROOT
+
+    result, _ = finished
+    evaluate_perplexity([str(result.run_dir)], DataRequest(""), context=64, eval_root=str(tmp_path / "eval"))
+    card = export_model(str(result.run_dir), tmp_path / "out", eval_root=str(tmp_path / "eval")).read_text()
+    recorded = json.loads((result.run_dir / "training_metadata.json").read_text())
+    config, dataset = Path(recorded["config"]["path"]), Path(recorded["dataset"]["path"])
+    assert config.is_absolute() and dataset.is_absolute()  # what the card must not copy
+    for absolute in (str(tmp_path_factory.getbasetemp()), str(tmp_path), str(PROJECT_ROOT)):
+        assert absolute not in card, absolute
+    assert f"Mix config: `{config.name}`" in card
+    assert f"| {dataset.name} (val) |" in card.split("## Evaluation")[1]  # the packed dataset's split
