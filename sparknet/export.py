@@ -19,15 +19,17 @@ from sparknet.eval.models import ModelRef, load_model, resolve_model
 from sparknet.eval.reports import eval_dir, markdown_table
 from sparknet.model import set_for_use
 
+UNSET_LICENSE = "other"  # the card's license while LICENSE is not set: the Hub's id for "not one of the listed"
 CARD_IMAGE = "loss.png"  # the loss curve, copied beside the card when scripts/plot_runs.py has drawn it
 BENCHMARKS = "benchmarks.json"  # {"results": {task: the fullest scores}, "settings": ...}: eval_benchmarks.py
 
 
-def export_model(spec: str, output_dir: Path, *, license: str = "apache-2.0", language: list[str] | None = None,
+def export_model(spec: str, output_dir: Path, *, license: str = "", language: list[str] | None = None,
                  eval_root: str = "eval", overwrite: bool = False, repo_id: str = "", unfinished: bool = False) -> Path:
     """Writes the folder and returns the card's path. `spec`: checkpoints/RUN_NAME or a checkpoint-N inside it;
     `repo_id`: the Hub repository the card's usage example loads (default: the folder, by its path, with a
-    commented line for the Hub). The folder is
+    commented line for the Hub); `license`: a Hub license id ("": not set, the card says `other` and a warning
+    asks for it: a model's licence follows its training data's, which the exporter knows, not SparkNet). The folder is
     written beside OUTPUT_DIR and put in place by renames, so an interrupted export leaves the old one whole; one
     export into a folder at a time (a second at once is refused in one line: both would build in one hidden folder).
     """
@@ -70,6 +72,12 @@ def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str
     image = results / "plots" / CARD_IMAGE
     if image.is_file():
         shutil.copy(image, building / CARD_IMAGE)
+    if not license:
+        import logging
+
+        logging.getLogger("sparknet.export").warning(
+            "LICENSE is not set: the card says `license: %s`. A model's licence follows its training data's: set it "
+            "with --license (a Hub license id, e.g. apache-2.0, mit, cc-by-sa-4.0, gpl-3.0)", UNSET_LICENSE)
     card = model_card(ref.name, model, metadata, perplexities, benchmarks, has_image=image.is_file(),
                       license=license, language=language or ["en"], repo_id=repo_id,
                       local_path=usage_path(output_dir))
@@ -140,7 +148,7 @@ def card_data(name: str, metadata: dict[str, Any], benchmarks: dict[str, Any], *
                                metric_value=float(metrics[metric]))
                     for task, metrics in benchmarks.get("results", {}).items() for metric in METRICS
                     if isinstance(metrics.get(metric), (int, float))]
-    return ModelCardData(license=license, language=language, library_name="transformers",
+    return ModelCardData(license=license or UNSET_LICENSE, language=language, library_name="transformers",
                          pipeline_tag="text-generation", datasets=datasets or None, tags=["sparknet", "causal-lm"],
                          model_name=name.replace("/", "-"), eval_results=eval_results or None)
 
@@ -172,6 +180,9 @@ def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict
     body += _training_section(metadata, settings, metrics)
     body += _results_section(perplexity, benchmarks, has_image)
     body += _usage_section(repo_id, local_path)
+    if not license:
+        body += ["## License", "", "Not stated by the exporter (`license: other`): the licence of the training data "
+                 "applies.", ""]
     body += ["## Limitations", "",
              "A small model trained on a small token budget: it produces fluent-looking but often wrong or "
              "meaningless text, has no instruction tuning or safety training, and reflects the biases of its "

@@ -52,7 +52,8 @@ def test_export_folder_and_card(run: tuple[Path, Path]) -> None:
 
     folder, tmp = run
     out = tmp / "exported"
-    proc = run_script("export_model.py", "--model", folder, "--output_dir", out, "--eval_dir", tmp / "eval")
+    proc = run_script("export_model.py", "--model", folder, "--output_dir", out, "--eval_dir", tmp / "eval",
+                      "--license", "apache-2.0")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "generation_config.json", "loss.png",
                                                       "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
@@ -264,3 +265,23 @@ def test_no_absolute_local_path_goes_into_the_card(finished, tmp_path: Path,
         assert absolute not in card, absolute
     assert f"Mix config: `{config.name}`" in card
     assert f"| {dataset.name} (val) |" in card.split("## Evaluation")[1]  # the packed dataset's split
+
+
+def test_the_license_is_other_with_a_warning_until_it_is_set(run: tuple[Path, Path],
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """No licence is assumed (the training data's decides it): unset, the card says `license: other` and the
+    export warns, naming LICENSE; set, it is the card's (through the script's flag: test_export_folder_and_card)."""
+    from huggingface_hub import ModelCard
+
+    from sparknet.export import export_model
+
+    folder, tmp = run
+    with caplog.at_level("WARNING", logger="sparknet"):
+        card = export_model(str(folder), tmp / "a", eval_root=str(tmp / "eval"))
+    assert ModelCard.load(card).data.license == "other"
+    assert "LICENSE is not set" in caplog.text and "--license" in caplog.text, caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sparknet"):
+        card = export_model(str(folder), tmp / "b", eval_root=str(tmp / "eval"), license="gpl-3.0")
+    assert ModelCard.load(card).data.license == "gpl-3.0"
+    assert "LICENSE" not in caplog.text
