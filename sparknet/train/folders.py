@@ -256,6 +256,10 @@ def open_run(run_name: str, checkpoints_dir: str, logs_dir: str, identity: dict[
             if key in previous and previous[key] != value:
                 raise UserError(f"run {run_name}: {key.replace('_', ' ')} {previous[key]} -> {value}: {why}")
         changes = describe_changes(previous, identity, upper=True)
+        finished = (run_dir / METADATA).is_file()
+        if changes and finished:  # continuing it with the flag would only end in "already finished"
+            raise UserError(f"run {run_name} already finished ({run_dir / METADATA}), with other settings "
+                            f"({'; '.join(changes)}): choose a new RUN_NAME to train with these")
         if changes and not allow_config_change:
             raise UserError(f"run {run_name} exists with other settings ({'; '.join(changes)}). Choose a new "
                             "RUN_NAME, or pass --allow_config_change true to continue it with the new settings")
@@ -263,7 +267,7 @@ def open_run(run_name: str, checkpoints_dir: str, logs_dir: str, identity: dict[
             log.warning("continuing run %s with changed settings (%s); the checkpoint's optimizer and LR-scheduler "
                         "state are restored as saved, so a changed peak LR does not take effect", run_name,
                         "; ".join(changes))
-        if (run_dir / METADATA).is_file():
+        if finished:
             log.info("run %s already finished (%s): choose a new RUN_NAME to train again", run_name,
                      run_dir / METADATA)
             return RunFolder(run_dir, log_dir, None, json.loads((run_dir / METADATA).read_text()))
