@@ -19,7 +19,8 @@ NUM_WORKERS: int | None = None  # tokenizer processes per training process (None
 DATA_SEED: int | None = None  # seed of the per-source shuffle (None: the config's seed)
 HUB_RETRY_MINUTES = 15.0  # a Hub source that fails (429, 5xx, a dropped connection) is retried this long
 MODEL_PRESET = "sparknet-70m"  # sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each
-TARGET_TOKENS: int | None = None  # training tokens (None: the config's target_tokens)
+TARGET_TOKENS: int | None = None  # training tokens (None: MAX_STEPS's, else the config's target_tokens)
+MAX_STEPS = 0  # optimizer steps to train instead of TARGET_TOKENS; the LR schedule spans them (0: not set)
 GLOBAL_BATCH_SIZE = 128  # blocks per optimizer step over all devices: the same steps on any number of GPUs
 BATCH_SIZE = 32  # blocks per device per micro-step, at most: sizes memory (accumulation makes up the rest)
 LEARNING_RATE = 1e-3  # peak learning rate (AdamW's; with OPTIMIZER=muon, that of embeddings, norms and biases)
@@ -72,13 +73,13 @@ def main() -> None:
     from sparknet.train.stream_plan import StreamSpec, stream_plan
 
     settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
-    if settings.target_tokens is None:
+    if settings.target_tokens is None and not settings.max_steps:
         settings.target_tokens = config.target_tokens
     workers = max(1, runtime.available_cores() // runtime.local_world_size()) if NUM_WORKERS is None else NUM_WORKERS
     spec = StreamSpec(config=config, tokenizer_dir=TOKENIZER_DIR, block_size=BLOCK_SIZE or config.context_length,
                       val_tokens=VAL_TOKENS, seed=config.seed if DATA_SEED is None else DATA_SEED,
                       shuffle_buffer=SHUFFLE_BUFFER, on_exhausted=ON_EXHAUSTED, num_workers=workers,
-                      target_tokens=settings.target_tokens)
+                      target_tokens=settings.tokens_asked(BLOCK_SIZE or config.context_length))
     run_dir = runtime.project_path(CHECKPOINTS_DIR) / RUN_NAME
     report_outcome(train(settings, stream_plan(spec, run_dir)), LOGS_DIR)
 

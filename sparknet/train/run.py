@@ -75,7 +75,8 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
     check_launch(settings, device_info())
     preset = model_preset(settings, data)
     batch = plan_batch(settings.global_batch_size, settings.batch_size, world_size())
-    target = settings.target_tokens if settings.target_tokens is not None else data.target_tokens
+    asked = settings.tokens_asked(data.block_size)  # MAX_STEPS gives a whole number of steps: exactly those
+    target = asked if asked is not None else data.target_tokens
     max_steps, tokens_per_step = budget(target, data.block_size, batch.global_batch)
     if target < tokens_per_step:  # one step would train on more than asked, all of it inside the warmup
         raise UserError(f"TARGET_TOKENS={target:,} is less than one optimizer step of {tokens_per_step:,} tokens "
