@@ -1,5 +1,5 @@
-"""MAX_STEPS, as a user runs it: exactly that many optimizer steps, the LR schedule over them, and refused
-with TARGET_TOKENS in one line."""
+"""A user's own corpus of a few MB (the demo corpus's prose and code JSONL, mixed 70/30), run as a user runs it: a
+model's context that follows the data's blocks, and MAX_STEPS."""
 
 from __future__ import annotations
 
@@ -13,8 +13,20 @@ import pytest
 from tests.helpers import (
     read_steps,
     run_script,
+    stream_args,
     train_args,
+    write_config,
 )
+
+
+@pytest.fixture(scope="module")
+def own_config(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two local JSONL sources 70/30, with the demo config's context (256), and a budget they hold (500k tokens:
+    the prose, 2 MB, holds about 650k)."""
+    mix = [{"name": "json", "prob": 0.7, "data_files": str(corpus_dir / "prose.train.jsonl")},
+           {"name": "json", "prob": 0.3, "data_files": str(corpus_dir / "code.train.jsonl")}]
+    return write_config(tmp_path_factory.mktemp("own") / "mine.json", mix, seed=42, context_length=256,
+                        target_tokens=500_000)
 
 
 def _without(args: list[str], *flags: str) -> list[str]:
@@ -24,6 +36,55 @@ def _without(args: list[str], *flags: str) -> list[str]:
         if flag.lstrip("-") not in flags:
             out += [flag, value]
     return out
+
+
+@pytest.mark.slow
+def test_the_tiny_preset_trains_on_256_token_blocks_with_a_context_of_256(own_config: Path, tokenizer_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    """A model trained from scratch takes its context from the blocks: the preset gives width and depth."""
+    dataset = tmp_path / "ds"
+    built = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer_dir,
+                       "--output_dir", dataset, "--num_workers", 0, "--target_tokens", 20_000, "--val_tokens", 2_000)
+    assert built.returncode == 0, built.stderr[-3000:]
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, dataset, target_tokens=8 * 4 * 256, eval_steps=4,
+                                                          save_steps=8, sample_steps=0))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "ckpt" / "run"
+    assert json.loads((run_dir / "config.json").read_text())["n_positions"] == 256
+    meta = json.loads((run_dir / "training_metadata.json").read_text())
+    assert meta["model"]["n_positions"] == 256 and "context 256" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_llama_tiny_preset_streams_256_token_blocks_with_a_context_of_256(own_config: Path, tokenizer_dir: Path,
+                                                                              tmp_path: Path) -> None:
+    args = _without(stream_args(tmp_path, own_config, tokenizer_dir, model_preset="sparknet-llama-tiny",
+                                max_steps=4, eval_steps=4, save_steps=4), "target_tokens")
+    proc = run_script("train_sparknet.py", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((tmp_path / "ckpt" / "run" / "config.json").read_text())
+    assert config["max_position_embeddings"] == 256
+
+
+@pytest.mark.slow
+def test_a_resumed_run_keeps_its_models_context_and_refuses_longer_blocks_in_one_line(
+        finished, own_config: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
+    """The run's model (context 128, from its 128-token blocks) cannot take 256-token blocks, even with
+    ALLOW_CONFIG_CHANGE: refused before any training, naming both and the fix."""
+    import shutil
+
+    _, tmp = finished
+    shutil.copytree(tmp / "ckpt", tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "run" / "training_metadata.json").unlink()  # as if killed before the export
+    dataset = tmp_path / "ds256"
+    built = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer_dir,
+                       "--output_dir", dataset, "--num_workers", 0, "--target_tokens", 20_000, "--val_tokens", 2_000)
+    assert built.returncode == 0, built.stderr[-3000:]
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, dataset, allow_config_change=True))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and "context of 128 tokens" in error[0] and "256" in error[0], proc.stderr[-3000:]
+    assert "new RUN_NAME" in error[0]
 
 
 @pytest.mark.slow

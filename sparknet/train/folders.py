@@ -181,6 +181,25 @@ def latest_complete_checkpoint(run_dir: Path, verify: bool = False) -> Path | No
     return None
 
 
+def checkpoint_context(run_dir: Path) -> tuple[int, Path] | None:
+    """The context of the model an unfinished run's checkpoints hold (the newest checkpoint's config.json), with
+    that file; None for a run without one, or finished (it trains no more). The model is fixed when the run begins,
+    so every checkpoint says the same."""
+    if (run_dir / METADATA).is_file():
+        return None
+    found = sorted(((step, p) for p in run_dir.glob("checkpoint-*/config.json")
+                    if (step := checkpoint_step(p.parent)) is not None), reverse=True)
+    for _step, path in found:
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue  # a half-written checkpoint: an older one says the same
+        context = config.get("n_positions", config.get("max_position_embeddings")) if isinstance(config, dict) else None
+        if isinstance(context, int):
+            return context, path
+    return None
+
+
 @dataclass
 class RunFolder:
     """Where a run lives and where it resumes from."""
