@@ -1,5 +1,5 @@
 """A user's own corpus of a few MB (the demo corpus's prose and code JSONL, mixed 70/30), run as a user runs it: a
-model's context that follows the data's blocks, and MAX_STEPS."""
+model's context that follows the data's blocks, MAX_STEPS, and a source that runs dry in the stream."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import pytest
 
 from tests.helpers import (
     read_steps,
+    read_texts,
     run_script,
     stream_args,
     train_args,
     write_config,
+    write_jsonl,
 )
 
 
@@ -114,3 +116,23 @@ def test_max_steps_with_target_tokens_is_refused_in_one_line(script: str) -> Non
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1 and "MAX_STEPS=10" in proc.stderr and "TARGET_TOKENS" in proc.stderr, (
         proc.stderr)
+
+
+@pytest.mark.slow
+def test_a_source_that_runs_dry_in_the_stream_says_its_share(corpus_dir: Path, tokenizer_dir: Path,
+                                                            tmp_path: Path) -> None:
+    """ON_EXHAUSTED=renormalise: the warning gives the dry source's share of the tokens so far against the share
+    asked, and the metadata the realised training mix."""
+    code = write_jsonl(tmp_path / "code.jsonl",
+                       [text[:400] for text in read_texts(corpus_dir / "code.train.jsonl")[:40]])
+    config = write_config(tmp_path / "mix.json", [
+        {"name": "json", "prob": 0.7, "data_files": str(corpus_dir / "prose.train.jsonl")},
+        {"name": "json", "prob": 0.3, "data_files": str(code)}])
+    proc = run_script("train_sparknet.py", *stream_args(tmp_path, config, tokenizer_dir, shuffle_buffer=0,
+                                                        eval_steps=8, save_steps=40))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = re.search(r"source 'code' ran dry after \d+ documents, ([\d.]+)% of the tokens so far \(asked 30\.0%\)",
+                     proc.stderr)
+    assert said, proc.stderr[-3000:]
+    training = json.loads((tmp_path / "ckpt" / "run" / "training_metadata.json").read_text())["stream"]["training"]
+    assert "code" in training["exhausted"] and training["shares"]["code"] < 0.3
