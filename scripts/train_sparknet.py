@@ -12,8 +12,9 @@ RUN_NAME = "sparknet-70m-stream"  # run folder name under checkpoints/ and logs/
 CONFIG = "configs/datasets_v1.json"  # mix config: its sources are streamed
 TOKENIZER_DIR = "tokenizer-v5"  # tokenizer folder or Hub id
 BLOCK_SIZE: int | None = None  # tokens per training block (None: the config's context_length)
-VAL_TOKENS = 1_000_000  # validation tokens held out from the start of the mix (rounded up to whole blocks)
-SHUFFLE_BUFFER = 10_000  # documents shuffled per source through a buffer (0: keep each source's order)
+VAL_TOKENS: int | None = None  # validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most 1M)
+# documents shuffled per source (0: each source's order; None: 1/20 of the smallest source's rows, at most 10,000)
+SHUFFLE_BUFFER: int | None = None
 ON_EXHAUSTED = "renormalise"  # a source runs dry: renormalise (the others fill in, a warning), stop, or restart it
 NUM_WORKERS: int | None = None  # tokenizer processes per training process (None: the cores / processes on this node)
 DATA_SEED: int | None = None  # seed of the per-source shuffle (None: the config's seed)
@@ -68,6 +69,7 @@ def main() -> None:
     from sparknet.data.source.hub_retries import set_hub_retry_minutes
 
     set_hub_retry_minutes(HUB_RETRY_MINUTES)
+    from sparknet.data.scaled_defaults import STREAM_VAL_TOKENS, default_shuffle_buffer, default_val_tokens
     from sparknet.train.run import report_outcome, train
     from sparknet.train.settings import TrainSettings
     from sparknet.train.stream_plan import StreamSpec, stream_plan
@@ -77,8 +79,10 @@ def main() -> None:
         settings.target_tokens = config.target_tokens
     workers = max(1, runtime.available_cores() // runtime.local_world_size()) if NUM_WORKERS is None else NUM_WORKERS
     spec = StreamSpec(config=config, tokenizer_dir=TOKENIZER_DIR, block_size=BLOCK_SIZE or config.context_length,
-                      val_tokens=VAL_TOKENS, seed=config.seed if DATA_SEED is None else DATA_SEED,
-                      shuffle_buffer=SHUFFLE_BUFFER, on_exhausted=ON_EXHAUSTED, num_workers=workers,
+                      val_tokens=default_val_tokens(config, STREAM_VAL_TOKENS) if VAL_TOKENS is None else VAL_TOKENS,
+                      seed=config.seed if DATA_SEED is None else DATA_SEED,
+                      shuffle_buffer=default_shuffle_buffer(config) if SHUFFLE_BUFFER is None else SHUFFLE_BUFFER,
+                      on_exhausted=ON_EXHAUSTED, num_workers=workers,
                       target_tokens=settings.tokens_asked(BLOCK_SIZE or config.context_length))
     run_dir = runtime.project_path(CHECKPOINTS_DIR) / RUN_NAME
     report_outcome(train(settings, stream_plan(spec, run_dir)), LOGS_DIR)

@@ -1,5 +1,6 @@
-"""A user's own corpus of a few MB (the demo corpus's prose and code JSONL, mixed 70/30), run as a user runs it: a
-model's context that follows the data's blocks, MAX_STEPS, and a source that runs dry in the stream."""
+"""A user's own corpus of a few MB (the demo corpus's prose and code JSONL, a few hundred rows each, mixed 70/30),
+run as a user runs it: the defaults that scale to small sources (VAL_TOKENS, the stream's SHUFFLE_BUFFER), a
+model's context that follows the data's blocks, MAX_STEPS, and the whole chain with the scripts' defaults."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import (
+    finish_ok,
+    kill_when,
     read_steps,
     read_texts,
     run_script,
+    start_script,
     stream_args,
     train_args,
     write_config,
@@ -38,6 +42,71 @@ def _without(args: list[str], *flags: str) -> list[str]:
         if flag.lstrip("-") not in flags:
             out += [flag, value]
     return out
+
+
+def _source_bytes(corpus_dir: Path) -> int:
+    return sum((corpus_dir / f"{name}.train.jsonl").stat().st_size for name in ("prose", "code"))
+
+
+def _rows(path: Path) -> int:
+    return sum(1 for line in path.read_text().splitlines() if line.strip())
+
+
+@pytest.mark.slow
+def test_a_build_with_the_default_val_tokens_fits_a_few_mb(own_config: Path, corpus_dir: Path, tokenizer_dir: Path,
+                                                          tmp_path: Path) -> None:
+    """VAL_TOKENS not set: 1 validation token per 100 bytes of the sources (at most 2M), said in one line; the
+    build that failed after the whole hold-out (2M tokens of 4 MB) now gives a training split."""
+    out = tmp_path / "ds"
+    proc = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer_dir,
+                      "--output_dir", out, "--num_workers", 0, "--target_tokens", 200_000)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    chosen = math.ceil(_source_bytes(corpus_dir) / 100)
+    said = [line for line in proc.stderr.splitlines() if "VAL_TOKENS" in line]
+    assert len(said) == 1 and f"{chosen:,} validation tokens" in said[0], proc.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["inputs"]["val_tokens"] == chosen
+    assert manifest["splits"]["val"]["blocks"] == math.ceil(chosen / 256)
+    assert manifest["splits"]["train"]["tokens"] == 200_000 // 256 * 256
+    # a value set on the command line is kept, whatever the sources hold
+    again = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer_dir,
+                       "--output_dir", tmp_path / "ds2", "--num_workers", 0, "--target_tokens", 20_000,
+                       "--val_tokens", 3_000)
+    assert again.returncode == 0 and "VAL_TOKENS" not in again.stderr, again.stderr[-3000:]
+    assert json.loads((tmp_path / "ds2" / "manifest.json").read_text())["inputs"]["val_tokens"] == 3_000
+
+
+@pytest.mark.slow
+def test_a_stream_with_the_default_shuffle_buffer_starts_on_a_few_hundred_rows_and_resumes_exactly(
+        own_config: Path, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
+    """SHUFFLE_BUFFER and VAL_TOKENS not set: the buffer is 5% of the smallest source's rows, the hold-out 1 token
+    per 100 bytes, each said in one line and recorded in the run's identity; the mix is 70/30 to within 2 points;
+    killed after a checkpoint, the same command resumes to the same blocks, LR and weights."""
+    rows = min(_rows(corpus_dir / "prose.train.jsonl"), _rows(corpus_dir / "code.train.jsonl"))
+    buffer, val = rows // 20, math.ceil(_source_bytes(corpus_dir) / 100)
+    settings = dict(block_size=128, target_tokens=48 * 4 * 128, eval_steps=8, save_steps=16, record_batches=True)
+    args = _without(stream_args(tmp_path / "a", own_config, tokenizer_dir, **settings), "val_tokens",
+                    "shuffle_buffer")
+    out = finish_ok(start_script("train_sparknet.py", args))
+    said = [line for line in out.splitlines() if "SHUFFLE_BUFFER" in line and "documents" in line]
+    assert len(said) == 1 and f"SHUFFLE_BUFFER: {buffer} documents" in said[0], out[-3000:]
+    assert f"VAL_TOKENS: {val:,} validation tokens" in out, out[-3000:]
+    run_dir = tmp_path / "a" / "ckpt" / "run"
+    identity = json.loads((run_dir / "run_config.json").read_text())
+    assert (identity["shuffle_buffer"], identity["val_tokens"]) == (buffer, val)
+    shares = json.loads((run_dir / "training_metadata.json").read_text())["stream"]["training"]["shares"]
+    assert abs(shares["prose"] - 0.7) < 0.02 and abs(shares["code"] - 0.3) < 0.02, shares
+
+    again = _without(stream_args(tmp_path / "b", own_config, tokenizer_dir, **settings), "val_tokens",
+                     "shuffle_buffer")
+    kill_when(tmp_path / "b" / "ckpt" / "run" / "checkpoint-16" / ".complete", start_script("train_sparknet.py", again))
+    out = finish_ok(start_script("train_sparknet.py", again))
+    assert "resuming from" in out
+    expected, got = read_steps(run_dir / "batches.jsonl"), read_steps(tmp_path / "b" / "ckpt" / "run" / "batches.jsonl")
+    assert sorted(got) == sorted(expected) == list(range(1, 49))
+    for step in expected:
+        assert (got[step]["blocks"], got[step]["lr"], got[step]["weights"]) == (
+            expected[step]["blocks"], expected[step]["lr"], expected[step]["weights"]), step
 
 
 @pytest.mark.slow
@@ -87,6 +156,35 @@ def test_a_resumed_run_keeps_its_models_context_and_refuses_longer_blocks_in_one
     error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(error) == 1 and "context of 128 tokens" in error[0] and "256" in error[0], proc.stderr[-3000:]
     assert "new RUN_NAME" in error[0]
+
+
+@pytest.mark.slow
+def test_the_own_corpus_chain_runs_with_the_defaults(own_config: Path, tmp_path: Path) -> None:
+    """Tokenizer, build, both trainers on a few MB of JSONL 70/30, each with its defaults but for the sizes a CPU
+    test affords (a small vocabulary, the tiny preset, MAX_STEPS)."""
+    tokenizer = tmp_path / "tok"
+    proc = run_script("train_tokenizer_v5.py", "--config", own_config, "--vocab_size", 2048, "--output_dir",
+                      tokenizer)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dataset = tmp_path / "ds"
+    proc = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer, "--output_dir",
+                      dataset)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shares = json.loads((dataset / "manifest.json").read_text())["splits"]["train"]["sources"]
+    assert abs(shares["prose"]["share"] - 0.7) < 0.02, shares
+    common = ["--model_preset", "sparknet-tiny", "--max_steps", 6, "--checkpoints_dir", tmp_path / "ckpt",
+              "--logs_dir", tmp_path / "logs"]
+    proc = run_script("train_sparknet_v5.py", "--config", own_config, "--dataset_dir", dataset, "--run_name",
+                      "packed", *common)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_script("train_sparknet.py", "--config", own_config, "--tokenizer_dir", tokenizer, "--run_name",
+                      "stream", *common)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for run in ("packed", "stream"):
+        meta = json.loads((tmp_path / "ckpt" / run / "training_metadata.json").read_text())
+        assert meta["steps"] == 6 and meta["model"]["n_positions"] == 256, run
+        state = json.loads((tmp_path / "ckpt" / run / "checkpoint-6" / "trainer_state.json").read_text())
+        assert state["global_step"] == 6
 
 
 @pytest.mark.slow
