@@ -12,7 +12,7 @@ CONFIG = "configs/datasets_v5.json"  # mix config
 TOKENIZER_DIR = "tokenizer-v5"  # tokenizer folder or Hub id (e.g. gpt2)
 OUTPUT_DIR = "datasets/sparknet-v5-1b"  # dataset folder
 TARGET_TOKENS: int | None = None  # training tokens (None: the config's target_tokens)
-VAL_TOKENS = 2_000_000  # validation tokens, held out from the same mix (rounded up to whole blocks)
+VAL_TOKENS: int | None = None  # validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most 2M)
 BLOCK_SIZE: int | None = None  # tokens per training block (None: the config's context_length)
 NUM_WORKERS: int | None = None  # tokenizer processes (None: all cores; 0: encode in this process)
 SEED: int | None = None  # seed of the per-source shuffle (None: the config's seed)
@@ -38,6 +38,7 @@ def main() -> None:
 
     set_hub_retry_minutes(HUB_RETRY_MINUTES)
     from sparknet.data.packed.build import BuildSpec, build_dataset
+    from sparknet.data.scaled_defaults import BUILD_VAL_TOKENS, default_val_tokens
     from sparknet.runtime import available_cores
 
     spec = BuildSpec(
@@ -45,7 +46,7 @@ def main() -> None:
         tokenizer=TOKENIZER_DIR,
         output_dir=runtime.project_path(OUTPUT_DIR),
         target_tokens=config.target_tokens if TARGET_TOKENS is None else TARGET_TOKENS,
-        val_tokens=VAL_TOKENS,
+        val_tokens=default_val_tokens(config, BUILD_VAL_TOKENS) if VAL_TOKENS is None else VAL_TOKENS,
         block_size=config.context_length if BLOCK_SIZE is None else BLOCK_SIZE,
         seed=seed,
         num_workers=available_cores() if NUM_WORKERS is None else NUM_WORKERS,

@@ -12,14 +12,16 @@ RUN_NAME = "sparknet-70m-stream"  # run folder name under checkpoints/ and logs/
 CONFIG = "configs/datasets_v1.json"  # mix config: its sources are streamed
 TOKENIZER_DIR = "tokenizer-v5"  # tokenizer folder or Hub id
 BLOCK_SIZE: int | None = None  # tokens per training block (None: the config's context_length)
-VAL_TOKENS = 1_000_000  # validation tokens held out from the start of the mix (rounded up to whole blocks)
-SHUFFLE_BUFFER = 10_000  # documents shuffled per source through a buffer (0: keep each source's order)
+VAL_TOKENS: int | None = None  # validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most 1M)
+# documents shuffled per source (0: each source's order; None: 1/20 of the smallest source's rows, at most 10,000)
+SHUFFLE_BUFFER: int | None = None
 ON_EXHAUSTED = "renormalise"  # a source runs dry: renormalise (the others fill in, a warning), stop, or restart it
 NUM_WORKERS: int | None = None  # tokenizer processes per training process (None: the cores / processes on this node)
 DATA_SEED: int | None = None  # seed of the per-source shuffle (None: the config's seed)
 HUB_RETRY_MINUTES = 15.0  # a Hub source that fails (429, 5xx, a dropped connection) is retried this long
 MODEL_PRESET = "sparknet-70m"  # sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each
-TARGET_TOKENS: int | None = None  # training tokens (None: the config's target_tokens)
+TARGET_TOKENS: int | None = None  # training tokens (None: MAX_STEPS's, else the config's target_tokens)
+MAX_STEPS = 0  # optimizer steps to train instead of TARGET_TOKENS; the LR schedule spans them (0: not set)
 GLOBAL_BATCH_SIZE = 128  # blocks per optimizer step over all devices: the same steps on any number of GPUs
 BATCH_SIZE = 32  # blocks per device per micro-step, at most: sizes memory (accumulation makes up the rest)
 LEARNING_RATE = 1e-3  # peak learning rate (AdamW's; with OPTIMIZER=muon, that of embeddings, norms and biases)
@@ -67,18 +69,21 @@ def main() -> None:
     from sparknet.data.source.hub_retries import set_hub_retry_minutes
 
     set_hub_retry_minutes(HUB_RETRY_MINUTES)
+    from sparknet.data.scaled_defaults import STREAM_VAL_TOKENS, default_shuffle_buffer, default_val_tokens
     from sparknet.train.run import report_outcome, train
     from sparknet.train.settings import TrainSettings
     from sparknet.train.stream_plan import StreamSpec, stream_plan
 
     settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
-    if settings.target_tokens is None:
+    if settings.target_tokens is None and not settings.max_steps:
         settings.target_tokens = config.target_tokens
     workers = max(1, runtime.available_cores() // runtime.local_world_size()) if NUM_WORKERS is None else NUM_WORKERS
     spec = StreamSpec(config=config, tokenizer_dir=TOKENIZER_DIR, block_size=BLOCK_SIZE or config.context_length,
-                      val_tokens=VAL_TOKENS, seed=config.seed if DATA_SEED is None else DATA_SEED,
-                      shuffle_buffer=SHUFFLE_BUFFER, on_exhausted=ON_EXHAUSTED, num_workers=workers,
-                      target_tokens=settings.target_tokens)
+                      val_tokens=default_val_tokens(config, STREAM_VAL_TOKENS) if VAL_TOKENS is None else VAL_TOKENS,
+                      seed=config.seed if DATA_SEED is None else DATA_SEED,
+                      shuffle_buffer=default_shuffle_buffer(config) if SHUFFLE_BUFFER is None else SHUFFLE_BUFFER,
+                      on_exhausted=ON_EXHAUSTED, num_workers=workers,
+                      target_tokens=settings.tokens_asked(BLOCK_SIZE or config.context_length))
     run_dir = runtime.project_path(CHECKPOINTS_DIR) / RUN_NAME
     report_outcome(train(settings, stream_plan(spec, run_dir)), LOGS_DIR)
 

@@ -11,7 +11,8 @@ CONFIG = "configs/datasets_v5.json"  # mix config (recorded in the metadata; the
 DATASET_DIR = "datasets/sparknet-v5-1b"  # packed dataset from build_dataset_v5.py
 TOKENIZER_DIR: str | None = None  # tokenizer folder or Hub id (None: the one the dataset was built with)
 MODEL_PRESET = "sparknet-70m"  # sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each
-TARGET_TOKENS: int | None = None  # training tokens (None: the config's target_tokens)
+TARGET_TOKENS: int | None = None  # training tokens (None: MAX_STEPS's, else the config's target_tokens)
+MAX_STEPS = 0  # optimizer steps to train instead of TARGET_TOKENS; the LR schedule spans them (0: not set)
 GLOBAL_BATCH_SIZE = 128  # blocks per optimizer step over all devices: the same steps on any number of GPUs
 BATCH_SIZE = 32  # blocks per device per micro-step, at most: sizes memory (accumulation makes up the rest)
 LEARNING_RATE = 1e-3  # peak learning rate (AdamW's; with OPTIMIZER=muon, that of embeddings, norms and biases)
@@ -60,7 +61,7 @@ def main() -> None:
     from sparknet.train.settings import TrainSettings
 
     settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
-    if settings.target_tokens is None:
+    if settings.target_tokens is None and not settings.max_steps:
         settings.target_tokens = config.target_tokens
     report_outcome(train(settings, packed_plan(DATASET_DIR, TOKENIZER_DIR, config)), LOGS_DIR)
 

@@ -82,6 +82,7 @@ RULES: dict[str, Rule] = {
     "RUN_NAME": Rule(_plain_name, "a plain folder name such as sparknet-70m-v5"),
     "MODEL_PRESET": choice(*PRESETS),
     "TARGET_TOKENS": integer(1, expected="a positive number of tokens", none=True),
+    "MAX_STEPS": integer(0, expected="an integer >= 0 (0: not set, TARGET_TOKENS decides)"),
     "BATCH_SIZE": POSITIVE,
     "GLOBAL_BATCH_SIZE": POSITIVE,
     "LEARNING_RATE": LR,
@@ -110,8 +111,8 @@ RULES: dict[str, Rule] = {
     "NONFINITE": choice("stop", "skip"),
     # data
     "BLOCK_SIZE": integer(MIN_BLOCK, expected=f"{MIN_BLOCK} or more tokens ({MIN_BLOCK_WHY})", none=True),
-    "VAL_TOKENS": integer(1, expected="a positive number (the trainer evaluates on them)"),
-    "SHUFFLE_BUFFER": integer(0, expected="0 (each source's order) or a number of documents"),
+    "VAL_TOKENS": integer(1, expected="a positive number (the trainer evaluates on them)", none=True),
+    "SHUFFLE_BUFFER": integer(0, expected="0 (each source's order) or a number of documents", none=True),
     "ON_EXHAUSTED": choice("renormalise", "stop", "restart"),
     "NUM_WORKERS": integer(0, expected="an integer >= 0 (0: encode in this process)", none=True),
     "DATA_SEED": Rule(SEED.test, SEED.expected, none=True),
@@ -163,10 +164,19 @@ def _stride_within_context(values: dict[str, Any]) -> str | None:
     return None
 
 
+def _one_budget(values: dict[str, Any]) -> str | None:
+    steps, tokens = values["MAX_STEPS"], values["TARGET_TOKENS"]
+    if _is_int(steps) and steps > 0 and tokens is not None:
+        return (f"MAX_STEPS={steps} and TARGET_TOKENS={tokens} both give the budget: set one of them "
+                "(TARGET_TOKENS=None, or MAX_STEPS=0)")
+    return None
+
+
 # (the names a relation reads, the check: a message or None)
 RELATIONS: list[tuple[tuple[str, ...], Callable[[dict[str, Any]], str | None]]] = [
     (("SAVE_STEPS", "EVAL_STEPS"), _multiple),
     (("CONTEXT", "STRIDE"), _stride_within_context),
+    (("MAX_STEPS", "TARGET_TOKENS"), _one_budget),
 ]
 
 

@@ -8,7 +8,7 @@ the SwiGLU width 1408 (a multiple of 64 near 8/3 x 512) gives 64,279,552 paramet
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from sparknet.errors import UserError
@@ -158,11 +158,6 @@ def set_for_use(model: Any, tokenizer: Any) -> None:
     model.config.pad_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.eos_token_id
     model.config.use_cache = True
-
-
-def preset_dict(name: str) -> dict[str, Any]:
-    """A preset as plain data (for metadata)."""
-    return {"name": name, **asdict(get_preset(name))}
 
 
 # Dense peak TFLOP/s per GPU (no sparsity) for MFU, keyed by the exact name torch.cuda.get_device_name() reports

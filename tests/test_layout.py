@@ -93,7 +93,8 @@ def test_every_training_setting_is_declared_once_with_doc_identity_and_rule() ->
         "sample_max_new_tokens", "sample_temperature", "sample_top_k", "sample_seed", "logging_steps", "compile",
         "allow_config_change", "record_batches", "peak_tflops", "nonfinite", "checkpoints_dir", "logs_dir",
         "batch_size",  # the micro-batch: the global batch is the recipe (tests/test_device_count.py)
-        "fused_cross_entropy"}  # the same loss and gradients either way (tests/test_fused_loss.py)
+        "fused_cross_entropy",  # the same loss and gradients either way (tests/test_fused_loss.py)
+        "max_steps"}  # in the identity as the budget in tokens it gives (run_identity's target_tokens)
 
 
 def test_what_the_data_package_hands_on_resolves() -> None:

@@ -98,12 +98,27 @@ def test_export_loads_with_automodel_and_matches_logits(finished) -> None:
     assert set(meta["dataset"]["realised_mixture"]["train"]) == {"prose", "code"}
 
 
-def test_same_run_name_with_other_settings_is_refused(finished, tiny_dataset: Path) -> None:
+def test_same_run_name_with_other_settings_is_refused(finished, tiny_dataset: Path, tmp_path: Path) -> None:
+    import shutil
+
     _, tmp = finished
-    proc = run_script("train_sparknet_v5.py", *train_args(tmp, tiny_dataset, learning_rate=1e-4))
+    shutil.copytree(tmp / "ckpt", tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "run" / "training_metadata.json").unlink()  # as if killed before the export
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset, learning_rate=1e-4))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "run run exists with other settings (LEARNING_RATE: 0.003 -> 0.0001)" in proc.stderr
     assert "--allow_config_change true" in proc.stderr
+
+
+def test_a_finished_run_with_other_settings_says_to_choose_a_new_run_name(finished, tiny_dataset: Path) -> None:
+    """Continuing a finished run with the flag would only end in "already finished": the hint is the new name."""
+    _, tmp = finished
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp, tiny_dataset, learning_rate=1e-4))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and "run run already finished" in error[0], proc.stderr[-3000:]
+    assert "LEARNING_RATE: 0.003 -> 0.0001" in error[0] and "choose a new RUN_NAME" in error[0]
+    assert "allow_config_change" not in proc.stderr
 
 
 def test_a_resume_refused_for_a_rebuilt_dataset_names_the_changed_file_and_both_sums(finished, tiny_dataset: Path,

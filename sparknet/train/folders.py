@@ -181,6 +181,25 @@ def latest_complete_checkpoint(run_dir: Path, verify: bool = False) -> Path | No
     return None
 
 
+def checkpoint_context(run_dir: Path) -> tuple[int, Path] | None:
+    """The context of the model an unfinished run's checkpoints hold (the newest checkpoint's config.json), with
+    that file; None for a run without one, or finished (it trains no more). The model is fixed when the run begins,
+    so every checkpoint says the same."""
+    if (run_dir / METADATA).is_file():
+        return None
+    found = sorted(((step, p) for p in run_dir.glob("checkpoint-*/config.json")
+                    if (step := checkpoint_step(p.parent)) is not None), reverse=True)
+    for _step, path in found:
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue  # a half-written checkpoint: an older one says the same
+        context = config.get("n_positions", config.get("max_position_embeddings")) if isinstance(config, dict) else None
+        if isinstance(context, int):
+            return context, path
+    return None
+
+
 @dataclass
 class RunFolder:
     """Where a run lives and where it resumes from."""
@@ -256,6 +275,10 @@ def open_run(run_name: str, checkpoints_dir: str, logs_dir: str, identity: dict[
             if key in previous and previous[key] != value:
                 raise UserError(f"run {run_name}: {key.replace('_', ' ')} {previous[key]} -> {value}: {why}")
         changes = describe_changes(previous, identity, upper=True)
+        finished = (run_dir / METADATA).is_file()
+        if changes and finished:  # continuing it with the flag would only end in "already finished"
+            raise UserError(f"run {run_name} already finished ({run_dir / METADATA}), with other settings "
+                            f"({'; '.join(changes)}): choose a new RUN_NAME to train with these")
         if changes and not allow_config_change:
             raise UserError(f"run {run_name} exists with other settings ({'; '.join(changes)}). Choose a new "
                             "RUN_NAME, or pass --allow_config_change true to continue it with the new settings")
@@ -263,7 +286,7 @@ def open_run(run_name: str, checkpoints_dir: str, logs_dir: str, identity: dict[
             log.warning("continuing run %s with changed settings (%s); the checkpoint's optimizer and LR-scheduler "
                         "state are restored as saved, so a changed peak LR does not take effect", run_name,
                         "; ".join(changes))
-        if (run_dir / METADATA).is_file():
+        if finished:
             log.info("run %s already finished (%s): choose a new RUN_NAME to train again", run_name,
                      run_dir / METADATA)
             return RunFolder(run_dir, log_dir, None, json.loads((run_dir / METADATA).read_text()))

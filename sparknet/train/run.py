@@ -34,7 +34,6 @@ from sparknet.model import (
     get_preset,
     parameter_count,
     peak_flops,
-    preset_dict,
     set_for_use,
 )
 from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic, writes_to
@@ -42,7 +41,14 @@ from sparknet.tokenizer import portable_config
 from sparknet.train.batch import BatchPlan, TokenCount, budget, check_enough_blocks, plan_batch
 from sparknet.train.callbacks import MetricsCallback, SamplingCallback
 from sparknet.train.data_plan import DataPlan
-from sparknet.train.folders import EVAL_START, METADATA, RunFolder, latest_complete_checkpoint, open_run
+from sparknet.train.folders import (
+    EVAL_START,
+    METADATA,
+    RunFolder,
+    checkpoint_context,
+    latest_complete_checkpoint,
+    open_run,
+)
 from sparknet.train.fused_loss import fuse_head
 from sparknet.train.hf_trainer import SparkTrainer, check_launch, compiles, training_arguments
 from sparknet.train.safety import Interrupted, SafetyCallback, signals_interrupt, stop_on_signals
@@ -75,7 +81,8 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
     check_launch(settings, device_info())
     preset = model_preset(settings, data)
     batch = plan_batch(settings.global_batch_size, settings.batch_size, world_size())
-    target = settings.target_tokens if settings.target_tokens is not None else data.target_tokens
+    asked = settings.tokens_asked(data.block_size)  # MAX_STEPS gives a whole number of steps: exactly those
+    target = asked if asked is not None else data.target_tokens
     max_steps, tokens_per_step = budget(target, data.block_size, batch.global_batch)
     if target < tokens_per_step:  # one step would train on more than asked, all of it inside the warmup
         raise UserError(f"TARGET_TOKENS={target:,} is less than one optimizer step of {tokens_per_step:,} tokens "
@@ -138,16 +145,24 @@ def report_outcome(result: TrainResult, logs_dir: str) -> None:
 
 
 def model_preset(settings: TrainSettings, data: DataPlan) -> Preset:
+    """The model's shape: the preset's width and depth, and a context that follows the data. A model trained from
+    scratch gets the blocks' length; a run that resumes keeps its model's (from its checkpoint), which must hold
+    the blocks: checked here, before the run folder is touched."""
     preset = get_preset(settings.model_preset)
     if not RULES["BLOCK_SIZE"].test(data.block_size):  # a dataset not built by SparkNet (the build refuses them)
         raise UserError(f"blocks of {data.block_size} token: a block needs 2 tokens or more (one to predict the next "
                         "from): use a larger BLOCK_SIZE (or context_length)")
-    if data.block_size > preset.n_positions:
-        raise UserError(f"blocks of {data.block_size} tokens exceed {settings.model_preset}'s context of "
-                        f"{preset.n_positions}: use a smaller BLOCK_SIZE (or context_length) or a larger preset")
+    run_dir = project_path(settings.checkpoints_dir) / settings.run_name
+    saved = checkpoint_context(run_dir)
+    if saved is not None and data.block_size > saved[0]:
+        raise UserError(f"run {settings.run_name}'s model has a context of {saved[0]} tokens ({saved[1]}), shorter "
+                        f"than the data's blocks of {data.block_size} tokens: train it on blocks of at most "
+                        f"{saved[0]} tokens, or choose a new RUN_NAME")
+    # runs begun before the context followed the data kept the preset's, which may be longer than their blocks
+    preset = dataclasses.replace(preset, n_positions=data.block_size if saved is None else saved[0])
     if settings.sample_prompts and settings.sample_max_new_tokens >= preset.n_positions:
         raise UserError(f"SAMPLE_MAX_NEW_TOKENS={settings.sample_max_new_tokens} leaves no room for a prompt in "
-                        f"{settings.model_preset}'s context of {preset.n_positions} tokens: lower it")
+                        f"the model's context of {preset.n_positions} tokens: lower it")
     return preset
 
 
@@ -178,6 +193,7 @@ class TrainerParts:
     safety: SafetyCallback
     n_params: int
     device: dict[str, Any]
+    preset: Preset  # the model's shape, its context included
 
 
 class NullWriter:
@@ -245,7 +261,7 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
              len(tokenizer), preset.n_positions, device["name"], "bf16" if bf16 else "fp32",
              "; torch.compile on" if compiles(s, device) else "")
     log.info("outputs: %s  |  tensorboard --logdir %s", run.run_dir, run.log_dir)
-    return TrainerParts(trainer, writer, metrics, safety, n_params, device)
+    return TrainerParts(trainer, writer, metrics, safety, n_params, device, preset)
 
 
 def conclude(s: TrainSettings, data: DataPlan, run: RunFolder, parts: TrainerParts, started: float,
@@ -299,7 +315,8 @@ def run_metadata(s: TrainSettings, data: DataPlan, run: RunFolder, parts: Traine
         **data.metadata(),
         "tokenizer": {"path": data.tokenizer_source, "vocab_size": len(tokenizer),
                       "eos_token_id": tokenizer.eos_token_id},
-        "model": {**preset_dict(s.model_preset), "vocab_size": len(tokenizer), "parameters": parts.n_params},
+        "model": {"name": s.model_preset, **dataclasses.asdict(parts.preset), "vocab_size": len(tokenizer),
+                  "parameters": parts.n_params},
         "steps": step,
         "tokens_seen": trainer.state.num_input_tokens_seen,  # counted step by step (TokenCount), resumes included
         "world_size": world_size(),

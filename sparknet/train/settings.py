@@ -35,6 +35,9 @@ class TrainSettings:
     run_name: str = setting(identity=False)
     model_preset: str = setting()
     target_tokens: int | None = setting()
+    # the budget in steps: in the run's identity as the tokens it gives (`run.run_identity`'s target_tokens), so that
+    # TARGET_TOKENS and MAX_STEPS that give the same steps are the same run
+    max_steps: int = setting(identity=False)
     global_batch_size: int = setting()
     # the micro-batch sizes memory only: the accumulation makes up the global batch, so it may change between attempts
     batch_size: int = setting(identity=False)
@@ -76,6 +79,13 @@ class TrainSettings:
         values.update(overrides)
         values["adam_betas"] = tuple(values["adam_betas"])
         return cls(**values)
+
+    def tokens_asked(self, block_size: int) -> int | None:
+        """The budget the settings give, in tokens: TARGET_TOKENS, or MAX_STEPS x GLOBAL_BATCH_SIZE blocks of
+        `block_size` (exactly MAX_STEPS optimizer steps); None when neither is set (the data's default then)."""
+        if self.max_steps:
+            return self.max_steps * self.global_batch_size * block_size
+        return self.target_tokens
 
     def identity(self) -> dict[str, Any]:
         """The settings that make a run this run (compared on resume)."""

@@ -168,8 +168,12 @@ class StreamBlocks:
                 self.warned.add(label)
                 then = ("the stream stops here" if self.on_exhausted == "stop"
                         else "the other sources go on in proportion")
-                log.warning("source %r ran dry after %d documents: %s (ON_EXHAUSTED=%s)", label,
-                            self.mixer.counts[label].documents, then, self.on_exhausted)
+                # its realised share so far (of the tokens mixed): what the run trains on from here on differs
+                total = sum(c.units for c in self.mixer.counts.values())
+                count = self.mixer.counts[label]
+                log.warning("source %r ran dry after %d documents, %.1f%% of the tokens so far (asked %.1f%%): %s "
+                            "(ON_EXHAUSTED=%s; the training mix is in the metadata)", label, count.documents,
+                            100 * count.units / max(total, 1), 100 * count.requested, then, self.on_exhausted)
         return dry
 
     def _finish(self, reason: str) -> None:

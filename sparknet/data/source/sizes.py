@@ -1,0 +1,72 @@
+"""What a mix entry holds, known before it is read, and cheaply: the bytes of its local files (their sizes on disk)
+and its rows (a line count for JSONL and CSV, Parquet's metadata, one per plain-text file). A Hub source's size is
+not known without reading it: None. Both follow from the files alone (whose sha256 is part of every run's and
+dataset's inputs), so what is derived from them is the same on every attempt at the same files."""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparknet.config import SourceSpec, expand_pattern
+
+
+@dataclass(frozen=True)
+class SourceSize:
+    """A source's size on disk: None where it cannot be known cheaply (a Hub source; rows of a JSON array file).
+    `rows` stops counting past `row_limit` (then it is that limit: "at least")."""
+
+    bytes: int | None
+    rows: int | None
+
+
+def local_files(spec: SourceSpec) -> list[Path]:
+    """The files a local entry reads for its split, globs expanded (all of a `data_files` dict's files when its
+    split is not among the keys)."""
+    files = spec.resolved_data_files()
+    if isinstance(files, dict):
+        files = files.get(spec.split, [f for group in files.values() for f in group])
+    return [Path(path) for pattern in files or [] for path in expand_pattern(pattern) if Path(path).is_file()]
+
+
+def source_size(spec: SourceSpec, row_limit: int | None = None) -> SourceSize:
+    """The bytes and rows of a local entry (rows counted up to `row_limit`); both None for a Hub source."""
+    if spec.local is None:
+        return SourceSize(None, None)
+    files = local_files(spec)
+    if not files:
+        return SourceSize(None, None)
+    total_bytes = sum(path.stat().st_size for path in files)  # compressed files: a lower bound of the text
+    rows: int | None = 0
+    for path in files:
+        left = None if row_limit is None else row_limit - rows
+        counted = _rows(spec.name, path, left)
+        if counted is None:
+            rows = None
+            break
+        rows += counted
+        if row_limit is not None and rows >= row_limit:
+            rows = row_limit
+            break
+    return SourceSize(total_bytes, rows)
+
+
+def _rows(kind: str, path: Path, limit: int | None) -> int | None:
+    if kind == "text":
+        return 1  # one document per file
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_metadata(path).num_rows
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rb") as f:
+        if kind == "json" and f.read(4096).lstrip()[:1] == b"[":
+            return None  # one JSON array: its rows are not its lines
+        f.seek(0)
+        rows = 0
+        for line in f:
+            rows += bool(line.strip())
+            if limit is not None and rows > limit + 1:
+                break
+    return max(0, rows - 1) if kind == "csv" else rows  # a CSV's header row is no document

@@ -1,0 +1,236 @@
+"""A user's own corpus of a few MB (the demo corpus's prose and code JSONL, a few hundred rows each, mixed 70/30),
+run as a user runs it: the defaults that scale to small sources (VAL_TOKENS, the stream's SHUFFLE_BUFFER), a
+model's context that follows the data's blocks, MAX_STEPS, and the whole chain with the scripts' defaults."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import (
+    finish_ok,
+    kill_when,
+    read_steps,
+    read_texts,
+    run_script,
+    start_script,
+    stream_args,
+    train_args,
+    write_config,
+    write_jsonl,
+)
+
+
+@pytest.fixture(scope="module")
+def own_config(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two local JSONL sources 70/30, with the demo config's context (256), and a budget they hold (500k tokens:
+    the prose, 2 MB, holds about 650k)."""
+    mix = [{"name": "json", "prob": 0.7, "data_files": str(corpus_dir / "prose.train.jsonl")},
+           {"name": "json", "prob": 0.3, "data_files": str(corpus_dir / "code.train.jsonl")}]
+    return write_config(tmp_path_factory.mktemp("own") / "mine.json", mix, seed=42, context_length=256,
+                        target_tokens=500_000)
+
+
+def _without(args: list[str], *flags: str) -> list[str]:
+    """`args` (flag value pairs) without the given flags: those constants keep the script's defaults."""
+    out = []
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        if flag.lstrip("-") not in flags:
+            out += [flag, value]
+    return out
+
+
+def _source_bytes(corpus_dir: Path) -> int:
+    return sum((corpus_dir / f"{name}.train.jsonl").stat().st_size for name in ("prose", "code"))
+
+
+def _rows(path: Path) -> int:
+    return sum(1 for line in path.read_text().splitlines() if line.strip())
+
+
+@pytest.mark.slow
+def test_a_build_with_the_default_val_tokens_fits_a_few_mb(own_config: Path, corpus_dir: Path, tokenizer_dir: Path,
+                                                          tmp_path: Path) -> None:
+    """VAL_TOKENS not set: 1 validation token per 100 bytes of the sources (at most 2M), said in one line; the
+    build that failed after the whole hold-out (2M tokens of 4 MB) now gives a training split."""
+    out = tmp_path / "ds"
+    proc = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer_dir,
+                      "--output_dir", out, "--num_workers", 0, "--target_tokens", 200_000)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    chosen = math.ceil(_source_bytes(corpus_dir) / 100)
+    said = [line for line in proc.stderr.splitlines() if "VAL_TOKENS" in line]
+    assert len(said) == 1 and f"{chosen:,} validation tokens" in said[0], proc.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["inputs"]["val_tokens"] == chosen
+    assert manifest["splits"]["val"]["blocks"] == math.ceil(chosen / 256)
+    assert manifest["splits"]["train"]["tokens"] == 200_000 // 256 * 256
+    # a value set on the command line is kept, whatever the sources hold
+    again = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer_dir,
+                       "--output_dir", tmp_path / "ds2", "--num_workers", 0, "--target_tokens", 20_000,
+                       "--val_tokens", 3_000)
+    assert again.returncode == 0 and "VAL_TOKENS" not in again.stderr, again.stderr[-3000:]
+    assert json.loads((tmp_path / "ds2" / "manifest.json").read_text())["inputs"]["val_tokens"] == 3_000
+
+
+@pytest.mark.slow
+def test_a_stream_with_the_default_shuffle_buffer_starts_on_a_few_hundred_rows_and_resumes_exactly(
+        own_config: Path, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
+    """SHUFFLE_BUFFER and VAL_TOKENS not set: the buffer is 5% of the smallest source's rows, the hold-out 1 token
+    per 100 bytes, each said in one line and recorded in the run's identity; the mix is 70/30 to within 2 points;
+    killed after a checkpoint, the same command resumes to the same blocks, LR and weights."""
+    rows = min(_rows(corpus_dir / "prose.train.jsonl"), _rows(corpus_dir / "code.train.jsonl"))
+    buffer, val = rows // 20, math.ceil(_source_bytes(corpus_dir) / 100)
+    settings = dict(block_size=128, target_tokens=48 * 4 * 128, eval_steps=8, save_steps=16, record_batches=True)
+    args = _without(stream_args(tmp_path / "a", own_config, tokenizer_dir, **settings), "val_tokens",
+                    "shuffle_buffer")
+    out = finish_ok(start_script("train_sparknet.py", args))
+    said = [line for line in out.splitlines() if "SHUFFLE_BUFFER" in line and "documents" in line]
+    assert len(said) == 1 and f"SHUFFLE_BUFFER: {buffer} documents" in said[0], out[-3000:]
+    assert f"VAL_TOKENS: {val:,} validation tokens" in out, out[-3000:]
+    run_dir = tmp_path / "a" / "ckpt" / "run"
+    identity = json.loads((run_dir / "run_config.json").read_text())
+    assert (identity["shuffle_buffer"], identity["val_tokens"]) == (buffer, val)
+    shares = json.loads((run_dir / "training_metadata.json").read_text())["stream"]["training"]["shares"]
+    assert abs(shares["prose"] - 0.7) < 0.02 and abs(shares["code"] - 0.3) < 0.02, shares
+
+    again = _without(stream_args(tmp_path / "b", own_config, tokenizer_dir, **settings), "val_tokens",
+                     "shuffle_buffer")
+    kill_when(tmp_path / "b" / "ckpt" / "run" / "checkpoint-16" / ".complete", start_script("train_sparknet.py", again))
+    out = finish_ok(start_script("train_sparknet.py", again))
+    assert "resuming from" in out
+    expected, got = read_steps(run_dir / "batches.jsonl"), read_steps(tmp_path / "b" / "ckpt" / "run" / "batches.jsonl")
+    assert sorted(got) == sorted(expected) == list(range(1, 49))
+    for step in expected:
+        assert (got[step]["blocks"], got[step]["lr"], got[step]["weights"]) == (
+            expected[step]["blocks"], expected[step]["lr"], expected[step]["weights"]), step
+
+
+@pytest.mark.slow
+def test_the_tiny_preset_trains_on_256_token_blocks_with_a_context_of_256(own_config: Path, tokenizer_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    """A model trained from scratch takes its context from the blocks: the preset gives width and depth."""
+    dataset = tmp_path / "ds"
+    built = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer_dir,
+                       "--output_dir", dataset, "--num_workers", 0, "--target_tokens", 20_000, "--val_tokens", 2_000)
+    assert built.returncode == 0, built.stderr[-3000:]
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, dataset, target_tokens=8 * 4 * 256, eval_steps=4,
+                                                          save_steps=8, sample_steps=0))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "ckpt" / "run"
+    assert json.loads((run_dir / "config.json").read_text())["n_positions"] == 256
+    meta = json.loads((run_dir / "training_metadata.json").read_text())
+    assert meta["model"]["n_positions"] == 256 and "context 256" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_llama_tiny_preset_streams_256_token_blocks_with_a_context_of_256(own_config: Path, tokenizer_dir: Path,
+                                                                              tmp_path: Path) -> None:
+    args = _without(stream_args(tmp_path, own_config, tokenizer_dir, model_preset="sparknet-llama-tiny",
+                                max_steps=4, eval_steps=4, save_steps=4), "target_tokens")
+    proc = run_script("train_sparknet.py", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((tmp_path / "ckpt" / "run" / "config.json").read_text())
+    assert config["max_position_embeddings"] == 256
+
+
+@pytest.mark.slow
+def test_a_resumed_run_keeps_its_models_context_and_refuses_longer_blocks_in_one_line(
+        finished, own_config: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
+    """The run's model (context 128, from its 128-token blocks) cannot take 256-token blocks, even with
+    ALLOW_CONFIG_CHANGE: refused before any training, naming both and the fix."""
+    import shutil
+
+    _, tmp = finished
+    shutil.copytree(tmp / "ckpt", tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "run" / "training_metadata.json").unlink()  # as if killed before the export
+    dataset = tmp_path / "ds256"
+    built = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer_dir,
+                       "--output_dir", dataset, "--num_workers", 0, "--target_tokens", 20_000, "--val_tokens", 2_000)
+    assert built.returncode == 0, built.stderr[-3000:]
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, dataset, allow_config_change=True))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and "context of 128 tokens" in error[0] and "256" in error[0], proc.stderr[-3000:]
+    assert "new RUN_NAME" in error[0]
+
+
+@pytest.mark.slow
+def test_the_own_corpus_chain_runs_with_the_defaults(own_config: Path, tmp_path: Path) -> None:
+    """Tokenizer, build, both trainers on a few MB of JSONL 70/30, each with its defaults but for the sizes a CPU
+    test affords (a small vocabulary, the tiny preset, MAX_STEPS)."""
+    tokenizer = tmp_path / "tok"
+    proc = run_script("train_tokenizer_v5.py", "--config", own_config, "--vocab_size", 2048, "--output_dir",
+                      tokenizer)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dataset = tmp_path / "ds"
+    proc = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer, "--output_dir",
+                      dataset)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shares = json.loads((dataset / "manifest.json").read_text())["splits"]["train"]["sources"]
+    assert abs(shares["prose"]["share"] - 0.7) < 0.02, shares
+    common = ["--model_preset", "sparknet-tiny", "--max_steps", 6, "--checkpoints_dir", tmp_path / "ckpt",
+              "--logs_dir", tmp_path / "logs"]
+    proc = run_script("train_sparknet_v5.py", "--config", own_config, "--dataset_dir", dataset, "--run_name",
+                      "packed", *common)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_script("train_sparknet.py", "--config", own_config, "--tokenizer_dir", tokenizer, "--run_name",
+                      "stream", *common)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for run in ("packed", "stream"):
+        meta = json.loads((tmp_path / "ckpt" / run / "training_metadata.json").read_text())
+        assert meta["steps"] == 6 and meta["model"]["n_positions"] == 256, run
+        state = json.loads((tmp_path / "ckpt" / run / "checkpoint-6" / "trainer_state.json").read_text())
+        assert state["global_step"] == 6
+
+
+@pytest.mark.slow
+def test_max_steps_trains_exactly_that_many_steps_with_the_schedule_over_them(tiny_dataset: Path,
+                                                                              tmp_path: Path) -> None:
+    args = _without(train_args(tmp_path, tiny_dataset, max_steps=7, eval_steps=7, save_steps=7, sample_steps=0,
+                               record_batches=True, warmup_ratio=0.0), "target_tokens")
+    proc = run_script("train_sparknet_v5.py", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "ckpt" / "run"
+    meta = json.loads((run_dir / "training_metadata.json").read_text())
+    assert meta["steps"] == 7 and meta["tokens_seen"] == 7 * 4 * 128
+    assert json.loads((run_dir / "checkpoint-7" / "trainer_state.json").read_text())["global_step"] == 7
+    steps = read_steps(run_dir / "batches.jsonl")
+    assert sorted(steps) == list(range(1, 8))
+    # cosine from the peak (3e-3) down to MIN_LR_RATIO (0.1) of it over the 7 steps: the LR of step s is the
+    # schedule's at s - 1
+    lrs = [steps[s]["lr"] for s in range(1, 8)]
+    assert lrs[0] == pytest.approx(3e-3)
+    assert lrs[-1] == pytest.approx(3e-4 + 0.5 * 2.7e-3 * (1 + math.cos(math.pi * 6 / 7)), rel=1e-4)
+    assert re.search(r"budget: [\d,]+ tokens = 7 steps", proc.stderr), proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("script", ["train_sparknet_v5.py", "train_sparknet.py"])
+def test_max_steps_with_target_tokens_is_refused_in_one_line(script: str) -> None:
+    proc = run_script(script, "--max_steps", 10, "--target_tokens", 100_000)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "MAX_STEPS=10" in proc.stderr and "TARGET_TOKENS" in proc.stderr, (
+        proc.stderr)
+
+
+@pytest.mark.slow
+def test_a_source_that_runs_dry_in_the_stream_says_its_share(corpus_dir: Path, tokenizer_dir: Path,
+                                                            tmp_path: Path) -> None:
+    """ON_EXHAUSTED=renormalise: the warning gives the dry source's share of the tokens so far against the share
+    asked, and the metadata the realised training mix."""
+    code = write_jsonl(tmp_path / "code.jsonl",
+                       [text[:400] for text in read_texts(corpus_dir / "code.train.jsonl")[:40]])
+    config = write_config(tmp_path / "mix.json", [
+        {"name": "json", "prob": 0.7, "data_files": str(corpus_dir / "prose.train.jsonl")},
+        {"name": "json", "prob": 0.3, "data_files": str(code)}])
+    proc = run_script("train_sparknet.py", *stream_args(tmp_path, config, tokenizer_dir, shuffle_buffer=0,
+                                                        eval_steps=8, save_steps=40))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = re.search(r"source 'code' ran dry after \d+ documents, ([\d.]+)% of the tokens so far \(asked 30\.0%\)",
+                     proc.stderr)
+    assert said, proc.stderr[-3000:]
+    training = json.loads((tmp_path / "ckpt" / "run" / "training_metadata.json").read_text())["stream"]["training"]
+    assert "code" in training["exhausted"] and training["shares"]["code"] < 0.3
