@@ -185,6 +185,20 @@ def test_the_own_corpus_chain_runs_with_the_defaults(own_config: Path, tmp_path:
         assert meta["steps"] == 6 and meta["model"]["n_positions"] == 256, run
         state = json.loads((tmp_path / "ckpt" / run / "checkpoint-6" / "trainer_state.json").read_text())
         assert state["global_step"] == 6
+    # then evaluation, export and a plain transformers pipeline() on the export, as a user goes on
+    models = [tmp_path / "ckpt" / "packed", tmp_path / "ckpt" / "stream"]
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(m) for m in models]),
+                      "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "eval" / "packed" / "perplexity.json").is_file()
+    export = tmp_path / "export"
+    proc = run_script("export_model.py", "--model", models[0], "--output_dir", export, "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from transformers import pipeline
+
+    generate = pipeline("text-generation", model=str(export))
+    out = generate("The ", max_new_tokens=5, do_sample=False)[0]["generated_text"]
+    assert out.startswith("The ") and len(out) > len("The ")
 
 
 @pytest.mark.slow
