@@ -12,6 +12,7 @@ import pytest
 
 from sparknet.errors import UserError
 from sparknet.eval.benchmarks import SUITE_TASK, run_benchmarks, write_offline_suite
+from sparknet.testing.hub_server import HubServer
 from tests.helpers import run_script, write_jsonl
 
 TEXTS = [f"Document {i} says that the number {i} is followed by {i + 1} and then by many other numbers in a row "
@@ -134,12 +135,39 @@ def test_a_mistyped_model_folder_or_an_unreachable_hub_model_is_one_line(script:
         assert f"model folder {runs.name}/dmeo not found" in proc.stderr and f"{runs.name}/ holds: demo" in proc.stderr
     finally:
         shutil.rmtree(runs, ignore_errors=True)
-    # a project folder holding no runs ("scripts/") does not hide a Hub id "scripts/x"; offline it cannot load
-    # (eval_benchmarks refuses it before lm-eval starts; the others when they load it, perplexity with text to score)
+    # any project folder ("scripts/") makes "scripts/x" a local path (sparknet.folder_or_hub), answered at once
+    proc = run_script(script, "--models", json.dumps(["scripts/no-model"]), "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "model folder scripts/no-model not found" in proc.stderr and "scripts/ holds: no folders" in proc.stderr
+    # a Hub id offline cannot load (eval_benchmarks refuses it before lm-eval starts; the others when they load it,
+    # perplexity with text to score)
     extra = ["--data", write_jsonl(tmp_path / "val.jsonl", TEXTS)] if script == "eval_perplexity.py" else []
-    for spec in ("no-such-user-sparknet/no-model", "scripts/no-model"):
+    for spec in ("no-such-user-sparknet/no-model",):
         proc = run_script(script, "--models", json.dumps([spec]), *extra, "--eval_dir", tmp_path / "eval")
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert lines[-1].startswith(f"error: cannot load model '{spec}'"), proc.stderr[-3000:]
         assert "Hub ids need network access or a cached copy" in lines[-1]
+
+
+def test_a_model_path_under_a_local_folder_is_answered_at_once(hub: HubServer, tmp_path: Path) -> None:
+    """`--models models/mine`, typed where models/ exists (holding no model yet) but mine does not: one line naming
+    the folder looked for and what models/ holds, at once; online (through the loopback Hub), never a Hub lookup."""
+    import subprocess
+    import sys
+    import time
+
+    from sparknet.runtime import PROJECT_ROOT
+
+    (tmp_path / "models" / "notes").mkdir(parents=True)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "eval_benchmarks.py"), "--models",
+                           json.dumps(["models/mine"]), "--eval_dir", tmp_path / "eval"],
+                          cwd=tmp_path, env=hub.env(tmp_path), capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - started
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("error: model folder models/mine not found"), lines[0]
+    assert f"looked for {tmp_path / 'models' / 'mine'}" in lines[0] and "models/ holds: notes" in lines[0]
+    assert not hub.requests, hub.requests  # not one Hub lookup (a real Hub's retries took ~50 s to fail)
+    assert seconds < 60, seconds
