@@ -63,6 +63,13 @@ class Progress(tqdm):
         if self.total:
             self.bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{eta}, {rate_fmt}{postfix}]"
 
+    def end_short(self, note: str) -> None:
+        """The work ended before the total (e.g. every source ran dry): the bar ends full at what was done, saying
+        why (`note`), not stopped at "20% | 3.86M/19.1M" as if something were still coming."""
+        self.total = self.n
+        self.set_postfix_str(note, refresh=False)
+        self.close()
+
     @property
     def format_dict(self) -> dict[str, Any]:
         values = super().format_dict

@@ -47,7 +47,9 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2, len
         min_frequency=min_frequency,
         special_tokens=[EOT],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=True,
+        # Off: its bars draw over ours while it reads the sample (which our "sampling text" bar shows), and where
+        # the output is not a terminal they leave one blank line per stage; a log line says when the merges start.
+        show_progress=False,
     )
     tok.train_from_iterator(texts, trainer, length=length)
     return tok
@@ -190,12 +192,17 @@ def _check_output_dir(out_dir: Path, overwrite: bool) -> None:
 
 
 def _sample(mixer: Mixer[str], max_bytes: int, progress: Progress) -> Iterator[str]:
-    """The mix's documents until `max_bytes` of text (the last document whole) or until every source is dry."""
+    """The mix's documents until `max_bytes` of text (the last document whole) or until every source is dry; the
+    bar ends with the sample, and a line says what the BPE does next (its own bars are off: see train_bpe)."""
     for _label, text in mixer:
         progress.update(utf8_bytes(text))
         yield text
         if mixer.total_units >= max_bytes:  # the mixer's units are bytes here
-            return
+            break
+    else:
+        progress.end_short("every source ran dry")
+    progress.close()
+    log.info("sampled %s bytes: counting pairs and computing the merges", f"{mixer.total_units:,}")
 
 
 def _warn_about_the_sample(
