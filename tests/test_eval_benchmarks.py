@@ -4,7 +4,10 @@ line."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +15,9 @@ import pytest
 
 from sparknet.errors import UserError
 from sparknet.eval.benchmarks import SUITE_TASK, run_benchmarks, write_offline_suite
+from sparknet.runtime import PROJECT_ROOT
 from sparknet.testing.hub_server import HubServer
-from tests.helpers import run_script, write_jsonl
+from tests.helpers import OFFLINE_ENV, run_script, write_jsonl
 
 TEXTS = [f"Document {i} says that the number {i} is followed by {i + 1} and then by many other numbers in a row "
          f"until the end of the line, which comes after {i * 7} words or so in this text." for i in range(12)]
@@ -78,10 +82,15 @@ def test_offline_suite_through_lm_eval(random_model: Path, tmp_path: Path) -> No
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     data = write_jsonl(tmp_path / "val.jsonl", WORD_TEXTS)
-    proc = run_script("eval_benchmarks.py", "--models", json.dumps([str(random_model)]), "--suite_data", data,
-                      "--suite_items", 12, "--suite_dir", tmp_path / "suite", "--eval_dir", tmp_path / "eval",
-                      "--batch_size", 4)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = tmp_path / "benchmarks.log"  # its output redirected to a file, read back byte for byte (a captured text
+    with log.open("wb") as out:  # stream would turn each carriage return into a newline)
+        proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "eval_benchmarks.py"), "--models",
+                               json.dumps([str(random_model)]), "--suite_data", str(data), "--suite_items", "12",
+                               "--suite_dir", str(tmp_path / "suite"), "--eval_dir", str(tmp_path / "eval"),
+                               "--batch_size", "4"], cwd=PROJECT_ROOT, env={**os.environ, **OFFLINE_ENV},
+                              stdout=out, stderr=subprocess.STDOUT, timeout=300)
+    output = log.read_bytes().decode()
+    assert proc.returncode == 0, output[-3000:]
     scores = json.loads((tmp_path / "eval" / "randrun" / "benchmarks.json").read_text())["results"][SUITE_TASK]
     # the accuracies of this model on the suite's 12 items, from its own log-likelihoods of the choices
     items = [json.loads(line) for line in (tmp_path / "suite" / f"{SUITE_TASK}.jsonl").read_text().splitlines()]
@@ -99,9 +108,12 @@ def test_offline_suite_through_lm_eval(random_model: Path, tmp_path: Path) -> No
         assert scores[f"{metric}_stderr"] == pytest.approx((p * (1 - p) / (len(items) - 1)) ** 0.5), metric
     assert "| sparknet_continuation | acc |" in (tmp_path / "eval" / "randrun" / "benchmarks.md").read_text()
     # SparkNet's lines only: no lm-eval INFO lines, no advice about attention masks, no per-load or split bars
-    output = proc.stdout + proc.stderr
     for noise in ("INFO lm_eval", "attention_mask", "Loading weights", "Generating test split"):
         assert noise not in output, noise
+    # captured, as in a log file: lm-eval's bars are whole lines, as SparkNet's own (sparknet.progress), not one
+    # long line of carriage-return redraws
+    assert "\r" not in output, repr(output[-2000:])
+    assert any(line.startswith("Running loglikelihood requests: 100%") for line in output.splitlines()), output
 
 
 @pytest.mark.slow
@@ -123,8 +135,6 @@ def test_a_mistyped_model_folder_or_an_unreachable_hub_model_is_one_line(script:
                                                                          tmp_path: Path) -> None:
     import shutil
     import uuid
-
-    from sparknet.runtime import PROJECT_ROOT
 
     # a project folder holding a run: "runs-x/dmeo" is a mistyped run folder, not the Hub user "runs-x"
     runs = PROJECT_ROOT / f"test-runs-{uuid.uuid4().hex[:8]}"
@@ -153,11 +163,7 @@ def test_a_mistyped_model_folder_or_an_unreachable_hub_model_is_one_line(script:
 def test_a_model_path_under_a_local_folder_is_answered_at_once(hub: HubServer, tmp_path: Path) -> None:
     """`--models models/mine`, typed where models/ exists (holding no model yet) but mine does not: one line naming
     the folder looked for and what models/ holds, at once; online (through the loopback Hub), never a Hub lookup."""
-    import subprocess
-    import sys
     import time
-
-    from sparknet.runtime import PROJECT_ROOT
 
     (tmp_path / "models" / "notes").mkdir(parents=True)
     started = time.monotonic()
