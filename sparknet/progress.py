@@ -1,8 +1,10 @@
-"""SparkNet's progress bars: tqdm with two changes that tqdm has no setting for.
+"""SparkNet's progress bars: tqdm with changes that tqdm has no setting for.
 
 - No estimate until there is something to estimate from: the remaining time shows "?" for the first seconds and
   the first 1% of the work, so that a slow start (encoder processes starting, the first Hub request) does not open
   with an ETA of hours.
+- A bar that goes past its total (a last whole document or block) ends at 100% of what was done, and one whose
+  work ended early can end full at what was done with a note (`end_short`): never "821k/?" or "20% | 3.8M/19M".
 - Plain lines where the output is not a terminal (a log file, CI, `| tee`): tqdm redraws its line with carriage
   returns, which a file keeps as one garbled line. There the bar's line is written whole, once every
   `PLAIN_INTERVAL` seconds and at the end, each on its own line.
@@ -63,6 +65,13 @@ class Progress(tqdm):
         super().__init__(*args, **kwargs)
         if self.total:
             self.bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{eta}, {rate_fmt}{postfix}]"
+
+    def close(self) -> None:
+        # Work a little past its estimate (a last whole document or block) ends at 100% of what was done: past its
+        # total, tqdm would drop the total and the percentage ("821k/?").
+        if self.total and self.n > self.total:
+            self.total = self.n
+        super().close()
 
     def end_short(self, note: str) -> None:
         """The work ended before the total (e.g. every source ran dry): the bar ends full at what was done, saying

@@ -197,11 +197,8 @@ def _sample(mixer: Mixer[str], max_bytes: int, progress: Progress) -> Iterator[s
     for _label, text in mixer:
         progress.update(utf8_bytes(text))
         yield text
-        if mixer.total_units >= max_bytes:  # the mixer's units are bytes here
-            # the last document is whole, so a little past the budget: the bar ends at all that was sampled
-            # (past its total, tqdm would drop the total and the percentage: "2.87M/?")
-            progress.total = progress.n
-            break
+        if mixer.total_units >= max_bytes:  # the mixer's units are bytes here (the last document whole: a little
+            break  # past the budget, where the bar ends full: sparknet.progress)
     else:
         progress.end_short("every source ran dry")
     progress.close()
