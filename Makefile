@@ -9,6 +9,9 @@ SHELL := /bin/bash
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # pip's warnings about this machine's optional local package indexes are noise.
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
+# The lock's install takes minutes: pip's own lines show it moving (one per package it fetches, then what it
+# installs), less the ones for packages already there.
+PIP_PROGRESS := { grep --line-buffered -v -e "is ignored: it is neither a file nor a directory" -e "^Requirement already satisfied" || true; }
 
 .PHONY: install demo test test-all coverage lock docs lint bench bench-recipe clean-demo
 
@@ -17,12 +20,15 @@ install: $(STAMP)
 # The exact versions of requirements.lock (requirements*.txt hold the ranges; `make lock` refreshes the lock).
 $(STAMP): requirements.lock pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "SparkNet needs Python 3.11 or newer")'
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "installing requirements.lock into $(VENV) (about 2 minutes the first time)"
-	@$(PY) -m pip install -q -r requirements.lock 2>&1 | $(QUIET_PIP)
+	@test -x $(PY) || { echo "[1/4] creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "[2/4] installing requirements.lock into $(VENV) (about 2 minutes the first time; pip's lines follow)"
+	@$(PY) -m pip install --progress-bar off -r requirements.lock 2>&1 | $(PIP_PROGRESS)
+	@echo "[3/4] installing sparknet itself (editable)"
 	@$(PY) -m pip install -q --no-deps -e . 2>&1 | $(QUIET_PIP)
+	@echo "[4/4] checking $(VENV) against requirements.lock"
 	@$(PY) tools/lock.py check
 	@touch $(STAMP)
+	@echo "installed: $(VENV) (next: make demo, or make test)"
 
 demo: $(STAMP)
 	$(OFFLINE) $(PY) scripts/demo.py $(DEMO_ARGS)

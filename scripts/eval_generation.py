@@ -1,6 +1,7 @@
 """Samples from one or several models on the same prompts, side by side in one markdown report.
 
-The seed is set before each prompt, so the same model, prompt and settings always give the same text. Report:
+Each sample has its own seed, derived from SEED, its prompt's place in the list and its number: the same models,
+prompts and settings always give the same text, and no two samples share their random draws. Report:
 eval/<RUN_NAME>/generation.md (several models: eval/<A>_vs_<B>/generation.md), also printed.
 """
 
@@ -13,7 +14,7 @@ TOP_K = 50  # sample among the k most likely tokens (0: no limit)
 REPETITION_PENALTY = 1.0  # >1 discourages repeating tokens
 MAX_NEW_TOKENS = 64  # tokens generated per sample
 NUM_SAMPLES = 2  # samples per prompt and model
-SEED = 1234  # seed set before each prompt
+SEED = 1234  # seed of the samples (each sample's own seed derives from it, its prompt's place and its number)
 EVAL_DIR = "eval"  # the report goes to EVAL_DIR/<RUN_NAME>/generation.md
 
 

@@ -1,8 +1,10 @@
-"""SparkNet's progress bars: tqdm with two changes that tqdm has no setting for.
+"""SparkNet's progress bars: tqdm with changes that tqdm has no setting for.
 
 - No estimate until there is something to estimate from: the remaining time shows "?" for the first seconds and
   the first 1% of the work, so that a slow start (encoder processes starting, the first Hub request) does not open
   with an ETA of hours.
+- A bar that goes past its total (a last whole document or block) ends at 100% of what was done, and one whose
+  work ended early can end full at what was done with a note (`end_short`): never "821k/?" or "20% | 3.8M/19M".
 - Plain lines where the output is not a terminal (a log file, CI, `| tee`): tqdm redraws its line with carriage
   returns, which a file keeps as one garbled line. There the bar's line is written whole, once every
   `PLAIN_INTERVAL` seconds and at the end, each on its own line.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
+from types import ModuleType
 from typing import IO, Any
 
 from tqdm import tqdm
@@ -63,6 +66,20 @@ class Progress(tqdm):
         if self.total:
             self.bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{eta}, {rate_fmt}{postfix}]"
 
+    def close(self) -> None:
+        # Work a little past its estimate (a last whole document or block) ends at 100% of what was done: past its
+        # total, tqdm would drop the total and the percentage ("821k/?").
+        if self.total and self.n > self.total:
+            self.total = self.n
+        super().close()
+
+    def end_short(self, note: str) -> None:
+        """The work ended before the total (e.g. every source ran dry): the bar ends full at what was done, saying
+        why (`note`), not stopped at "20% | 3.86M/19.1M" as if something were still coming."""
+        self.total = self.n
+        self.set_postfix_str(note, refresh=False)
+        self.close()
+
     @property
     def format_dict(self) -> dict[str, Any]:
         values = super().format_dict
@@ -79,6 +96,16 @@ class Progress(tqdm):
 def progress(*args: Any, **kwargs: Any) -> Progress:
     """A progress bar (tqdm's arguments: total, desc, unit, ...)."""
     return Progress(*args, **kwargs)
+
+
+def route_library_bars(*modules: ModuleType) -> None:
+    """Makes the bars these library modules draw with their module-level name `tqdm` (`from tqdm import tqdm`)
+    SparkNet's: the same look on a terminal, whole lines in a log file (lm-eval's bars landed there as one 4 KB
+    line of carriage returns). Their `disable=` and other tqdm arguments keep working. A module without that name
+    is left alone (tests/test_hf_private_apis.py checks the names are there)."""
+    for module in modules:
+        if getattr(module, "tqdm", None) is tqdm:
+            module.tqdm = Progress  # type: ignore[attr-defined]
 
 
 def share_one_tqdm_lock() -> None:

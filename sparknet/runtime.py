@@ -47,8 +47,10 @@ def configure_logging(level: int = logging.INFO) -> None:
     # under torchrun the other processes say only what goes wrong: one voice for progress
     root.setLevel(level if process_rank() == 0 else max(level, logging.WARNING))
     # lm_eval: its INFO lines (seeds, task building, model arguments) interleave with SparkNet's own; the HTTP
-    # clients (huggingface_hub 2 talks through httpx2) log one INFO line per request, thousands in a streamed run
-    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "urllib3", "filelock", "fsspec", "lm_eval"):
+    # clients (huggingface_hub 2 talks through httpx2) log one INFO line per request, thousands in a streamed run;
+    # matplotlib: "generated new fontManager" on its first use on a machine (plots, the demo)
+    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "urllib3", "filelock", "fsspec", "lm_eval",
+                  "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # huggingface_hub prints through a bare handler of its own (added when it is imported) and passes each line on
     # to ours as well: every retry warning came twice

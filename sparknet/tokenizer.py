@@ -20,6 +20,7 @@ from typing import Any
 from sparknet.config import MixConfig
 from sparknet.data.mixing import Mixer, mix_texts
 from sparknet.errors import UserError
+from sparknet.folder_or_hub import local_path, not_found
 from sparknet.locks import exclusive
 from sparknet.progress import Progress
 from sparknet.runtime import project_path, replace_folder
@@ -46,7 +47,9 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2, len
         min_frequency=min_frequency,
         special_tokens=[EOT],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=True,
+        # Off: its bars draw over ours while it reads the sample (which our "sampling text" bar shows), and where
+        # the output is not a terminal they leave one blank line per stage; a log line says when the merges start.
+        show_progress=False,
     )
     tok.train_from_iterator(texts, trainer, length=length)
     return tok
@@ -189,12 +192,17 @@ def _check_output_dir(out_dir: Path, overwrite: bool) -> None:
 
 
 def _sample(mixer: Mixer[str], max_bytes: int, progress: Progress) -> Iterator[str]:
-    """The mix's documents until `max_bytes` of text (the last document whole) or until every source is dry."""
+    """The mix's documents until `max_bytes` of text (the last document whole) or until every source is dry; the
+    bar ends with the sample, and a line says what the BPE does next (its own bars are off: see train_bpe)."""
     for _label, text in mixer:
         progress.update(utf8_bytes(text))
         yield text
-        if mixer.total_units >= max_bytes:  # the mixer's units are bytes here
-            return
+        if mixer.total_units >= max_bytes:  # the mixer's units are bytes here (the last document whole: a little
+            break  # past the budget, where the bar ends full: sparknet.progress)
+    else:
+        progress.end_short("every source ran dry")
+    progress.close()
+    log.info("sampled %s bytes: counting pairs and computing the merges", f"{mixer.total_units:,}")
 
 
 def _warn_about_the_sample(
@@ -239,19 +247,21 @@ def load_tokenizer(name_or_path: str) -> Any:
     has an end-of-text token and round-trips text losslessly."""
     from transformers import AutoTokenizer
 
-    folder = project_path(name_or_path)
-    if folder.exists():
+    folder = local_path(name_or_path)  # None: a Hub id (the rule: sparknet.folder_or_hub)
+    near = None if folder is not None and folder.exists() else _nearest_tokenizer_folder(name_or_path)
+    if folder is None and near is not None:
+        folder = project_path(name_or_path)  # a near miss of a local tokenizer folder's name (tokenizr-demo)
+    if folder is not None and folder.exists():
         if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
             raise UserError(
                 f"{folder} holds no tokenizer (no tokenizer.json): train one with "
                 "scripts/train_tokenizer_v5.py or point the script at another tokenizer folder or Hub id"
             )
         source = str(folder)
-    elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or _local_looking(name_or_path):
-        near = _nearest_tokenizer_folder(name_or_path)
+    elif folder is not None:
         hint = f" Did you mean {near}?" if near else ""
         raise UserError(
-            f"tokenizer folder {name_or_path} not found (looked for {folder}).{hint} Train one with "
+            f"{not_found('tokenizer folder', name_or_path, folder)}.{hint} Train one with "
             "scripts/train_tokenizer_v5.py, or pass a Hub id such as gpt2"
         )
     else:
@@ -261,13 +271,13 @@ def load_tokenizer(name_or_path: str) -> Any:
             tok = AutoTokenizer.from_pretrained(source)
     except Exception as exc:  # noqa: BLE001 - reported against the user's value with the library's reason
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        if source == str(folder):
+        if folder is not None:
             raise UserError(f"the tokenizer in {folder} cannot be read ({reason}): a file of it is damaged or "
                             "truncated; train it again with scripts/train_tokenizer_v5.py (--overwrite true) or "
                             "restore the folder") from None
         raise UserError(
-            f"cannot load tokenizer {name_or_path!r}: no folder {folder} and the Hub id failed "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). Train one with "
+            f"cannot load tokenizer {name_or_path!r}: no folder {project_path(name_or_path)} and the Hub id failed "
+            f"({reason}). Train one with "
             "scripts/train_tokenizer_v5.py; Hub ids need network access or a cached copy"
         ) from None
     if tok.eos_token_id is None:
@@ -282,16 +292,6 @@ def load_tokenizer(name_or_path: str) -> Any:
             name_or_path,
         )
     return tok
-
-
-def _local_looking(name: str) -> bool:
-    """A name that is not a folder here but is meant as one: a near miss of a local folder's name
-    (`tokenizr-demo`), or `folder/x` under a folder of this project or the current one. Such names fail at once
-    instead of spending a minute in Hub retries; other names (`gpt2`, `owner/name`) are Hub ids."""
-    if "/" in name:
-        first = name.split("/")[0]
-        return project_path(first).is_dir() or os.path.isdir(first)
-    return _nearest_tokenizer_folder(name) is not None
 
 
 def _nearest_tokenizer_folder(name: str) -> str | None:

@@ -4,7 +4,10 @@ line."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,9 @@ import pytest
 
 from sparknet.errors import UserError
 from sparknet.eval.benchmarks import SUITE_TASK, run_benchmarks, write_offline_suite
-from tests.helpers import run_script, write_jsonl
+from sparknet.runtime import PROJECT_ROOT
+from sparknet.testing.hub_server import HubServer
+from tests.helpers import OFFLINE_ENV, run_script, write_jsonl
 
 TEXTS = [f"Document {i} says that the number {i} is followed by {i + 1} and then by many other numbers in a row "
          f"until the end of the line, which comes after {i * 7} words or so in this text." for i in range(12)]
@@ -77,10 +82,15 @@ def test_offline_suite_through_lm_eval(random_model: Path, tmp_path: Path) -> No
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     data = write_jsonl(tmp_path / "val.jsonl", WORD_TEXTS)
-    proc = run_script("eval_benchmarks.py", "--models", json.dumps([str(random_model)]), "--suite_data", data,
-                      "--suite_items", 12, "--suite_dir", tmp_path / "suite", "--eval_dir", tmp_path / "eval",
-                      "--batch_size", 4)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = tmp_path / "benchmarks.log"  # its output redirected to a file, read back byte for byte (a captured text
+    with log.open("wb") as out:  # stream would turn each carriage return into a newline)
+        proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "eval_benchmarks.py"), "--models",
+                               json.dumps([str(random_model)]), "--suite_data", str(data), "--suite_items", "12",
+                               "--suite_dir", str(tmp_path / "suite"), "--eval_dir", str(tmp_path / "eval"),
+                               "--batch_size", "4"], cwd=PROJECT_ROOT, env={**os.environ, **OFFLINE_ENV},
+                              stdout=out, stderr=subprocess.STDOUT, timeout=300)
+    output = log.read_bytes().decode()
+    assert proc.returncode == 0, output[-3000:]
     scores = json.loads((tmp_path / "eval" / "randrun" / "benchmarks.json").read_text())["results"][SUITE_TASK]
     # the accuracies of this model on the suite's 12 items, from its own log-likelihoods of the choices
     items = [json.loads(line) for line in (tmp_path / "suite" / f"{SUITE_TASK}.jsonl").read_text().splitlines()]
@@ -98,9 +108,12 @@ def test_offline_suite_through_lm_eval(random_model: Path, tmp_path: Path) -> No
         assert scores[f"{metric}_stderr"] == pytest.approx((p * (1 - p) / (len(items) - 1)) ** 0.5), metric
     assert "| sparknet_continuation | acc |" in (tmp_path / "eval" / "randrun" / "benchmarks.md").read_text()
     # SparkNet's lines only: no lm-eval INFO lines, no advice about attention masks, no per-load or split bars
-    output = proc.stdout + proc.stderr
     for noise in ("INFO lm_eval", "attention_mask", "Loading weights", "Generating test split"):
         assert noise not in output, noise
+    # captured, as in a log file: lm-eval's bars are whole lines, as SparkNet's own (sparknet.progress), not one
+    # long line of carriage-return redraws
+    assert "\r" not in output, repr(output[-2000:])
+    assert any(line.startswith("Running loglikelihood requests: 100%") for line in output.splitlines()), output
 
 
 @pytest.mark.slow
@@ -123,8 +136,6 @@ def test_a_mistyped_model_folder_or_an_unreachable_hub_model_is_one_line(script:
     import shutil
     import uuid
 
-    from sparknet.runtime import PROJECT_ROOT
-
     # a project folder holding a run: "runs-x/dmeo" is a mistyped run folder, not the Hub user "runs-x"
     runs = PROJECT_ROOT / f"test-runs-{uuid.uuid4().hex[:8]}"
     try:
@@ -134,10 +145,14 @@ def test_a_mistyped_model_folder_or_an_unreachable_hub_model_is_one_line(script:
         assert f"model folder {runs.name}/dmeo not found" in proc.stderr and f"{runs.name}/ holds: demo" in proc.stderr
     finally:
         shutil.rmtree(runs, ignore_errors=True)
-    # a project folder holding no runs ("scripts/") does not hide a Hub id "scripts/x"; offline it cannot load
-    # (eval_benchmarks refuses it before lm-eval starts; the others when they load it, perplexity with text to score)
+    # any project folder ("scripts/") makes "scripts/x" a local path (sparknet.folder_or_hub), answered at once
+    proc = run_script(script, "--models", json.dumps(["scripts/no-model"]), "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "model folder scripts/no-model not found" in proc.stderr and "scripts/ holds: no folders" in proc.stderr
+    # a Hub id offline cannot load (eval_benchmarks refuses it before lm-eval starts; the others when they load it,
+    # perplexity with text to score)
     extra = ["--data", write_jsonl(tmp_path / "val.jsonl", TEXTS)] if script == "eval_perplexity.py" else []
-    for spec in ("no-such-user-sparknet/no-model", "scripts/no-model"):
+    for spec in ("no-such-user-sparknet/no-model",):
         proc = run_script(script, "--models", json.dumps([spec]), *extra, "--eval_dir", tmp_path / "eval")
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -172,3 +187,22 @@ def test_a_limited_run_is_kept_beside_the_full_one_and_the_card_shows_the_full_o
     assert f"| {SUITE_TASK} | 12 | {full['shots']} | {full['acc']:.4f} |" in benchmarks, benchmarks
     index = {result.metric_type: result.metric_value for result in ModelCard.load(card).data.eval_results}
     assert index == {"acc": full["acc"], "acc_norm": full["acc_norm"]}  # the scores only, of the full run
+
+
+def test_a_model_path_under_a_local_folder_is_answered_at_once(hub: HubServer, tmp_path: Path) -> None:
+    """`--models models/mine`, typed where models/ exists (holding no model yet) but mine does not: one line naming
+    the folder looked for and what models/ holds, at once; online (through the loopback Hub), never a Hub lookup."""
+    import time
+
+    (tmp_path / "models" / "notes").mkdir(parents=True)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "eval_benchmarks.py"), "--models",
+                           json.dumps(["models/mine"]), "--eval_dir", tmp_path / "eval"],
+                          cwd=tmp_path, env=hub.env(tmp_path), capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - started
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("error: model folder models/mine not found"), lines[0]
+    assert f"looked for {tmp_path / 'models' / 'mine'}" in lines[0] and "models/ holds: notes" in lines[0]
+    assert not hub.requests, hub.requests  # not one Hub lookup (a real Hub's retries took ~50 s to fail)
+    assert seconds < 60, seconds

@@ -1,4 +1,5 @@
-"""eval_generation: a fixed seed gives the same text, whatever ran before; several models in one report."""
+"""eval_generation: a fixed seed gives the same text, whatever ran before, and no two samples the same draws;
+several models in one report."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparknet.errors import UserError
-from sparknet.eval.generation import SamplingSettings, generate_samples, load_prompts
+from sparknet.eval.generation import SamplingSettings, generate_samples, load_prompts, sample_seed
 from sparknet.eval.models import load_model, resolve_model
 from tests.helpers import random_run_folder, run_script
 
@@ -22,9 +23,10 @@ def _prompt_ids(model_dir: Path, prompt: str) -> list[int]:
     return AutoTokenizer.from_pretrained(str(model_dir))(prompt, add_special_tokens=False)["input_ids"]
 
 
-def _generated(model_dir: Path, prompt_ids: list[int], settings: SamplingSettings) -> list[str]:
-    """What plain transformers generates after `prompt_ids` with `settings` (the seed set just before; greedy, one
-    sample, at temperature 0), the generated text only: the reference a report is checked against."""
+def _generated(model_dir: Path, prompt_ids: list[int], prompt_index: int, settings: SamplingSettings) -> list[str]:
+    """What plain transformers generates after `prompt_ids` with `settings` (each sample after setting its seed,
+    `sample_seed` of the prompt's place and the sample's number; greedy, one sample, at temperature 0), the
+    generated text only: the reference a report is checked against."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
@@ -32,15 +34,17 @@ def _generated(model_dir: Path, prompt_ids: list[int], settings: SamplingSetting
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
     options: dict = dict(do_sample=False)
     if settings.temperature > 0:
-        options = dict(do_sample=True, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-                       num_return_sequences=settings.num_samples)
+        options = dict(do_sample=True, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
     ids = torch.tensor([prompt_ids])
-    set_seed(settings.seed)
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=settings.max_new_tokens,
-                             repetition_penalty=settings.repetition_penalty, pad_token_id=tokenizer.eos_token_id,
-                             **options)
-    return [tokenizer.decode(row[len(prompt_ids):], skip_special_tokens=True) for row in out]
+    texts = []
+    for number in range(settings.num_samples if settings.temperature > 0 else 1):
+        set_seed(sample_seed(settings.seed, prompt_index, number))
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=settings.max_new_tokens,
+                                 repetition_penalty=settings.repetition_penalty, pad_token_id=tokenizer.eos_token_id,
+                                 **options)
+        texts.append(tokenizer.decode(out[0][len(prompt_ids):], skip_special_tokens=True))
+    return texts
 
 
 def _report_samples(report: str, prompts: list[str], models: int) -> list[list[list[str]]]:
@@ -68,11 +72,27 @@ def test_fixed_seed_gives_the_same_text(random_model: Path) -> None:  # noqa: F8
     model, tok, _ = load_model(resolve_model(str(random_model)), device="cpu")
     first = generate_samples(model, tok, ["The ", "def "], SETTINGS)
     torch.manual_seed(999)  # whatever the global RNG did in between
-    again = generate_samples(model, tok, ["def "], SETTINGS)
-    assert again[0] == first[1]
+    again = generate_samples(model, tok, ["The ", "def "], SETTINGS)
+    assert again == first
     assert first[0][0] != first[0][1]  # two different samples of one prompt
-    other_seed = generate_samples(model, tok, ["def "], SamplingSettings(**{**vars(SETTINGS), "seed": 8}))
-    assert other_seed[0] != first[1]
+    other_seed = generate_samples(model, tok, ["The ", "def "], SamplingSettings(**{**vars(SETTINGS), "seed": 8}))
+    assert other_seed[1] != first[1]
+
+
+def test_samples_of_different_prompts_are_different_draws_and_repeat_run_to_run(random_model: Path) -> None:  # noqa: F811
+    """Each sample has a seed of its own (from SEED, its prompt's index and its number): two prompts never share
+    their random draws (with the seed set again per prompt, the second sample of two prompts was the same
+    continuation; here one prompt given twice shows it), and the same call gives the same text."""
+    import torch
+
+    model, tok, _ = load_model(resolve_model(str(random_model)), device="cpu")
+    twice = generate_samples(model, tok, ["The ", "The "], SETTINGS)
+    assert all(twice[0][number] != twice[1][number] for number in range(SETTINGS.num_samples)), twice
+    different = generate_samples(model, tok, ["The ", "def "], SETTINGS)
+    assert len({text for samples in different for text in samples}) == 4, different
+    torch.manual_seed(999)  # whatever the global RNG did in between
+    assert generate_samples(model, tok, ["The ", "def "], SETTINGS) == different
+    assert generate_samples(model, tok, ["The ", "The "], SETTINGS) == twice
 
 
 def test_script_report_side_by_side(random_model: Path, tokenizer_dir: Path, tmp_path: Path) -> None:  # noqa: F811
@@ -90,9 +110,10 @@ def test_script_report_side_by_side(random_model: Path, tokenizer_dir: Path, tmp
     assert report.count("## Prompt") == 2 and "def f(x):\n    return" in report
     assert f"| # | {random_model} | {second} |" in report
     texts = ["Hello", "def f(x):\n    return"]
-    for prompt, (first, other) in zip(texts, _report_samples(report, texts, models=2), strict=True):
-        assert first == _generated(random_model, _prompt_ids(random_model, prompt), settings), prompt
-        assert other == _generated(second, _prompt_ids(second, prompt), settings), prompt
+    for index, (prompt, (first, other)) in enumerate(zip(texts, _report_samples(report, texts, models=2),
+                                                         strict=True)):
+        assert first == _generated(random_model, _prompt_ids(random_model, prompt), index, settings), prompt
+        assert other == _generated(second, _prompt_ids(second, prompt), index, settings), prompt
         assert first != other and len(first) == settings.num_samples, prompt
     with pytest.raises(UserError, match="prompts file .*nope.txt not found"):
         load_prompts(["unused"], str(tmp_path / "nope.txt"))
@@ -120,9 +141,9 @@ def test_a_prompt_longer_than_the_context_keeps_its_end(random_model: Path, tmp_
     ids = _prompt_ids(random_model, prompt)
     assert len(ids) > 2 * 24
     greedy = SamplingSettings(temperature=0, max_new_tokens=8, num_samples=1)
-    end, start = _generated(random_model, ids[-24:], greedy), _generated(random_model, ids[:24], greedy)
+    end, start = _generated(random_model, ids[-24:], 0, greedy), _generated(random_model, ids[:24], 0, greedy)
     assert end != start  # else this random model could not tell which end was kept
-    assert end not in (_generated(random_model, ids[-25:-1], greedy), _generated(random_model, ids[-23:], greedy))
+    assert end not in (_generated(random_model, ids[-25:-1], 0, greedy), _generated(random_model, ids[-23:], 0, greedy))
     report = (tmp_path / "eval" / "randrun" / "generation.md").read_text()
     assert _report_samples(report, [prompt], models=1) == [[end]]
     proc = run_script("eval_generation.py", "--models", json.dumps([str(random_model)]), "--max_new_tokens", 32,

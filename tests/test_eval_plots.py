@@ -45,9 +45,11 @@ def test_resumed_run_is_one_curve_and_pngs_are_written(tmp_path: Path) -> None:
 
 def test_script(tmp_path: Path) -> None:
     _write_events(tmp_path / "logs" / "a", range(1, 11), 0.0, created=1000)
+    # a first matplotlib run (no font cache yet, as on a fresh machine or in the demo) says nothing of its own
     proc = run_script("plot_runs.py", "--runs", '["a"]', "--logs_dir", tmp_path / "logs", "--eval_dir",
-                      tmp_path / "eval")
+                      tmp_path / "eval", env={"MPLCONFIGDIR": str(tmp_path / "mpl")})
     assert proc.returncode == 0, proc.stderr
+    assert "matplotlib" not in proc.stdout + proc.stderr, proc.stderr
     assert (tmp_path / "eval" / "a" / "plots" / "loss.png").is_file()
     proc = run_script("plot_runs.py", "--runs", '["missing"]', "--logs_dir", tmp_path / "logs")
     assert proc.returncode == 1 and "no TensorBoard logs for run 'missing'" in proc.stderr

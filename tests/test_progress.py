@@ -27,6 +27,16 @@ def test_written_to_a_file_a_bar_is_whole_lines_at_an_interval_and_its_end(monke
     assert lines[0].startswith("packing:") and "1000/1000" in lines[-1] and "<00:00" in lines[-1]
 
 
+def test_a_bar_that_goes_past_its_total_ends_full_at_what_was_done() -> None:
+    """Work a little past its estimate (a last whole document, a last block): the bar ends at 100% of what was
+    done, not without its total and percentage as tqdm draws it ("821k/?")."""
+    out = io.StringIO()
+    with progress(total=1000, desc="packing", unit="tok", file=out, mininterval=0) as bar:
+        bar.update(1003)
+    last = out.getvalue().splitlines()[-1]
+    assert "100%" in last and "1003/1003" in last, last
+
+
 def test_no_eta_before_the_first_seconds_and_percent(monkeypatch) -> None:
     out = io.StringIO()
     bar = progress(total=10_000, desc="packing", file=out, mininterval=0)

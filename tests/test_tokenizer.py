@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparknet.errors import UserError
+from sparknet.testing.hub_server import HubServer
 from sparknet.tokenizer import EOT, load_tokenizer
 from tests.helpers import run_script, write_config, write_jsonl
 
@@ -311,3 +312,54 @@ def test_a_damaged_tokenizer_folder_is_named_as_damaged(tokenizer_dir: Path, tmp
     with pytest.raises(UserError, match=r"the tokenizer in .*tok cannot be read .*damaged or truncated") as info:
         load_tokenizer(str(damaged))
     assert "Hub" not in str(info.value)
+
+
+def test_a_path_under_a_local_folder_is_answered_at_once_naming_what_the_folder_holds(
+        corpus_config: Path, hub: HubServer, tmp_path: Path) -> None:
+    """`--tokenizer_dir tokenizers/mine`, typed where tokenizers/ exists but mine does not: one line naming the folder
+    looked for (beside the user, not in the project) and what tokenizers/ holds, at once; online (through the
+    loopback Hub), never a Hub lookup."""
+    import subprocess
+    import sys
+    import time
+
+    from sparknet.runtime import PROJECT_ROOT
+
+    for name in ("a", "b"):
+        (tmp_path / "tokenizers" / name).mkdir(parents=True)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "build_dataset_v5.py"), "--config",
+                           corpus_config, "--tokenizer_dir", "tokenizers/mine", "--output_dir", tmp_path / "ds"],
+                          cwd=tmp_path, env=hub.env(tmp_path), capture_output=True, text=True, timeout=120)
+    seconds = time.monotonic() - started
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("error: tokenizer folder tokenizers/mine not found"), lines[0]
+    assert f"looked for {tmp_path / 'tokenizers' / 'mine'}" in lines[0] and "tokenizers/ holds: a, b" in lines[0]
+    assert not hub.requests, hub.requests  # not one Hub lookup (a real Hub's retries took ~50 s to fail)
+    assert seconds < 60, seconds
+    assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize("max_bytes", [50_000_000, 300_000])
+def test_the_sampling_bar_ends_at_what_was_read_without_blank_lines(corpus_config: Path, tmp_path: Path,
+                                                                    max_bytes: int) -> None:
+    """MAX_BYTES beyond the sources (~4 MB here): the sampling bar, written to a log (not a terminal), ends full at
+    the bytes read and says why, not at "20% | 3.86M/19.1M". Within them, it ends full too, though the last whole
+    document takes it past MAX_BYTES (it ended at "2.87M/?"). No blank lines either way (the BPE trainer's hidden
+    bars printed one per stage)."""
+    import re
+
+    proc = run_script("train_tokenizer_v5.py", "--config", corpus_config, "--vocab_size", 512, "--max_bytes",
+                      max_bytes, "--heldout_docs", 0, "--output_dir", tmp_path / "tok")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for stream in (proc.stdout, proc.stderr):
+        assert "" not in stream.rstrip("\n").split("\n"), stream[-3000:]
+    bars = [line for line in proc.stderr.splitlines() if line.startswith("sampling text:")]
+    assert bars and "\r" not in proc.stderr, proc.stderr[-3000:]
+    end = re.search(r"\| ([\d.]+[kMG]?)/([\d.]+[kMG]?) \[", bars[-1])
+    assert end and end.group(1) == end.group(2) and " 100%|" in bars[-1], bars[-1]
+    assert ("every source ran dry" in bars[-1]) == (max_bytes > 10_000_000), bars[-1]
+    report = json.loads((tmp_path / "tok" / "training_report.json").read_text())
+    sampled = sum(s["bytes"] for s in report["sources"].values())
+    assert sampled < max_bytes if max_bytes > 10_000_000 else sampled >= max_bytes

@@ -61,13 +61,19 @@ def run_benchmarks(model_source: str, tokenizer_source: str, tasks: list[str], i
     """{task: {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "items", "shots"}} of one model (items: those
     scored, after `limit`). Unknown task names and Hub tasks offline are UserErrors."""
     import datasets
+    import lm_eval.api.model
+    import lm_eval.api.task
+    import lm_eval.models.huggingface
     import torch
     from lm_eval import simple_evaluate
 
+    from sparknet.progress import route_library_bars
     from sparknet.runtime import hide_library_progress_bars
 
     hide_library_progress_bars()
     datasets.disable_progress_bars()  # "Generating test split" of each task's data
+    # lm-eval's bars (building contexts, tokenizing, the requests) as ours: whole lines in a log file
+    route_library_bars(lm_eval.api.task, lm_eval.api.model, lm_eval.models.huggingface)
     logging.getLogger("transformers.modeling_utils").addFilter(_no_attention_mask_advice)
 
     # Indexing lm-eval's own task catalogue takes ~10 s: the offline suite alone skips it.

@@ -69,23 +69,34 @@ def continuations(model: Any, tokenizer: Any, prompt: str, *, skip_special_token
     return [tokenizer.decode(row[ids.shape[1]:], skip_special_tokens=skip_special_tokens) for row in generated]
 
 
+def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """The seed of one sample: derived from SEED, the prompt's place in the list and the sample's number, so that no
+    two samples share their random draws (one seed per prompt gave two prompts the same draws, and often the same
+    continuation) and a run gives the same text each time."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, prompt_index, sample_index]).generate_state(1)[0])
+
+
 def generate_samples(model: Any, tokenizer: Any, prompts: list[str], settings: SamplingSettings) -> list[list[str]]:
-    """`num_samples` continuations per prompt (the generated text only). The seed is set again before each prompt,
-    so a prompt's samples depend only on the model, the prompt and the settings, not on what ran before."""
+    """`num_samples` continuations per prompt (the generated text only), each generated after setting its own seed
+    (`sample_seed`): the samples depend only on the model, the prompts and the settings, not on what ran before."""
     from transformers import set_seed
 
     sample = settings.temperature > 0
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     options = dict(max_new_tokens=settings.max_new_tokens, do_sample=sample, pad_token_id=pad,
-                   repetition_penalty=settings.repetition_penalty, num_return_sequences=settings.num_samples)
+                   repetition_penalty=settings.repetition_penalty)
     if sample:
         options.update(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
-    else:
-        options["num_return_sequences"] = 1  # greedy: every sample would be the same
+    numbers = range(settings.num_samples if sample else 1)  # greedy: every sample would be the same
     out = []
-    for prompt in prompts:
-        set_seed(settings.seed)
-        out.append(continuations(model, tokenizer, prompt, **options))
+    for prompt_index, prompt in enumerate(prompts):
+        texts = []
+        for number in numbers:
+            set_seed(sample_seed(settings.seed, prompt_index, number))
+            texts += continuations(model, tokenizer, prompt, **options)
+        out.append(texts)
     return out
 
 

@@ -24,7 +24,9 @@ class ModelRef:
 
 
 def resolve_model(spec: str) -> ModelRef:
-    """A model folder (relative to the project root) or a Hub id; a folder that holds no model is a UserError."""
+    """A model folder (relative to the project root) or a Hub id (told apart by sparknet.folder_or_hub's rule); a folder
+    that holds no model, and a local path that is not there, are UserErrors."""
+    from sparknet.folder_or_hub import local_path, not_found
     from sparknet.runtime import project_path
 
     # resolved: "run/checkpoint-49/..", "run/." and a symlink name the folder they lead to, whose name names its
@@ -41,13 +43,10 @@ def resolve_model(spec: str) -> ModelRef:
         return ModelRef(spec, str(folder), f"{run}/{folder.name}" if run else folder.name, folder)
     if any(checkpoint_step(Path(part)) is not None for part in Path(spec).parts):
         raise UserError(_gone(folder))  # a Trainer checkpoint's name: a local folder, whatever else the path holds
-    if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or not spec.strip():
-        raise UserError(f"model folder {spec} not found (looked for {folder}): pass checkpoints/RUN_NAME or a Hub id")
-    parent = project_path(spec.split("/")[0])
-    if "/" in spec and _holds_models(parent):  # "checkpoints/dmeo": a mistyped run, not the Hub's user "checkpoints"
-        held = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
-        raise UserError(f"model folder {spec} not found (looked for {folder}); {parent.name}/ holds: "
-                        f"{', '.join(held[:10]) or 'nothing'}")
+    meant = local_path(spec)  # "checkpoints/dmeo": a mistyped run, not the Hub's user "checkpoints"
+    if meant is not None:
+        raise UserError(f"{not_found('model folder', spec, meant)}: pass checkpoints/RUN_NAME of a finished run, a "
+                        "checkpoint-N inside it, or a Hub id")
     return ModelRef(spec, spec, spec.replace("/", "__"), None)
 
 
@@ -60,16 +59,6 @@ def _gone(folder: Path) -> str:
     held = f"; {folder.parent.name} holds {', '.join(p.name for p in newer[-3:])}" if newer else ""
     return (f"{folder} no longer exists (a running training's SAVE_TOTAL_LIMIT removes old checkpoints{held}): "
             "evaluate the run folder or a newer checkpoint")
-
-
-def _holds_models(folder: Path) -> bool:
-    """A local folder of runs or exports (so `folder/x` names a model folder, not a Hub repository `folder/x`)."""
-    if not folder.is_dir():
-        return False
-    if folder.name in ("checkpoints", "exports"):
-        return True
-    return any((child / "config.json").is_file() or any(child.glob("checkpoint-*"))
-               for child in folder.iterdir() if child.is_dir())
 
 
 def tokenizer_source(ref: ModelRef) -> str:
