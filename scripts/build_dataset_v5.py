@@ -38,7 +38,6 @@ def main() -> None:
 
     set_hub_retry_minutes(HUB_RETRY_MINUTES)
     from sparknet.data.packed.build import BuildSpec, build_dataset
-    from sparknet.data.scaled_defaults import BUILD_VAL_TOKENS, default_val_tokens
     from sparknet.runtime import available_cores
 
     spec = BuildSpec(
@@ -46,7 +45,7 @@ def main() -> None:
         tokenizer=TOKENIZER_DIR,
         output_dir=runtime.project_path(OUTPUT_DIR),
         target_tokens=config.target_tokens if TARGET_TOKENS is None else TARGET_TOKENS,
-        val_tokens=default_val_tokens(config, BUILD_VAL_TOKENS) if VAL_TOKENS is None else VAL_TOKENS,
+        val_tokens=VAL_TOKENS,
         block_size=config.context_length if BLOCK_SIZE is None else BLOCK_SIZE,
         seed=seed,
         num_workers=available_cores() if NUM_WORKERS is None else NUM_WORKERS,

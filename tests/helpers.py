@@ -176,6 +176,32 @@ def build_args(cfg: Path, out: Path, tokenizer_dir: Path, *extra: object) -> lis
             "--num_workers", 0, *extra]
 
 
+def stop_build_after_saves(monkeypatch: Any, stops: list[Callable[[str, dict], bool]]) -> None:
+    """Makes the packed build raise KeyboardInterrupt (a Ctrl-C) right after a save of its position for which the
+    first of `stops` (split, writers) holds; each stop is used once and removed from the list."""
+    from sparknet.data.packed import build as build_module
+
+    real_save = build_module.save_state
+
+    def save_then_stop(folder: Path, **kw: Any) -> None:
+        real_save(folder, **kw)
+        if stops and stops[0](kw["split"], kw["writers"]):
+            stops.pop(0)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_module, "save_state", save_then_stop)
+
+
+def run_where_a_local_folder_is(hub: HubServer, cwd: Path, script: str, *args: object) -> tuple[list[str], float]:
+    """`script` run online (through the loopback Hub) from `cwd`: its non-empty stderr lines and its seconds."""
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / script), *map(str, args)], cwd=cwd,
+                          env=hub.env(cwd), capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
+    return lines, time.monotonic() - started
+
+
 def build_position(building: Path) -> dict | None:
     """An interrupted build's saved position, or None while there is none (or it is being replaced)."""
     try:

@@ -16,7 +16,7 @@ import pytest
 from sparknet.config import load_config
 from sparknet.data.packed.build import BuildSpec, build_dataset
 from sparknet.errors import UserError
-from tests.helpers import build_position, run_script, train_args, write_config, write_jsonl
+from tests.helpers import build_position, run_script, stop_build_after_saves, train_args, write_config, write_jsonl
 
 FIX = "build_dataset_v5.py --overwrite true"
 SMALL_CHUNK = 16 * 128 * 2  # 16 blocks of 128 uint16 tokens: the small datasets here span many chunks
@@ -99,23 +99,13 @@ def test_a_resumed_build_records_the_hashes_of_one_never_stopped(
 ) -> None:
     """Stopped (Ctrl-C) just after a save in the validation split, then in training, mid-chunk: the resumed build
     re-hashes what it keeps and records the hashes of the build never stopped, which hashlib gives for its files."""
-    from sparknet.data.packed import build as build_module
-
     reference = tmp_path / "reference"
     build_dataset(_spec(short_documents, tokenizer_dir, reference, target_tokens=300_000))
-    real_save = build_module.save_state
     seen = []  # the training blocks at each save, to say what happened when no stop came
     stops = [lambda split, writers: split == "val",
              lambda split, writers: seen.append(writers["train"].blocks) or (
                  split == "train" and writers["train"].blocks > 16 and writers["train"].blocks % 16 != 0)]
-
-    def save_then_stop(folder: Path, **kw: object) -> None:
-        real_save(folder, **kw)
-        if stops and stops[0](kw["split"], kw["writers"]):
-            stops.pop(0)
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(build_module, "save_state", save_then_stop)
+    stop_build_after_saves(monkeypatch, stops)
     out, building = tmp_path / "ds", tmp_path / ".ds.building"
     spec = _spec(short_documents, tokenizer_dir, out, target_tokens=300_000, checkpoint_seconds=1e-6)
     for split in ("val", "train"):

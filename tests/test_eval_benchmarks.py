@@ -192,16 +192,11 @@ def test_a_limited_run_is_kept_beside_the_full_one_and_the_card_shows_the_full_o
 def test_a_model_path_under_a_local_folder_is_answered_at_once(hub: HubServer, tmp_path: Path) -> None:
     """`--models models/mine`, typed where models/ exists (holding no model yet) but mine does not: one line naming
     the folder looked for and what models/ holds, at once; online (through the loopback Hub), never a Hub lookup."""
-    import time
+    from tests.helpers import run_where_a_local_folder_is
 
     (tmp_path / "models" / "notes").mkdir(parents=True)
-    started = time.monotonic()
-    proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "eval_benchmarks.py"), "--models",
-                           json.dumps(["models/mine"]), "--eval_dir", tmp_path / "eval"],
-                          cwd=tmp_path, env=hub.env(tmp_path), capture_output=True, text=True, timeout=300)
-    seconds = time.monotonic() - started
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
+    lines, seconds = run_where_a_local_folder_is(hub, tmp_path, "eval_benchmarks.py", "--models",
+                                                 json.dumps(["models/mine"]), "--eval_dir", tmp_path / "eval")
     assert lines[0].startswith("error: model folder models/mine not found"), lines[0]
     assert f"looked for {tmp_path / 'models' / 'mine'}" in lines[0] and "models/ holds: notes" in lines[0]
     assert not hub.requests, hub.requests  # not one Hub lookup (a real Hub's retries took ~50 s to fail)

@@ -30,6 +30,7 @@ from tests.helpers import (
     build_until,
     encoder_processes,
     run_script,
+    stop_build_after_saves,
     write_config,
     write_jsonl,
 )
@@ -184,19 +185,9 @@ def test_a_build_stopped_after_a_save_resumes_to_the_bytes_of_one_never_stopped(
     in training: the same call then resumes, and the files and manifest are those of the build never stopped (the
     `built` fixture, made with encoder processes). In this process; the end-to-end kill -9 and Ctrl-C of the script
     are test_an_interrupted_build_resumes_and_writes_the_same_bytes."""
-    from sparknet.data.packed import build as build_module
-
-    real_save = build_module.save_state
     stops = [lambda split, writers: split == "val",
              lambda split, writers: split == "train" and writers["train"].blocks > 500]
-
-    def save_then_stop(folder: Path, **kw: object) -> None:
-        real_save(folder, **kw)
-        if stops and stops[0](kw["split"], kw["writers"]):
-            stops.pop(0)
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(build_module, "save_state", save_then_stop)
+    stop_build_after_saves(monkeypatch, stops)
     out, building = tmp_path / "ds", tmp_path / ".ds.building"
     spec = _spec(_config(sources, built.parent), out, tokenizer_dir, checkpoint_seconds=1e-6)
     for split in ("val", "train"):

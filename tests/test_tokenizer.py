@@ -319,21 +319,12 @@ def test_a_path_under_a_local_folder_is_answered_at_once_naming_what_the_folder_
     """`--tokenizer_dir tokenizers/mine`, typed where tokenizers/ exists but mine does not: one line naming the folder
     looked for (beside the user, not in the project) and what tokenizers/ holds, at once; online (through the
     loopback Hub), never a Hub lookup."""
-    import subprocess
-    import sys
-    import time
-
-    from sparknet.runtime import PROJECT_ROOT
+    from tests.helpers import run_where_a_local_folder_is
 
     for name in ("a", "b"):
         (tmp_path / "tokenizers" / name).mkdir(parents=True)
-    started = time.monotonic()
-    proc = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "build_dataset_v5.py"), "--config",
-                           corpus_config, "--tokenizer_dir", "tokenizers/mine", "--output_dir", tmp_path / "ds"],
-                          cwd=tmp_path, env=hub.env(tmp_path), capture_output=True, text=True, timeout=120)
-    seconds = time.monotonic() - started
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
+    lines, seconds = run_where_a_local_folder_is(hub, tmp_path, "build_dataset_v5.py", "--config", corpus_config,
+                                                 "--tokenizer_dir", "tokenizers/mine", "--output_dir", tmp_path / "ds")
     assert lines[0].startswith("error: tokenizer folder tokenizers/mine not found"), lines[0]
     assert f"looked for {tmp_path / 'tokenizers' / 'mine'}" in lines[0] and "tokenizers/ holds: a, b" in lines[0]
     assert not hub.requests, hub.requests  # not one Hub lookup (a real Hub's retries took ~50 s to fail)

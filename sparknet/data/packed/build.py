@@ -68,7 +68,7 @@ class BuildSpec:
     tokenizer: str
     output_dir: Path
     target_tokens: int
-    val_tokens: int
+    val_tokens: int | None  # None: scaled to the sources (data/scaled_defaults.py)
     block_size: int
     seed: int
     num_workers: int = 0
@@ -146,9 +146,13 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
     from sparknet.tokenizer import check_source_tokenizers, load_tokenizer
 
     started = time.time()
-    _check_spec(spec)
     tok = load_tokenizer(spec.tokenizer)
     check_source_tokenizers(spec.config, spec.tokenizer, tok)
+    if spec.val_tokens is None:  # the default scales to the sources, said in one line after the quick checks
+        from sparknet.data.scaled_defaults import BUILD_VAL_TOKENS, default_val_tokens
+
+        spec.val_tokens = default_val_tokens(spec.config, BUILD_VAL_TOKENS)
+    _check_spec(spec)
     trained_for = _trained_context(spec, tok)
     dtype = token_dtype(len(tok), spec.dtype)
     inputs = _inputs(spec, tok, dtype)
