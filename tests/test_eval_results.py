@@ -49,3 +49,26 @@ def test_a_limited_benchmark_is_kept_beside_the_full_one_which_stands(tmp_path: 
     saved = json.loads(old.read_text())
     assert saved["results"] == {"hellaswag": limited}
     assert {"task": "hellaswag", "acc": 0.3} in saved["settings"].values()
+
+
+def _add_results(path: str, writer: int, n: int) -> None:
+    from sparknet.eval.reports import merge_json
+
+    for i in range(n):
+        merge_json(Path(path), f"writer{writer}-{i}", {"bits_per_byte": float(i)})
+
+
+def test_evaluations_writing_one_results_file_at_once_keep_every_result(tmp_path: Path) -> None:
+    """Four processes adding 25 results each to one perplexity.json at the same time (evaluations of one model run
+    side by side): every one of the 100 is in the file, none lost to another's write."""
+    import multiprocessing
+
+    path = tmp_path / "eval" / "run" / "perplexity.json"
+    context = multiprocessing.get_context("spawn")
+    procs = [context.Process(target=_add_results, args=(str(path), writer, 25)) for writer in range(4)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+        assert proc.exitcode == 0
+    assert sorted(json.loads(path.read_text())) == sorted(f"writer{w}-{i}" for w in range(4) for i in range(25))

@@ -65,19 +65,25 @@ def update_json(path: Path, update: Callable[[dict[str, Any]], None]) -> dict[st
     (`<name>.damaged`, with a warning) and a new one is written."""
     import logging
 
+    from filelock import FileLock
+
     from sparknet.errors import UserError
 
-    try:
-        data = read_results(path)
-    except UserError as exc:
-        aside = path.with_name(path.name + ".damaged")
-        path.replace(aside)
-        logging.getLogger("sparknet.eval").warning("%s; moved to %s, the new results are written to %s", exc, aside,
-                                                   path)
-        data = {}
-    update(data)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, data)
+    # one writer at a time: evaluations of one model may run at once (perplexity beside benchmarks, two datasets),
+    # and each adds its results to the file; unlocked, the later write dropped the other's (a lost update). The
+    # lock is held for a read and a write, so a second evaluation waits for it rather than being refused.
+    with FileLock(str(path.with_name(f".{path.name}.lock"))):
+        try:
+            data = read_results(path)
+        except UserError as exc:
+            aside = path.with_name(path.name + ".damaged")
+            path.replace(aside)
+            logging.getLogger("sparknet.eval").warning("%s; moved to %s, the new results are written to %s", exc,
+                                                       aside, path)
+            data = {}
+        update(data)
+        write_json_atomic(path, data)
     return data
 
 
