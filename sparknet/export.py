@@ -183,7 +183,7 @@ def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict
                                       ["context", getattr(config, "n_positions",
                                                           getattr(config, "max_position_embeddings", "?"))],
                                       ["vocabulary", config.vocab_size],
-                                      ["preset", metadata.get("model", {}).get("name", "-")]]),
+                                      ["preset", metadata.get("model", {}).get("name") or "-"]]),
             "## Tokenizer", "",
             f"Byte-level BPE, vocabulary {config.vocab_size}, `<|endoftext|>` as bos/eos/pad "
             f"(trained: `{card_path(metadata.get('tokenizer', {}).get('path', '-'))}`).", ""]

@@ -223,3 +223,23 @@ def test_a_run_from_a_base_resumes_its_own_checkpoint(finished, tiny_dataset: Pa
     assert json.loads((run_dir / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4
     resumed = state_dict(run_dir / "checkpoint-4")
     assert all(torch.equal(resumed[name], tensor) for name, tensor in uninterrupted.items())
+
+
+def test_a_base_of_no_presets_shape_is_trained_as_it_is(tokenizer_dir: Path, tiny_dataset: Path, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A Hub-like model of a shape no preset has (2 layers of width 32, context 128): MODEL_PRESET is ignored with
+    a line, the metadata names no preset, the weights are the base's."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    base = tmp_path / "narrow"
+    config = GPT2Config(vocab_size=len(tok), n_positions=128, n_embd=32, n_layer=2, n_head=2,
+                        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    GPT2LMHeadModel(config).save_pretrained(base)
+    tok.save_pretrained(base)
+    with caplog.at_level("INFO", logger="sparknet.train"):
+        result = train_packed(train_settings(tmp_path, init_from=str(base), **FROZEN), tiny_dataset)
+    assert "MODEL_PRESET=sparknet-tiny is ignored" in caplog.text
+    assert result.metadata["model"]["name"] is None and result.metadata["model"]["n_embd"] == 32
+    assert result.metadata["base_model"]["name"] == "narrow"
+    assert_same_weights(result.run_dir, base)

@@ -321,13 +321,16 @@ def run_metadata(s: TrainSettings, data: DataPlan, run: RunFolder, parts: Traine
     step = trainer.state.global_step
     train_losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     mean = metrics.mean_tokens_per_second
+    # None for a base model of a shape no preset has (INIT_FROM's, MODEL_PRESET ignored)
+    same_shape = dataclasses.replace(get_preset(s.model_preset), n_positions=parts.preset.n_positions) == parts.preset
+    preset_name = s.model_preset if same_shape else None
     return {
         "run_name": s.run_name,
         "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(s).items()},
         **data.metadata(),
         "tokenizer": {"path": data.tokenizer_source, "vocab_size": len(tokenizer),
                       "eos_token_id": tokenizer.eos_token_id},
-        "model": {"name": s.model_preset, **dataclasses.asdict(parts.preset), "vocab_size": len(tokenizer),
+        "model": {"name": preset_name, **dataclasses.asdict(parts.preset), "vocab_size": len(tokenizer),
                   "parameters": parts.n_params},
         "steps": step,
         # the model it started from and the commit or weights hash it was (INIT_FROM); None: trained from scratch
