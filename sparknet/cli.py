@@ -87,7 +87,7 @@ def annotated_types(source: str) -> dict[str, Any]:
 
 # Path constants whose value may instead be a Hub repository id: resolved against the current folder only when the
 # path exists there.
-_MAYBE_HUB_IDS = {"TOKENIZER_DIR", "MODEL", "MODELS", "DATA", "SUITE_DATA"}
+_MAYBE_HUB_IDS = {"TOKENIZER_DIR", "MODEL", "MODELS", "DATA", "SUITE_DATA", "INIT_FROM"}
 
 
 def is_path_constant(name: str) -> bool:

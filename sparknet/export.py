@@ -150,7 +150,15 @@ def card_data(name: str, metadata: dict[str, Any], benchmarks: dict[str, Any], *
                     if isinstance(metrics.get(metric), (int, float))]
     return ModelCardData(license=license or UNSET_LICENSE, language=language, library_name="transformers",
                          pipeline_tag="text-generation", datasets=datasets or None, tags=["sparknet", "causal-lm"],
-                         model_name=name.replace("/", "-"), eval_results=eval_results or None)
+                         model_name=name.replace("/", "-"), eval_results=eval_results or None,
+                         base_model=base_model_name(metadata))
+
+
+def base_model_name(metadata: dict[str, Any]) -> str | None:
+    """The model the run started from (INIT_FROM), as the Hub's `base_model` names it: its Hub id, or for a local
+    base its run's name; None for a model trained from scratch."""
+    base = metadata.get("base_model")
+    return base.get("name") if isinstance(base, dict) else None
 
 
 def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict[str, Any],
@@ -162,8 +170,10 @@ def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict
     config = model.config
     parameters = sum(p.numel() for p in model.parameters())
     settings, metrics = metadata.get("settings", {}), metadata.get("metrics", {})
+    base = base_model_name(metadata)
+    origin = f"trained further from `{base}`" if base else "trained from scratch"
     body = [f"# {name.replace('/', '-')}", "",
-            f"A {parameters / 1e6:.1f}M-parameter {config.model_type} causal language model trained from scratch with "
+            f"A {parameters / 1e6:.1f}M-parameter {config.model_type} causal language model {origin} with "
             "SparkNet (the Hugging Face Trainer, `transformers`).", "", "## Model", "",
             markdown_table(["", ""], [["architecture", type(model).__name__],
                                       ["parameters", parameters],
@@ -173,7 +183,7 @@ def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict
                                       ["context", getattr(config, "n_positions",
                                                           getattr(config, "max_position_embeddings", "?"))],
                                       ["vocabulary", config.vocab_size],
-                                      ["preset", metadata.get("model", {}).get("name", "-")]]),
+                                      ["preset", metadata.get("model", {}).get("name") or "-"]]),
             "## Tokenizer", "",
             f"Byte-level BPE, vocabulary {config.vocab_size}, `<|endoftext|>` as bos/eos/pad "
             f"(trained: `{card_path(metadata.get('tokenizer', {}).get('path', '-'))}`).", ""]

@@ -51,6 +51,7 @@ from sparknet.train.folders import (
 )
 from sparknet.train.fused_loss import fuse_head
 from sparknet.train.hf_trainer import SparkTrainer, check_launch, compiles, training_arguments
+from sparknet.train.init_from import BaseModel, check_base, load_base, resolve_base
 from sparknet.train.safety import Interrupted, SafetyCallback, signals_interrupt, stop_on_signals
 from sparknet.train.settings import TrainSettings, check_settings
 from sparknet.train.step_speed import collector_paused, pad_head
@@ -79,7 +80,8 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
     started = time.time()
     check_settings(settings)
     check_launch(settings, device_info())
-    preset = model_preset(settings, data)
+    base = resolve_base(settings.init_from) if settings.init_from else None
+    preset = model_preset(settings, data, base)
     batch = plan_batch(settings.global_batch_size, settings.batch_size, world_size())
     asked = settings.tokens_asked(data.block_size)  # MAX_STEPS gives a whole number of steps: exactly those
     target = asked if asked is not None else data.target_tokens
@@ -101,7 +103,7 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
         data.prepare_run(run.run_dir, run.resume)  # (a finished streaming run's damaged hold-out is written too)
         if run.finished_metadata is not None:
             return TrainResult("already_finished", run.run_dir, metadata=run.finished_metadata)
-        parts = build_trainer(settings, data, run, preset, max_steps, batch, tokens_per_step)
+        parts = build_trainer(settings, data, run, preset, max_steps, batch, tokens_per_step, base)
         with parts.writer, closing(data):
             runtime_seconds = train_steps(run, parts, max_steps)
             try:
@@ -144,14 +146,17 @@ def report_outcome(result: TrainResult, logs_dir: str) -> None:
           f"tensorboard --logdir {logs_dir}/{result.run_dir.name})")
 
 
-def model_preset(settings: TrainSettings, data: DataPlan) -> Preset:
+def model_preset(settings: TrainSettings, data: DataPlan, base: BaseModel | None = None) -> Preset:
     """The model's shape: the preset's width and depth, and a context that follows the data. A model trained from
     scratch gets the blocks' length; a run that resumes keeps its model's (from its checkpoint), which must hold
-    the blocks: checked here, before the run folder is touched."""
+    the blocks: checked here, before the run folder is touched. A run from a base model (INIT_FROM) has the base's
+    shape and context (sparknet.train.init_from.check_base)."""
     preset = get_preset(settings.model_preset)
     if not RULES["BLOCK_SIZE"].test(data.block_size):  # a dataset not built by SparkNet (the build refuses them)
         raise UserError(f"blocks of {data.block_size} token: a block needs 2 tokens or more (one to predict the next "
                         "from): use a larger BLOCK_SIZE (or context_length)")
+    if base is not None:
+        preset = check_base(base, settings.model_preset, data.block_size, data.tokenizer, data.tokenizer_source)
     run_dir = project_path(settings.checkpoints_dir) / settings.run_name
     saved = checkpoint_context(run_dir)
     if saved is not None and data.block_size > saved[0]:
@@ -159,7 +164,8 @@ def model_preset(settings: TrainSettings, data: DataPlan) -> Preset:
                         f"than the data's blocks of {data.block_size} tokens: train it on blocks of at most "
                         f"{saved[0]} tokens, or choose a new RUN_NAME")
     # runs begun before the context followed the data kept the preset's, which may be longer than their blocks
-    preset = dataclasses.replace(preset, n_positions=data.block_size if saved is None else saved[0])
+    if base is None:
+        preset = dataclasses.replace(preset, n_positions=data.block_size if saved is None else saved[0])
     if settings.sample_prompts and settings.sample_max_new_tokens >= preset.n_positions:
         raise UserError(f"SAMPLE_MAX_NEW_TOKENS={settings.sample_max_new_tokens} leaves no room for a prompt in "
                         f"the model's context of {preset.n_positions} tokens: lower it")
@@ -194,6 +200,7 @@ class TrainerParts:
     n_params: int
     device: dict[str, Any]
     preset: Preset  # the model's shape, its context included
+    base: BaseModel | None = None  # the model the run started from (INIT_FROM), None for a fresh one
 
 
 class NullWriter:
@@ -210,7 +217,7 @@ class NullWriter:
 
 
 def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Preset, max_steps: int,
-                  batch: BatchPlan, tokens_per_step: int) -> TrainerParts:
+                  batch: BatchPlan, tokens_per_step: int, base: BaseModel | None = None) -> TrainerParts:
     """The model, the Trainer and the callbacks that show and guard the run."""
     from torch.utils.tensorboard import SummaryWriter
 
@@ -218,7 +225,9 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     main_process = process_rank() == 0
     tokenizer = data.tokenizer
     torch.manual_seed(s.seed)
-    model = build_model(preset, len(tokenizer), tokenizer.eos_token_id, tokenizer.bos_token_id, s.dropout)
+    # from a base model, its weights (a resume then loads the run's own checkpoint over them, as from scratch)
+    model = (load_base(base, s.dropout) if base is not None else
+             build_model(preset, len(tokenizer), tokenizer.eos_token_id, tokenizer.bos_token_id, s.dropout))
     if s.fused_cross_entropy:
         fuse_head(model)
     else:
@@ -260,8 +269,11 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     log.info("model %s: %s parameters, vocab %d, context %d; device %s (%s)%s", s.model_preset, f"{n_params:,}",
              len(tokenizer), preset.n_positions, device["name"], "bf16" if bf16 else "fp32",
              "; torch.compile on" if compiles(s, device) else "")
+    if base is not None:
+        log.info("starting from %s (%s): its weights, with a fresh optimizer, LR schedule and data position",
+                 base.spec, base.name)
     log.info("outputs: %s  |  tensorboard --logdir %s", run.run_dir, run.log_dir)
-    return TrainerParts(trainer, writer, metrics, safety, n_params, device, preset)
+    return TrainerParts(trainer, writer, metrics, safety, n_params, device, preset, base)
 
 
 def conclude(s: TrainSettings, data: DataPlan, run: RunFolder, parts: TrainerParts, started: float,
@@ -309,15 +321,20 @@ def run_metadata(s: TrainSettings, data: DataPlan, run: RunFolder, parts: Traine
     step = trainer.state.global_step
     train_losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     mean = metrics.mean_tokens_per_second
+    # None for a base model of a shape no preset has (INIT_FROM's, MODEL_PRESET ignored)
+    same_shape = dataclasses.replace(get_preset(s.model_preset), n_positions=parts.preset.n_positions) == parts.preset
+    preset_name = s.model_preset if same_shape else None
     return {
         "run_name": s.run_name,
         "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(s).items()},
         **data.metadata(),
         "tokenizer": {"path": data.tokenizer_source, "vocab_size": len(tokenizer),
                       "eos_token_id": tokenizer.eos_token_id},
-        "model": {"name": s.model_preset, **dataclasses.asdict(parts.preset), "vocab_size": len(tokenizer),
+        "model": {"name": preset_name, **dataclasses.asdict(parts.preset), "vocab_size": len(tokenizer),
                   "parameters": parts.n_params},
         "steps": step,
+        # the model it started from and the commit or weights hash it was (INIT_FROM); None: trained from scratch
+        "base_model": parts.base.record() if parts.base is not None else None,
         "tokens_seen": trainer.state.num_input_tokens_seen,  # counted step by step (TokenCount), resumes included
         "world_size": world_size(),
         "metrics": {

@@ -34,6 +34,7 @@ class TrainSettings:
 
     run_name: str = setting(identity=False)
     model_preset: str = setting()
+    init_from: str | None = setting()  # a base model's weights to start from; a resume must name the same
     target_tokens: int | None = setting()
     # the budget in steps: in the run's identity as the tokens it gives (`run.run_identity`'s target_tokens), so that
     # TARGET_TOKENS and MAX_STEPS that give the same steps are the same run

@@ -1,0 +1,206 @@
+"""INIT_FROM: a run that starts from a trained model's weights (continued pretraining, an annealing run) instead of
+a fresh initialisation. Only the weights are taken: the optimizer, the LR schedule and the data position start
+fresh, which is what sets it apart from a resume (the same run continued from its own checkpoint).
+
+The base is a run folder (its final model, as the trainer exports it), a `checkpoint-N` inside one (complete, as
+its marker vouches), or a Hub model id (a folder laid out like one works alike). Everything that could make the run
+fail is checked before any work: the base is there and whole, its tokenizer is the run's (same vocabulary and EOS),
+its shape is MODEL_PRESET's, and its context holds the data's blocks (a loaded model's position table is fixed).
+A run that resumes loads its own checkpoint over these weights (the Trainer's resume), so it never re-initialises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparknet.errors import UserError
+from sparknet.model import PRESETS, Preset
+from sparknet.train.folders import METADATA, checkpoint_step, incomplete, read_metadata
+
+log = logging.getLogger("sparknet.train")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """The model a run starts from: what INIT_FROM said, what `from_pretrained` loads, and how it is recorded."""
+
+    spec: str  # INIT_FROM as given
+    source: str  # the folder (absolute) or the Hub id
+    name: str  # the card's base_model: the run's name (RUN or RUN/checkpoint-N) or the Hub id
+    folder: Path | None  # None for a Hub id
+    config: Any  # its transformers config
+    commit: str | None = None  # the Hub commit it resolved to, when known
+    sha256: str | None = None  # of its weights file (a local folder)
+
+    def record(self) -> dict[str, Any]:
+        """What training_metadata.json says of it ("base_model")."""
+        return {"init_from": self.spec, "name": self.name, "commit": self.commit, "sha256": self.sha256,
+                "step": checkpoint_step(self.folder) if self.folder else None}
+
+
+def resolve_base(spec: str) -> BaseModel:
+    """The base model INIT_FROM names, checked to be there and whole (its config read; the weights are loaded by
+    `load_base`); one line for a missing folder, a run that has no final model, or an incomplete checkpoint."""
+    from sparknet.folder_or_hub import local_path, not_found
+    from sparknet.runtime import project_path
+
+    folder = project_path(spec).resolve()
+    if not folder.exists():
+        if checkpoint_step(Path(spec)) is not None or local_path(spec) is not None:
+            raise UserError(f"{not_found('INIT_FROM model folder', spec, folder)}: pass checkpoints/RUN_NAME of a "
+                            "finished run, a checkpoint-N inside it, or a Hub model id")
+        return _hub_base(spec)
+    if not folder.is_dir():
+        raise UserError(f"INIT_FROM={spec}: {folder} is a file, not a model folder: pass checkpoints/RUN_NAME, a "
+                        "checkpoint-N inside it, or a Hub model id")
+    if checkpoint_step(folder) is not None and (why := incomplete(folder)) is not None:
+        raise UserError(f"INIT_FROM={spec} has no complete weights: {why}; pass another checkpoint-N of that run, "
+                        "or the run folder")
+    weights = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
+    if weights is None or not (folder / "config.json").is_file():
+        held = sorted((p.name for p in folder.glob("checkpoint-*") if checkpoint_step(p) is not None),
+                      key=lambda name: int(name.split("-")[1]))
+        hint = (f"its run has not finished; pass one of its checkpoints ({', '.join(held[-3:])})" if held else
+                "pass checkpoints/RUN_NAME of a finished run, a checkpoint-N inside it, or a Hub model id")
+        raise UserError(f"INIT_FROM={spec}: {folder} holds no model (no config.json and weights): {hint}")
+    name, commit = _local_name(folder)
+    return BaseModel(spec=spec, source=str(folder), name=name, folder=folder, config=_config(spec, str(folder)),
+                     commit=commit, sha256=_sha256(weights))
+
+
+def _local_name(folder: Path) -> tuple[str, str | None]:
+    """A local base's name for the card, and the Hub commit when known: a Hub cache snapshot
+    (models--OWNER--NAME/snapshots/SHA) is that Hub id at that commit; a run's checkpoint is RUN/checkpoint-N; a run
+    folder its RUN_NAME; anything else its folder's name (never a path of this machine)."""
+    repo = folder.parent.parent.name if folder.parent.name == "snapshots" else ""
+    if repo.startswith("models--"):
+        return repo.removeprefix("models--").replace("--", "/"), folder.name
+    if checkpoint_step(folder) is not None:
+        return f"{folder.parent.name}/{folder.name}", None
+    run = (read_metadata(folder) or {}).get("run_name") if (folder / METADATA).is_file() else None
+    return str(run or folder.name), None
+
+
+def _hub_base(spec: str) -> BaseModel:
+    config = _config(spec, spec)
+    commit = getattr(config, "_commit_hash", None)  # the revision the cache or the Hub resolved, when known
+    return BaseModel(spec=spec, source=spec, name=spec, folder=None, config=config,
+                     commit=commit if isinstance(commit, str) else None)
+
+
+def _config(spec: str, source: str) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source)
+    except Exception as exc:  # noqa: BLE001 - reported against the user's value with the library's reason
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise UserError(f"INIT_FROM={spec}: cannot read its config ({type(exc).__name__}: {first}); a Hub id needs "
+                        "network access or a cached copy") from None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def base_shape(base: BaseModel) -> Preset:
+    """The base's shape as a Preset (its context included); one line for an architecture SparkNet does not train."""
+    c = base.config
+    if c.model_type == "gpt2":
+        return Preset(n_layer=c.n_layer, n_embd=c.n_embd, n_head=c.n_head, n_positions=c.n_positions)
+    if c.model_type == "llama":
+        return Preset(n_layer=c.num_hidden_layers, n_embd=c.hidden_size, n_head=c.num_attention_heads,
+                      n_positions=c.max_position_embeddings, arch="llama", intermediate=c.intermediate_size)
+    raise UserError(f"INIT_FROM={base.spec} is a {c.model_type} model: SparkNet trains gpt2 and llama models")
+
+
+def check_base(base: BaseModel, preset_name: str, block_size: int, tokenizer: Any, tokenizer_source: str) -> Preset:
+    """The model's shape for a run from `base`: the base's, which MODEL_PRESET must name (a preset of another shape
+    is refused; a base of a shape no preset has, e.g. a Hub model, is taken as it is, with a line saying so). Its
+    context is fixed, so blocks longer than it are refused; and its vocabulary and EOS must be the tokenizer's."""
+    shape = base_shape(base)
+    preset = PRESETS[preset_name]
+    same = dataclasses.replace(preset, n_positions=shape.n_positions) == shape
+    if not same:
+        matching = [name for name, other in PRESETS.items()
+                    if dataclasses.replace(other, n_positions=shape.n_positions) == shape]
+        if matching:
+            raise UserError(f"MODEL_PRESET={preset_name} is {_describe(preset)}, but INIT_FROM={base.spec} is "
+                            f"{_describe(shape)}: set MODEL_PRESET={matching[0]}, the base's shape")
+        log.info("INIT_FROM=%s is %s, no preset's shape: MODEL_PRESET=%s is ignored, the base's shape is trained",
+                 base.spec, _describe(shape), preset_name)
+    if block_size > shape.n_positions:
+        raise UserError(f"INIT_FROM={base.spec} has a context of {shape.n_positions} tokens, shorter than the data's "
+                        f"blocks of {block_size} tokens: train it on blocks of at most {shape.n_positions} tokens "
+                        "(BLOCK_SIZE, or a dataset built so)")
+    check_tokenizer(base, tokenizer, tokenizer_source)
+    return shape
+
+
+def _describe(shape: Preset) -> str:
+    return f"a {shape.n_layer}-layer, width-{shape.n_embd}, {shape.n_head}-head {shape.arch}"
+
+
+def check_tokenizer(base: BaseModel, tokenizer: Any, tokenizer_source: str) -> None:
+    """The base's vocabulary (its tokenizer's, when it has one; else its config's size) and EOS id must be the run's
+    tokenizer's: the embedding rows are the tokens' meanings. One line naming both otherwise."""
+    theirs = _base_tokenizer(base)
+    ours = (len(tokenizer), tokenizer.eos_token_id)
+    if theirs is not None:
+        base_vocab, base_eos = len(theirs), theirs.eos_token_id
+        same_tokens = theirs.get_vocab() == tokenizer.get_vocab()
+    else:
+        base_vocab, base_eos, same_tokens = base.config.vocab_size, base.config.eos_token_id, True
+    if (base_vocab, base_eos) != ours or not same_tokens or base.config.vocab_size != len(tokenizer):
+        other = "the same size, other tokens; " if (base_vocab, base_eos) == ours and not same_tokens else ""
+        raise UserError(f"INIT_FROM={base.spec} has a vocabulary of {base_vocab} tokens with EOS id {base_eos}, the "
+                        f"run's tokenizer {tokenizer_source} has {ours[0]} with EOS id {ours[1]} ({other}the weights "
+                        "are of the base's tokens): train with the base model's tokenizer")
+
+
+def _base_tokenizer(base: BaseModel) -> Any | None:
+    """The base's own tokenizer (a checkpoint saved without one: its run's), or None when it has none."""
+    from sparknet.tokenizer import load_tokenizer
+
+    folder = base.folder
+    if folder is not None:
+        holder = next((f for f in (folder, folder.parent) if (f / "tokenizer.json").is_file()), None)
+        return load_tokenizer(str(holder)) if holder is not None else None
+    try:
+        return load_tokenizer(base.source)
+    except UserError:
+        return None
+
+
+def load_base(base: BaseModel, dropout: float) -> Any:
+    """The base's weights as the model to train (fp32, SDPA attention, the run's dropout); the optimizer, schedule
+    and data position are the Trainer's fresh ones."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sparknet.model import _with_special_ids
+    from sparknet.runtime import hide_library_progress_bars
+
+    hide_library_progress_bars()
+    config = base.config
+    dropouts = (("resid_pdrop", "embd_pdrop", "attn_pdrop") if config.model_type == "gpt2"
+                else ("attention_dropout",))
+    for key in dropouts:
+        setattr(config, key, dropout)
+    model = AutoModelForCausalLM.from_pretrained(base.source, config=config, dtype=torch.float32,
+                                                 attn_implementation="sdpa")
+    if config.model_type == "gpt2":
+        model.loss_type = "ForCausalLM"  # as sparknet.model.build_model: transformers warns otherwise
+    bos = config.bos_token_id if config.bos_token_id is not None else config.eos_token_id
+    return _with_special_ids(model, bos, config.eos_token_id)
