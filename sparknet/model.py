@@ -100,7 +100,7 @@ def build_model(
         raise UserError(f"width {preset.n_embd} is not divisible by {preset.n_head} heads")
     bos = eos_token_id if bos_token_id is None else bos_token_id
     if preset.arch == "llama":
-        return _with_special_ids(_llama(preset, vocab_size, eos_token_id, bos, dropout, n_positions),
+        return with_special_ids(_llama(preset, vocab_size, eos_token_id, bos, dropout, n_positions),
                                  bos, eos_token_id)
     config = GPT2Config(
         vocab_size=vocab_size,
@@ -117,7 +117,7 @@ def build_model(
     )
     model = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
     model.loss_type = "ForCausalLM"  # transformers cannot infer it from the class name and warns on every run
-    return _with_special_ids(model, bos, eos_token_id)
+    return with_special_ids(model, bos, eos_token_id)
 
 
 def _llama(preset: Preset, vocab_size: int, eos: int, bos: int, dropout: float, n_positions: int | None) -> Any:
@@ -141,7 +141,8 @@ def _llama(preset: Preset, vocab_size: int, eos: int, bos: int, dropout: float, 
     return LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
 
 
-def _with_special_ids(model: Any, bos: int, eos: int) -> Any:
+def with_special_ids(model: Any, bos: int, eos: int) -> Any:
+    """`model` with its generation config's bos, eos and pad ids set (a preset's, or a base model's under INIT_FROM)."""
     gen = model.generation_config
     # pad only for batched generation; training never pads (packed blocks), so eos is never masked as padding
     gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = bos, eos, eos

@@ -189,7 +189,7 @@ def load_base(base: BaseModel, dropout: float) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sparknet.model import _with_special_ids
+    from sparknet.model import with_special_ids
     from sparknet.runtime import hide_library_progress_bars
 
     hide_library_progress_bars()
@@ -203,4 +203,4 @@ def load_base(base: BaseModel, dropout: float) -> Any:
     if config.model_type == "gpt2":
         model.loss_type = "ForCausalLM"  # as sparknet.model.build_model: transformers warns otherwise
     bos = config.bos_token_id if config.bos_token_id is not None else config.eos_token_id
-    return _with_special_ids(model, bos, config.eos_token_id)
+    return with_special_ids(model, bos, config.eos_token_id)
