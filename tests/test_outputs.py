@@ -240,7 +240,8 @@ def test_perplexity_results_land_inside_eval_dir_however_the_model_is_spelled(
     proc = run_script("eval_perplexity.py", "--models", json.dumps([model]), "--data", corpus_dir / "prose.val.jsonl",
                       "--max_documents", 2, "--context", 16, "--eval_dir", eval_root, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    written = sorted(p.relative_to(tmp_path / "results") for p in (tmp_path / "results").rglob("*") if p.is_file())
+    written = sorted(p.relative_to(tmp_path / "results") for p in (tmp_path / "results").rglob("*")
+                     if p.is_file() and not p.name.endswith(".lock"))  # the results files' locks lie beside them
     assert written == [Path("eval/run/perplexity.json"), Path("eval/run/perplexity.md")]
     assert f"results: {eval_root / 'run'}/perplexity.json" in proc.stdout
 
@@ -258,7 +259,8 @@ def test_generation_and_benchmark_results_land_inside_eval_dir(run_with_checkpoi
     proc = run_script("eval_benchmarks.py", "--models", model, "--suite_data", words, "--suite_items", 4,
                       "--suite_dir", tmp_path / "suite", "--eval_dir", eval_root, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    written = sorted(p.relative_to(tmp_path / "results") for p in (tmp_path / "results").rglob("*") if p.is_file())
+    written = sorted(p.relative_to(tmp_path / "results") for p in (tmp_path / "results").rglob("*")
+                     if p.is_file() and not p.name.endswith(".lock"))  # the results files' locks lie beside them
     assert written == [Path("eval/run/benchmarks.json"), Path("eval/run/benchmarks.md"),
                        Path("eval/run/generation.md")]
 
