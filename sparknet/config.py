@@ -20,7 +20,7 @@ from typing import Any
 
 from sparknet.checks import MIN_BLOCK, MIN_BLOCK_WHY, RULES
 from sparknet.errors import UserError
-from sparknet.runtime import project_path
+from sparknet.runtime import file_sha256, project_path
 
 log = logging.getLogger(__name__)
 
@@ -348,8 +348,6 @@ def _refuse_same_content(check: _Checker, sources: list[dict[str, Any]]) -> None
     same file does. Files are compared by size first, so only files of equal size are read (and hashed). Within one
     entry of the text kind a file is one document: two equal ones are a repeated document, as two equal rows of a
     JSONL file are, and empty files hold nothing."""
-    import hashlib
-
     by_size: dict[tuple[int, str | None], list[tuple[int, str, str]]] = {}
     for i, source in enumerate(sources):
         for named, real in dict.fromkeys(_local_files(source)):
@@ -359,11 +357,7 @@ def _refuse_same_content(check: _Checker, sources: list[dict[str, Any]]) -> None
     for group in by_size.values():
         seen: dict[str, tuple[int, str]] = {}
         for i, _named, real in group if len(group) > 1 else ():
-            digest = hashlib.sha256()
-            with open(real, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    digest.update(chunk)
-            key = digest.hexdigest()
+            key = file_sha256(real)
             if key in seen and not (seen[key][0] == i and sources[i]["name"] == "text"):
                 j, first = seen[key]
                 where = f"in mix[{j}]" if j != i else "in the same entry"

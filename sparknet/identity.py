@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from sparknet.config import MixConfig, expand_pattern
+from sparknet.runtime import file_sha256
 
 
 def describe_changes(old: dict[str, Any], new: dict[str, Any], upper: bool = False, limit: int = 80) -> list[str]:
@@ -55,17 +56,11 @@ def _around_difference(text: str, other: str, limit: int) -> str:
 def local_files_fingerprint(config: MixConfig) -> dict[str, str]:
     """sha256 of every local data file of the mix, so that an edited file counts as another input (Hub sources
     are named by id, split and revision only)."""
-    import hashlib
-
     out: dict[str, str] = {}
     for spec in config.mix:
         files = spec.resolved_data_files()
         groups = files.values() if isinstance(files, dict) else [files or []]
         for pattern in (f for group in groups for f in group):
             for path in expand_pattern(pattern):
-                digest = hashlib.sha256()
-                with open(path, "rb") as f:
-                    while chunk := f.read(1 << 22):
-                        digest.update(chunk)
-                out[path] = digest.hexdigest()
+                out[path] = file_sha256(path)
     return out

@@ -118,6 +118,17 @@ def temporary_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp")
 
 
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's bytes, read in 4 MB chunks (a data file, a checkpoint's weights: any size)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
     """Writes JSON to a temporary file, fsyncs it and renames it over `path`: readers see all or nothing."""
     tmp = temporary_path(path)

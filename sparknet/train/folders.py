@@ -9,7 +9,6 @@ resume, naming the file, and the run goes on from the checkpoint before it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -20,7 +19,7 @@ from typing import Any
 from sparknet.errors import UserError
 from sparknet.identity import describe_changes
 from sparknet.outputs import Output
-from sparknet.runtime import project_path, read_json_object, write_json_atomic
+from sparknet.runtime import file_sha256, project_path, read_json_object, write_json_atomic
 
 log = logging.getLogger("sparknet.train")
 RUN_CONFIG = "run_config.json"
@@ -92,14 +91,6 @@ def checkpoint_step(path: Path) -> int | None:
     return int(suffix) if suffix.isdigit() else None
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _checkpoint_files(folder: Path) -> list[Path]:
     """Every file of a checkpoint, in sub-folders too (FSDP's sharded state), the marker aside."""
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
@@ -108,7 +99,7 @@ def _checkpoint_files(folder: Path) -> list[Path]:
 def mark_complete(folder: Path, step: int) -> None:
     """Writes the completion marker: every file of the checkpoint with its size and sha256 as they are now (about
     0.5 s per GB; bench/checkpoint_checksum.py), so that damage that keeps a file's size is found on resume."""
-    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p)}
              for p in _checkpoint_files(folder)}
     write_json_atomic(folder / COMPLETE_MARKER, {"step": step, "files": files})
 
@@ -153,7 +144,7 @@ def damaged_file(folder: Path) -> str | None:
     for name, entry in (_marker_files(folder) or {}).items():
         if isinstance(entry, dict) and entry.get("sha256"):
             try:
-                if _sha256(folder / name) != entry["sha256"]:
+                if file_sha256(folder / name) != entry["sha256"]:
                     return name
             except OSError:
                 return name

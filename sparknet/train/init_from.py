@@ -12,7 +12,6 @@ A run that resumes loads its own checkpoint over these weights (the Trainer's re
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +48,7 @@ def resolve_base(spec: str) -> BaseModel:
     """The base model INIT_FROM names, checked to be there and whole (its config read; the weights are loaded by
     `load_base`); one line for a missing folder, a run that has no final model, or an incomplete checkpoint."""
     from sparknet.folder_or_hub import local_path, not_found
-    from sparknet.runtime import project_path
+    from sparknet.runtime import file_sha256, project_path
 
     folder = project_path(spec).resolve()
     if not folder.exists():
@@ -72,7 +71,7 @@ def resolve_base(spec: str) -> BaseModel:
         raise UserError(f"INIT_FROM={spec}: {folder} holds no model (no config.json and weights): {hint}")
     name, commit = _local_name(folder)
     return BaseModel(spec=spec, source=str(folder), name=name, folder=folder, config=_config(spec, str(folder)),
-                     commit=commit, sha256=_sha256(weights))
+                     commit=commit, sha256=file_sha256(weights))
 
 
 def _local_name(folder: Path) -> tuple[str, str | None]:
@@ -104,14 +103,6 @@ def _config(spec: str, source: str) -> Any:
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise UserError(f"INIT_FROM={spec}: cannot read its config ({type(exc).__name__}: {first}); a Hub id needs "
                         "network access or a cached copy") from None
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def base_shape(base: BaseModel) -> Preset:
