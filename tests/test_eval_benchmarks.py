@@ -160,6 +160,23 @@ def test_a_mistyped_model_folder_or_an_unreachable_hub_model_is_one_line(script:
         assert "Hub ids need network access or a cached copy" in lines[-1]
 
 
+def test_a_choice_longer_than_the_model_context_is_one_line(random_model: Path, tmp_path: Path) -> None:  # noqa: F811
+    """lm-eval asserts that each answer choice fits the model's context: a choice of 8 long made-up words is more
+    than the random model's 32 tokens, which is one line naming the model, the task and its context (no traceback,
+    nothing written)."""
+    rng = random.Random(1)
+    words = ["".join(rng.choice("qxzjvkwy") for _ in range(24)) for _ in range(64)]
+    texts = [" ".join(rng.choice(words) for _ in range(40)) for _ in range(6)]
+    proc = run_script("eval_benchmarks.py", "--models", json.dumps([str(random_model)]), "--suite_data",
+                      write_jsonl(tmp_path / "val.jsonl", texts), "--suite_items", 4, "--suite_dir", tmp_path / "suite",
+                      "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {random_model}: an answer choice of task(s) {SUITE_TASK} is longer than the "
+                           "model's context of 32 tokens"), last
+    assert not (tmp_path / "eval" / "randrun" / "benchmarks.json").exists()
+
+
 @pytest.mark.slow
 def test_a_limited_run_is_kept_beside_the_full_one_and_the_card_shows_the_full_one(random_model: Path,  # noqa: F811
                                                                                   tmp_path: Path) -> None:

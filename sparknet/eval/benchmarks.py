@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import random
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,13 @@ def run_benchmarks(model_source: str, tokenizer_source: str, tasks: list[str], i
                                                          "dtype": dtype}, tasks=tasks, task_manager=manager,
                                  limit=limit, batch_size=batch_size, num_fewshot=num_fewshot, device=device,
                                  log_samples=False, bootstrap_iters=1000)
+    except AssertionError as exc:
+        # lm-eval scores each choice whole and asserts that it fits the model's context: a model's limit, not a bug
+        if traceback.extract_tb(exc.__traceback__)[-1].name != "_loglikelihood_tokens":
+            raise
+        raise UserError(f"{model_source}: an answer choice of task(s) {', '.join(tasks)} is longer than the model's "
+                        f"context of {_context_of(model_source)} tokens (lm-eval scores each choice whole): evaluate a "
+                        "model with a longer context, or tasks with shorter choices") from None
     except Exception:  # noqa: BLE001 - a Hub task without the network fails deep inside datasets
         offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
         hub_tasks = [t for t in tasks if t != SUITE_TASK]
@@ -108,6 +116,15 @@ def run_benchmarks(model_source: str, tokenizer_source: str, tasks: list[str], i
         results[task].update({key: int(value) for key, value in (("items", items), ("shots", shots))
                               if isinstance(value, int)})
     return results
+
+
+def _context_of(model_source: str) -> int | str:
+    """The model's context in tokens, as its config gives it ("?" when it names none)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_source)
+    return next((getattr(config, key) for key in ("n_positions", "max_position_embeddings")
+                 if isinstance(getattr(config, key, None), int)), "?")
 
 
 def _no_attention_mask_advice(record: logging.LogRecord) -> bool:
