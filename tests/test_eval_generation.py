@@ -150,3 +150,14 @@ def test_a_prompt_longer_than_the_context_keeps_its_end(random_model: Path, tmp_
                       "--eval_dir", tmp_path / "eval")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "MAX_NEW_TOKENS=32 leaves no room for a prompt in the model's context of 32 tokens" in proc.stderr
+
+
+def test_report_cells_escape_a_pipe_once() -> None:
+    """A sample holding `|` (shell pipes, tables in code) stays in its cell: escaped once as `\\|` (twice, `\\\\|`,
+    is a literal backslash and a pipe that splits the row), newlines as <br>."""
+    from sparknet.eval.generation import SamplingSettings, generation_report
+
+    report = generation_report(["a", "b"], ["ls |"], [[["x | y\nz"]], [["w"]]], SamplingSettings(num_samples=1))
+    row = next(line for line in report.splitlines() if line.startswith("| 1 |"))
+    assert row == "| 1 | **ls \\|**x \\| y<br>z | **ls \\|**w |", row
+    assert row.replace("\\|", "").count("|") == 4  # the row's own separators: three columns

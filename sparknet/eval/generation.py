@@ -117,8 +117,8 @@ def generation_report(names: list[str], prompts: list[str], samples: list[list[l
 
 
 def _cell(prompt: str, text: str) -> str:
-    """Prompt in bold, then the continuation, on one table line (newlines as <br>)."""
+    """Prompt in bold, then the continuation, on one table line (newlines as <br>; markdown_table escapes `|`)."""
     def flat(s: str) -> str:
-        return s.replace("|", "\\|").replace("\n", "<br>")
+        return s.replace("\n", "<br>")
 
     return f"**{flat(prompt)}**{flat(text)}"
