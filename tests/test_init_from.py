@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from sparknet.errors import UserError
 from sparknet.export import card_data
+from sparknet.testing.hub_server import HubServer
 from sparknet.train.folders import METADATA
 from tests.helpers import (
     read_steps,
@@ -122,6 +123,29 @@ def test_streamed_script_from_a_hub_layout_folder(finished, corpus_config: Path,
     record = json.loads((run_dir / METADATA).read_text())["base_model"]
     assert record["name"] == "sparknet/tiny-base" and record["commit"] == "a" * 40
     assert record["sha256"] == sha256(snapshot / "model.safetensors")
+
+
+def test_packed_script_from_a_hub_model_id(finished, tiny_dataset: Path, hub: HubServer, tmp_path: Path) -> None:
+    """A Hub model id, downloaded through the loopback Hub (the real huggingface_hub and transformers over HTTP):
+    the run starts at its weights, and the metadata records the id and the commit it resolved to."""
+    _, base_tmp = finished
+    folder = hub_layout(base_tmp / "ckpt" / "run", tmp_path / "saved")
+    commit = hub.add_model("tinyco/tiny-base", {p.name: p for p in folder.iterdir() if p.is_file()})
+    hub.add_model("tinyco/tiny-base", {"README.md": "moved on\n"})  # main moves on: the run's commit is main's
+    commit = hub.add_model("tinyco/tiny-base", {p.name: p for p in folder.iterdir() if p.is_file()})
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset, init_from="tinyco/tiny-base",
+                                                          **FROZEN), env=hub.env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "ckpt" / "run"
+    assert_same_weights(run_dir, folder)
+    record = json.loads((run_dir / METADATA).read_text())["base_model"]
+    assert record["name"] == "tinyco/tiny-base" and record["commit"] == commit, record
+    assert any(r.kind == "resolve-get" and r.path.endswith("/model.safetensors") for r in hub.requests), hub.requests
+    # an id the Hub does not have is one line
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path / "other", tiny_dataset,
+                                                          init_from="tinyco/no-such-model", **FROZEN),
+                      env=hub.env(tmp_path))
+    assert "INIT_FROM=tinyco/no-such-model: cannot read its config" in refusal(proc)
 
 
 def refusal(proc) -> str:

@@ -11,6 +11,8 @@ Implemented, as read from those sources and checked on the wire (see tests/test_
 - POST /api/datasets/{id}/paths-info/{rev}     HfApi.get_paths_info (HfFileSystem.info)
 - HEAD /datasets/{id}/resolve/{rev}/{path}     hf_hub_download's metadata call (X-Repo-Commit, ETag, size)
 - GET  same, with Range                        downloads, HfFileSystemFile block reads, HfFileSystemStreamFile resumes
+- the same for model repositories (`add_model`): /api/models/{id}/... and /{id}/resolve/{rev}/{path}, what
+  transformers' from_pretrained and hf_hub_download ask
 
 Revisions are branch or tag names (URL-quoted, e.g. refs%2Fconvert%2Fparquet) or full commit shas; errors carry
 the Hub's X-Error-Code so huggingface_hub raises its typed errors. No pagination, redirects, xet, or writes.
@@ -90,6 +92,7 @@ def _subtree(commit: _Commit, path: str) -> list[tuple[str, str]]:
 
 @dataclass
 class _Repo:
+    kind: str = "dataset"  # or "model": a URL of the other kind does not find it, as on the Hub
     commits: dict[str, _Commit] = field(default_factory=dict)
     refs: dict[str, str] = field(default_factory=dict)  # branches and tags, by name, to a commit sha
 
@@ -167,7 +170,9 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         parts = url.path.strip("/").split("/")
-        if parts[:2] == ["api", "datasets"] and len(parts) >= 4:
+        kind = "dataset"
+        if parts[:2] in (["api", "datasets"], ["api", "models"]) and len(parts) >= 4:
+            kind = "model" if parts[1] == "models" else "dataset"
             self._repo, rest = f"{unquote(parts[2])}/{unquote(parts[3])}", parts[4:]
             if not rest or rest[0] == "revision":
                 self._kind, segs = "info", rest[1:] or ["main"]
@@ -178,9 +183,13 @@ class _Handler(BaseHTTPRequestHandler):
         elif len(parts) >= 6 and parts[0] == "datasets" and parts[3] == "resolve":
             self._repo, segs = f"{unquote(parts[1])}/{unquote(parts[2])}", parts[4:]
             self._kind = f"resolve-{self.command.lower()}"
+        elif len(parts) >= 5 and parts[2] == "resolve":  # a model's files: /{owner}/{name}/resolve/{rev}/{path}
+            kind, self._repo, segs = "model", f"{unquote(parts[0])}/{unquote(parts[1])}", parts[3:]
+            self._kind = f"resolve-{self.command.lower()}"
         else:
             return self._error(404, "Sorry, we can't find the page you are looking for.")
         repo = hub._repos.get(self._repo)
+        repo = repo if repo is not None and repo.kind == kind else None
         commit, path = _split_revision(repo, segs, whole=self._kind == "info")
         fault = hub._take_fault(self._repo, path, self._kind)
         if fault is not None and fault.status is not None:
@@ -342,7 +351,7 @@ class _Server(ThreadingHTTPServer):
 
 
 class HubServer:
-    """Dataset repositories served on 127.0.0.1; see the module docstring for the endpoints."""
+    """Dataset and model repositories served on 127.0.0.1; see the module docstring for the endpoints."""
 
     def __init__(self) -> None:
         self._repos: dict[str, _Repo] = {}
@@ -374,10 +383,21 @@ class HubServer:
 
         The branch moves to the new commit; earlier commits stay readable by sha.
         """
+        return self._commit("dataset", repo_id, files, branch, message)
+
+    def add_model(self, repo_id: str, files: Mapping[str, bytes | str | Path], *, branch: str = "main",
+                  message: str = "Upload") -> str:
+        """As `add_dataset`, for a model repository (e.g. a saved model folder's files)."""
+        return self._commit("model", repo_id, files, branch, message)
+
+    def _commit(self, kind: str, repo_id: str, files: Mapping[str, bytes | str | Path], branch: str,
+                message: str) -> str:
         content = {p.strip("/"): _File.of(v.read_bytes() if isinstance(v, Path) else
                                           v.encode() if isinstance(v, str) else bytes(v)) for p, v in files.items()}
         with self._lock:
-            repo = self._repos.setdefault(repo_id, _Repo())
+            repo = self._repos.setdefault(repo_id, _Repo(kind))
+            if repo.kind != kind:
+                raise ValueError(f"{repo_id} is a {repo.kind} repository here")
             parent = repo.commits.get(repo.refs.get(branch, ""))
             listing = json.dumps([parent.sha if parent else None, message,
                                   sorted((p, f.oid) for p, f in content.items())])

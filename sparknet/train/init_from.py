@@ -88,17 +88,30 @@ def _local_name(folder: Path) -> tuple[str, str | None]:
 
 
 def _hub_base(spec: str) -> BaseModel:
-    config = _config(spec, spec)
-    commit = getattr(config, "_commit_hash", None)  # the revision the cache or the Hub resolved, when known
-    return BaseModel(spec=spec, source=spec, name=spec, folder=None, config=config,
-                     commit=commit if isinstance(commit, str) else None)
+    """A Hub model id, pinned to the commit its config.json resolves to now (from the Hub, or the cache offline):
+    the config and the weights are read at that commit, which the metadata records, even if its branch moves."""
+    commit = _hub_commit(spec)
+    config = _config(spec, spec, commit)
+    return BaseModel(spec=spec, source=spec, name=spec, folder=None, config=config, commit=commit)
 
 
-def _config(spec: str, source: str) -> Any:
+def _hub_commit(spec: str) -> str | None:
+    """The commit of the Hub model `spec`'s main branch, as its downloaded config.json's snapshot folder names it
+    (huggingface_hub's cache layout: models--OWNER--NAME/snapshots/COMMIT/config.json); None when unknown."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = Path(hf_hub_download(spec, "config.json"))
+    except Exception:  # noqa: BLE001 - reported by _config, which reads the same file, with the library's reason
+        return None
+    return path.parent.name if path.parent.parent.name == "snapshots" else None
+
+
+def _config(spec: str, source: str, revision: str | None = None) -> Any:
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(source)
+        return AutoConfig.from_pretrained(source, revision=revision)
     except Exception as exc:  # noqa: BLE001 - reported against the user's value with the library's reason
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise UserError(f"INIT_FROM={spec}: cannot read its config ({type(exc).__name__}: {first}); a Hub id needs "
@@ -189,8 +202,10 @@ def load_base(base: BaseModel, dropout: float) -> Any:
                 else ("attention_dropout",))
     for key in dropouts:
         setattr(config, key, dropout)
+    # a Hub id's weights at the commit its config was read at (a local folder has no revisions)
+    revision = base.commit if base.folder is None else None
     model = AutoModelForCausalLM.from_pretrained(base.source, config=config, dtype=torch.float32,
-                                                 attn_implementation="sdpa")
+                                                 attn_implementation="sdpa", revision=revision)
     if config.model_type == "gpt2":
         model.loss_type = "ForCausalLM"  # as sparknet.model.build_model: transformers warns otherwise
     bos = config.bos_token_id if config.bos_token_id is not None else config.eos_token_id
