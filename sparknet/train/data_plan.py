@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from sparknet.config import MixConfig
+from sparknet.config import MixConfig, phase_ends
 from sparknet.errors import UserError
 
 log = logging.getLogger("sparknet.train")
@@ -36,6 +36,19 @@ class DataPlan:
     fixed_identity: dict[str, tuple[Any, str]] = field(default_factory=dict)
     # TrainingArguments the data needs (given to its constructor, so that its checks see them)
     trainer_arguments: dict[str, Any] = field(default_factory=dict)
+    # a run in phases (config "phases"): each phase's name and share of the run's training tokens; empty: one phase
+    phases: tuple[tuple[str, float], ...] = ()
+
+    def plan_phases(self, max_steps: int, blocks_per_step: int) -> list[int] | None:
+        """Where each phase's optimizer steps end (the shares of `max_steps`, at whole steps), logged, or None for a
+        run of one phase; `blocks_per_step`: the blocks this process trains per step. A plan whose data must know
+        (the stream's switch) adds to it."""
+        if len(self.phases) < 2:
+            return None
+        ends = phase_ends([share for _, share in self.phases], max_steps)
+        log.info("phases: %s", ", ".join(f"{name} steps {(ends[k - 1] if k else 0) + 1}-{ends[k]}"
+                                         for k, (name, _) in enumerate(self.phases)))
+        return ends
 
     def metadata(self) -> dict[str, Any]:
         """What training_metadata.json records about the data (read when it is written: the end of training)."""
@@ -57,9 +70,23 @@ class PackedPlan(DataPlan):
     """The packed dataset: its manifest's record of the data goes into the metadata."""
 
     manifest_metadata: dict[str, Any]
+    phase_steps: list[int] | None = None  # where each phase's steps end (plan_phases), in a run of several
 
     def metadata(self) -> dict[str, Any]:
         return self.manifest_metadata
+
+    def callbacks(self, writer: Any) -> list[Any]:
+        from sparknet.train.phases import PhaseCallback
+
+        return [PhaseCallback(writer=writer, ends=self.phase_steps)] if self.phase_steps else []
+
+    def plan_phases(self, max_steps: int, blocks_per_step: int) -> list[int] | None:
+        self.phase_steps = super().plan_phases(max_steps, blocks_per_step)
+        if self.phase_steps:
+            self.manifest_metadata["phases"] = [
+                {"name": name, "steps": [(self.phase_steps[k - 1] if k else 0) + 1, self.phase_steps[k]],
+                 "blocks": list(self.train.phases[k][1:])} for k, (name, _) in enumerate(self.phases)]
+        return self.phase_steps
 
 
 def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig | None) -> PackedPlan:
@@ -85,7 +112,9 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
         raise UserError(f"dataset {val.folder} has no validation blocks: rebuild it with VAL_TOKENS > 0")
     for split in (train, val):  # the bytes the build wrote (sha256 per chunk), ids within the vocabulary
         split.verify(len(tokenizer))
+    phases = manifest["splits"]["train"].get("phases") or []
     return PackedPlan(
+        phases=tuple((phase["name"], float(phase["run_share"])) for phase in phases),
         train=train,
         val=val,
         val_tokens=np.asarray(val.tokens),
