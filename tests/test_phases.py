@@ -20,12 +20,15 @@ from tokenizers import Tokenizer
 
 from sparknet.config import ConfigError, load_config, parse_config, phase_ends
 from tests.helpers import (
+    build_position,
     checkpoint_step,
+    finish,
     finish_ok,
     read_events,
     read_steps,
     run_script,
     start_script,
+    stop_build_after_saves,
     stopped_checkpoint,
     stream_args,
     train_args,
@@ -207,6 +210,38 @@ def test_the_build_writes_the_phases_in_order_each_mixed_in_every_prefix(setup: 
     assert abs((_owner(val, setup["tokenizer"]) == 1).mean() - 0.4375) < 0.06
 
 
+def test_a_build_interrupted_before_and_after_the_boundary_writes_the_same_dataset(
+        setup: dict[str, Path], dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C right after a saved position in the first phase, then in the second: the resumed build writes the
+    uninterrupted one's bytes and manifest (the phase and each phase's counts are part of the position)."""
+    import itertools
+    import time
+    import types
+
+    from sparknet.data.packed import build as build_module
+    from sparknet.data.packed.build import BuildSpec, build_dataset
+
+    # a clock that ticks once per reading: the build saves its position every ten documents or so, however fast
+    ticks = itertools.count()
+    monkeypatch.setattr(build_module, "time", types.SimpleNamespace(time=time.time, monotonic=lambda: next(ticks)))
+    stops = [lambda split, writers: split == "train" and 100 < writers["train"].blocks < 234,
+             lambda split, writers: split == "train" and writers["train"].blocks > 260]
+    stop_build_after_saves(monkeypatch, stops)
+    out = tmp_path / "ds"
+    spec = BuildSpec(config=load_config(setup["config"]), tokenizer=str(setup["tokenizer"]), output_dir=out,
+                     target_tokens=20_000, val_tokens=2_000, block_size=BLOCK, seed=1, checkpoint_seconds=1e-6)
+    for phase in (0, 1):
+        with pytest.raises(KeyboardInterrupt):
+            build_dataset(spec)
+        assert build_position(tmp_path / ".ds.building").get("phase") == phase
+    manifest = build_dataset(spec)
+    assert not stops
+    for name in ("train.bin", "val.bin"):
+        assert (out / name).read_bytes() == (dataset / name).read_bytes(), name
+    expected = json.loads((dataset / "manifest.json").read_text())
+    assert manifest["splits"] == expected["splits"]
+
+
 def test_the_sampler_draws_each_phase_from_its_blocks_passes_repeating_within_it() -> None:
     from sparknet.train.batch import GlobalBatchSampler
 
@@ -344,7 +379,17 @@ def test_a_streamed_run_in_phases_resumes_exactly_across_the_boundary(setup: dic
     assert {value for step, value in events["data/phase"] if step <= 36} == {0.0}
     # the figure counts since the phase began: late in the last phase, its mix
     assert abs(events["data/share/a"][-1][1] - ANNEAL["a"]) < 0.1
+    meta = json.loads((tmp_path / "ref" / "ckpt" / "run" / "training_metadata.json").read_text())
+    assert [(p["name"], p["steps"]) for p in meta["phases"]] == [("main", [1, 36]), ("anneal", [37, 48])]
     args = stream_args(tmp_path / "stop", setup["config"], setup["tokenizer"], **settings)
     _stopped_before_the_boundary("train_sparknet.py", args, tmp_path / "stop" / "ckpt" / "run", processes)
     finish_ok(start_script("train_sparknet.py", args, processes=processes))
     assert _steps(tmp_path / "stop" / "ckpt" / "run") == reference
+    if processes == 1:  # the same run with other phases: refused in one line, like any other change of the data
+        data = json.loads(setup["config"].read_text())
+        data["phases"][0]["share"], data["phases"][1]["share"] = 0.5, 0.5
+        (tmp_path / "other.json").write_text(json.dumps(data))
+        proc = start_script("train_sparknet.py", stream_args(tmp_path / "stop", tmp_path / "other.json",
+                                                             setup["tokenizer"], **settings))
+        out = finish(proc)
+        assert proc.returncode == 1 and "Traceback" not in out and "phases" in out, out[-3000:]

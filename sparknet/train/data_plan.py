@@ -38,6 +38,7 @@ class DataPlan:
     trainer_arguments: dict[str, Any] = field(default_factory=dict)
     # a run in phases (config "phases"): each phase's name and share of the run's training tokens; empty: one phase
     phases: tuple[tuple[str, float], ...] = ()
+    phase_steps: list[int] | None = None  # where each phase's steps end (plan_phases), in a run of several
 
     def plan_phases(self, max_steps: int, blocks_per_step: int) -> list[int] | None:
         """Where each phase's optimizer steps end (the shares of `max_steps`, at whole steps), logged, or None for a
@@ -45,10 +46,16 @@ class DataPlan:
         (the stream's switch) adds to it."""
         if len(self.phases) < 2:
             return None
-        ends = phase_ends([share for _, share in self.phases], max_steps)
+        self.phase_steps = ends = phase_ends([share for _, share in self.phases], max_steps)
         log.info("phases: %s", ", ".join(f"{name} steps {(ends[k - 1] if k else 0) + 1}-{ends[k]}"
                                          for k, (name, _) in enumerate(self.phases)))
         return ends
+
+    def phase_record(self) -> list[dict[str, Any]]:
+        """The metadata's `phases`: each phase's name and its first and last optimizer step (none: one phase)."""
+        ends = self.phase_steps or []
+        return [{"name": name, "steps": [(ends[k - 1] if k else 0) + 1, ends[k]]}
+                for k, (name, _) in enumerate(self.phases) if ends]
 
     def metadata(self) -> dict[str, Any]:
         """What training_metadata.json records about the data (read when it is written: the end of training)."""
@@ -70,9 +77,11 @@ class PackedPlan(DataPlan):
     """The packed dataset: its manifest's record of the data goes into the metadata."""
 
     manifest_metadata: dict[str, Any]
-    phase_steps: list[int] | None = None  # where each phase's steps end (plan_phases), in a run of several
 
     def metadata(self) -> dict[str, Any]:
+        if self.phase_steps:  # with each phase's blocks
+            return {**self.manifest_metadata, "phases": [{**record, "blocks": list(self.train.phases[k][1:])}
+                                                         for k, record in enumerate(self.phase_record())]}
         return self.manifest_metadata
 
     def callbacks(self, writer: Any) -> list[Any]:
@@ -80,13 +89,6 @@ class PackedPlan(DataPlan):
 
         return [PhaseCallback(writer=writer, ends=self.phase_steps)] if self.phase_steps else []
 
-    def plan_phases(self, max_steps: int, blocks_per_step: int) -> list[int] | None:
-        self.phase_steps = super().plan_phases(max_steps, blocks_per_step)
-        if self.phase_steps:
-            self.manifest_metadata["phases"] = [
-                {"name": name, "steps": [(self.phase_steps[k - 1] if k else 0) + 1, self.phase_steps[k]],
-                 "blocks": list(self.train.phases[k][1:])} for k, (name, _) in enumerate(self.phases)]
-        return self.phase_steps
 
 
 def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig | None) -> PackedPlan:
@@ -99,7 +101,9 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
     train = PackedDataset(dataset_dir, "train")
     val = PackedDataset(dataset_dir, "val")
     manifest = train.manifest
-    if config is not None and config.to_dict()["mix"] != manifest["config"]["mix"]:
+    ours = config.to_dict() if config is not None else {}
+    if config is not None and (ours["mix"], ours.get("phases")) != (manifest["config"]["mix"],
+                                                                    manifest["config"].get("phases")):
         log.warning("dataset %s was built from another mix than CONFIG=%s (%s): the metadata records the dataset's",
                     train.folder, config.path, manifest["config"]["path"])
     source = tokenizer_dir or manifest["tokenizer"]["path"]

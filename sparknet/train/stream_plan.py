@@ -60,7 +60,8 @@ class StreamPlan(DataPlan):
                 "source_revisions": {s.label: {"revision": s.revision, "commit": self.commits.get(s.label)}
                                      for s in config.mix},
                 "stream": {"validation": validation,
-                           "training": {**realised, "requested_shares": requested_shares(self.stream.config)}}}
+                           "training": {**realised, "requested_shares": requested_shares(self.stream.config)}},
+                **({"phases": self.phase_record()} if self.phase_steps else {})}
 
     def callbacks(self, writer: Any) -> list[Any]:
         return [StreamCallback(stream=self.stream, writer=writer)]
