@@ -119,8 +119,11 @@ def test_a_config_in_phases_loads_as_the_union_of_its_sources_with_run_wide_prob
     for phase in data["phases"]:
         del phase["share"], phase["name"]
     data["phases"][0]["tokens"] = 15_000
+    # (a file typed another way in another phase is the same source)
+    data["phases"][1]["mix"][0]["data_files"] = str(setup["dir"]) + "//a.jsonl"
     tokens = parse_config(data)
     assert [(p.name, p.share) for p in tokens.phases] == [("phase1", 0.75), ("phase2", 0.25)]
+    assert [s.label for s in tokens.mix] == ["a", "b"] and tokens.phases[1].prob_of() == ANNEAL
 
 
 def _bad(setup: dict[str, Path]) -> list[tuple[str, object, str]]:
