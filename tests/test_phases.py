@@ -189,6 +189,7 @@ def dataset(setup: dict[str, Path]) -> Path:
                       "--output_dir", out, "--target_tokens", 20_000, "--val_tokens", 2_000, "--block_size", BLOCK,
                       "--num_workers", 0, "--shuffle_buffer", 0, "--seed", 1)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "phase main: blocks 0-233" in proc.stdout and "phase anneal: blocks 234-311" in proc.stdout, proc.stdout
     return out
 
 
