@@ -32,6 +32,8 @@ from tests.helpers import (
     stopped_checkpoint,
     stream_args,
     train_args,
+    train_packed,
+    train_settings,
     wait_for,
     write_jsonl,
 )
@@ -258,6 +260,17 @@ def test_the_sampler_draws_each_phase_from_its_blocks_passes_repeating_within_it
     assert len(set(first[:8])) == 8 and len(set(second)) == 8  # a pass: whole global batches of distinct blocks
     assert first[8:] != first[:4]  # the second pass is another permutation
     assert list(sampler) == order  # the same order every time: a resume replays it
+
+
+def test_a_phase_smaller_than_one_global_batch_is_refused_before_the_run(dataset: Path, tmp_path: Path) -> None:
+    from sparknet.errors import UserError
+
+    # 312 training blocks in all, 78 in the anneal phase: a global batch of 96 fits the dataset, not the phase
+    with pytest.raises(UserError, match=f"phase anneal of dataset {dataset} has 78 training blocks, fewer than one "
+                                        "global batch \\(GLOBAL_BATCH_SIZE=96\\)"):
+        train_packed(train_settings(tmp_path, global_batch_size=96, batch_size=8, target_tokens=4 * 96 * BLOCK),
+                     dataset)
+    assert not (tmp_path / "ckpt").exists()
 
 
 def _block_digests(dataset: Path) -> list[set[str]]:

@@ -8,12 +8,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sparknet.config import MixConfig, phase_ends
 from sparknet.errors import UserError
+
+if TYPE_CHECKING:
+    from sparknet.train.batch import BatchPlan
 
 log = logging.getLogger("sparknet.train")
 
@@ -40,10 +43,9 @@ class DataPlan:
     phases: tuple[tuple[str, float], ...] = ()
     phase_steps: list[int] | None = None  # where each phase's steps end (plan_phases), in a run of several
 
-    def plan_phases(self, max_steps: int, blocks_per_step: int) -> list[int] | None:
+    def plan_phases(self, max_steps: int, batch: BatchPlan) -> list[int] | None:
         """Where each phase's optimizer steps end (the shares of `max_steps`, at whole steps), logged, or None for a
-        run of one phase; `blocks_per_step`: the blocks this process trains per step. A plan whose data must know
-        (the stream's switch) adds to it."""
+        run of one phase. A plan whose data must know (the stream's switch, the packed phases' sizes) adds to it."""
         if len(self.phases) < 2:
             return None
         self.phase_steps = ends = phase_ends([share for _, share in self.phases], max_steps)
@@ -77,6 +79,17 @@ class PackedPlan(DataPlan):
     """The packed dataset: its manifest's record of the data goes into the metadata."""
 
     manifest_metadata: dict[str, Any]
+
+    def plan_phases(self, max_steps: int, batch: BatchPlan) -> list[int] | None:
+        """The base's, with each phase that has steps checked to hold one global batch (before the run folder)."""
+        ends = super().plan_phases(max_steps, batch)
+        for k, (name, _) in enumerate(self.phases if ends else ()):
+            start, end = self.train.phases[k][1:]
+            if ends[k] > (ends[k - 1] if k else 0) and end - start < batch.global_batch:
+                raise UserError(f"phase {name} of dataset {self.train.folder} has {end - start} training blocks, "
+                                f"fewer than one global batch (GLOBAL_BATCH_SIZE={batch.global_batch}): lower "
+                                "GLOBAL_BATCH_SIZE, or build the dataset with more tokens")
+        return ends
 
     def metadata(self) -> dict[str, Any]:
         if self.phase_steps:  # with each phase's blocks

@@ -93,7 +93,7 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
     if data.train_blocks is not None:
         check_enough_blocks(data.train_blocks, batch.global_batch)
     log_budget(data, target, max_steps, tokens_per_step, batch)
-    phase_steps = data.plan_phases(max_steps, batch.global_batch // batch.devices)
+    phase_steps = data.plan_phases(max_steps, batch)
     # one training of a RUN_NAME at a time (the main process holds the lock; the others are its own ranks)
     run_dir = project_path(settings.checkpoints_dir) / settings.run_name
     writes_to(run_dir.parent, project_path(settings.logs_dir))

@@ -16,6 +16,7 @@ from transformers import TrainerCallback
 
 from sparknet.config import MixConfig
 from sparknet.errors import UserError
+from sparknet.train.batch import BatchPlan
 from sparknet.train.data_plan import BlockDataset, DataPlan
 from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, read_identity, read_val_blocks, read_val_report
 
@@ -66,11 +67,12 @@ class StreamPlan(DataPlan):
     def callbacks(self, writer: Any) -> list[Any]:
         return [StreamCallback(stream=self.stream, writer=writer)]
 
-    def plan_phases(self, max_steps: int, blocks_per_step: int) -> list[int] | None:
-        """The phases' steps (the base's), and the stream told where they end in its blocks."""
-        ends = super().plan_phases(max_steps, blocks_per_step)
+    def plan_phases(self, max_steps: int, batch: BatchPlan) -> list[int] | None:
+        """The phases' steps (the base's), and the stream told where they end in its blocks (this process's share
+        of each step's global batch)."""
+        ends = super().plan_phases(max_steps, batch)
         if ends is not None:
-            self.stream.set_phase_ends([end * blocks_per_step for end in ends])
+            self.stream.set_phase_ends([end * (batch.global_batch // batch.devices) for end in ends])
         return ends
 
     def prepare_run(self, run_dir: Path, resume: Path | None) -> None:
