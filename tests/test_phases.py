@@ -332,11 +332,13 @@ def test_a_packed_run_in_phases_trains_each_phase_on_its_blocks_and_resumes_exac
                                                                for step, _ in events["data/phase"]]
     meta = json.loads((tmp_path / "one" / "ckpt" / "run" / "training_metadata.json").read_text())
     assert [(p["name"], p["steps"]) for p in meta["phases"]] == [("main", [1, 36]), ("anneal", [37, 48])]
-    # stopped before the boundary on one process, resumed on two: the same blocks and LR at every step
-    args = train_args(tmp_path / "1to2", dataset, **RUN)
-    _stopped_before_the_boundary("train_sparknet_v5.py", args, tmp_path / "1to2" / "ckpt" / "run", 1)
-    finish_ok(start_script("train_sparknet_v5.py", args, processes=2))
-    assert _steps(tmp_path / "1to2" / "ckpt" / "run") == reference
+    # stopped before the boundary on one process, resumed on two, and the other way: the same blocks and LR at every
+    # step as the uninterrupted run
+    for name, first, then in (("1to2", 1, 2), ("2to1", 2, 1)):
+        args = train_args(tmp_path / name, dataset, **RUN)
+        _stopped_before_the_boundary("train_sparknet_v5.py", args, tmp_path / name / "ckpt" / "run", first)
+        finish_ok(start_script("train_sparknet_v5.py", args, processes=then))
+        assert _steps(tmp_path / name / "ckpt" / "run") == reference, name
 
 
 # -- the stream ---------------------------------------------------------------------------------------------------
