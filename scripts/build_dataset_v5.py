@@ -65,6 +65,12 @@ def main() -> None:
         )
         for label, s in info["sources"].items():
             print(f"    {label:<24} {s['tokens']:>14,} tokens  {s['share']:6.2%} (asked {s['requested_share']:.2%})")
+        for phase in info.get("phases", []):  # a config in phases: each phase's blocks and mix
+            first, end = phase["blocks"]
+            print(f"    phase {phase['name']}: blocks {first}-{end - 1}, {phase['tokens']:,} tokens")
+            for label, s in phase["sources"].items():
+                print(f"      {label:<22} {s['tokens']:>14,} tokens  {s['share']:6.2%} (asked "
+                      f"{s['requested_share']:.2%})")
 
 
 if __name__ == "__main__":

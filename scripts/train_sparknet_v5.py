@@ -20,7 +20,7 @@ BATCH_SIZE = 32  # blocks per device per micro-step, at most: sizes memory (accu
 LEARNING_RATE = 1e-3  # peak learning rate (AdamW's; with OPTIMIZER=muon, that of embeddings, norms and biases)
 OPTIMIZER = "adamw"  # adamw, or muon: Muon for the hidden weight matrices, AdamW for the rest
 MUON_LEARNING_RATE = 1e-3  # Muon's peak learning rate (its update scaled to AdamW's size), when OPTIMIZER=muon
-LR_SCHEDULE = "cosine"  # cosine, or wsd: warmup, stable at the peak, linear decay over the last fifth of the steps
+LR_SCHEDULE = "cosine"  # cosine, or wsd: warmup, stable peak, linear decay over the last 20% of steps (or last phase)
 MIN_LR_RATIO = 0.1  # the schedule decays to this fraction of the peak
 WARMUP_RATIO = 0.02  # fraction of the steps spent warming up linearly
 WEIGHT_DECAY = 0.1  # AdamW weight decay

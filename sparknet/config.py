@@ -3,6 +3,16 @@
 A config is `{"seed", "context_length", "target_tokens", "mix": [{"name", "split", "prob", "data_files"?, "subset"?,
 "text_field"?, "revision"?, "tokenizer"?}]}`. Every mistake raises ConfigError with the file, the JSON path
 (`mix[2].prob`) and what is expected.
+
+Instead of "mix", a config may give "phases": `[{"name"?, "share" | "tokens", "mix": [...]}]`, each phase a mix (its
+entries as the top-level mix's) over its part of the run's training tokens, in order (an annealing phase at the end,
+say). "share" is a fraction of the training tokens (the shares sum to 1); "tokens" a count of the config's
+target_tokens (they sum to it, or the last phase omits it and takes the rest), kept as the share it is of
+target_tokens, so that a run with another TARGET_TOKENS keeps the proportions. An entry that differs from another
+phase's only in "prob" is the same source: one reader for the whole run, which goes on where it was at a boundary.
+The loaded `MixConfig.mix` is then the union of the sources with their run-wide (token-weighted) probs, which
+everything that opens, labels, checks or holds out validation documents from the sources reads; `MixConfig.phases`
+says which probs hold where (a one-mix config is one phase), and `phase_ends` where each phase ends, in any unit.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import logging
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +35,9 @@ from sparknet.runtime import file_sha256, project_path
 
 log = logging.getLogger(__name__)
 
-TOP_KEYS = ("seed", "context_length", "target_tokens", "mix")
+TOP_KEYS = ("seed", "context_length", "target_tokens", "mix", "phases")
+REQUIRED_TOP_KEYS = ("seed", "context_length", "target_tokens")
+PHASE_KEYS = ("name", "share", "tokens", "mix")
 SOURCE_KEYS = ("name", "split", "prob", "data_files", "subset", "text_field", "revision", "tokenizer")
 REQUIRED_SOURCE_KEYS = ("name", "prob")
 COMMIT_SHA = re.compile(r"[0-9a-f]{40}")  # a full commit id, shortened in labels as git shortens it
@@ -104,22 +117,64 @@ class SourceSpec:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """One phase of a run: its name, its share of the run's training tokens, and the probs (normalised, by source
+    label) of the sources it reads; a source it does not read is not in `probs`."""
+
+    name: str
+    share: float
+    probs: tuple[tuple[str, float], ...]
+
+    def prob_of(self) -> dict[str, float]:
+        """The probs by label."""
+        return dict(self.probs)
+
+
+def phase_ends(shares: Sequence[float], total: int) -> list[int]:
+    """Where each phase ends among `total` units (blocks of a packed split, optimizer steps, a stream's blocks): the
+    cumulative shares times `total`, rounded to whole units, the last at `total` (a phase may get none)."""
+    ends, cumulative = [], 0.0
+    for share in shares[:-1]:
+        cumulative += share
+        ends.append(min(total, max(ends[-1] if ends else 0, round(cumulative * total))))
+    return [*ends, total]
+
+
+@dataclass(frozen=True)
 class MixConfig:
-    """A validated mix config; `mix` probabilities sum to 1."""
+    """A validated mix config; `mix` probabilities sum to 1 (with phases: the run-wide ones, token-weighted)."""
 
     seed: int
     context_length: int
     target_tokens: int
     mix: tuple[SourceSpec, ...]
     path: str = ""
+    phases: tuple[Phase, ...] = ()  # left empty: one phase, the mix
+
+    def __post_init__(self) -> None:
+        if not self.phases:  # a one-mix config is one phase of the whole run
+            object.__setattr__(self, "phases", (Phase("phase1", 1.0, tuple((s.label, s.prob) for s in self.mix)),))
+
+    @property
+    def phased(self) -> bool:
+        """Whether the run has more than one phase."""
+        return len(self.phases) > 1
+
+    def phase_ends(self, total: int) -> list[int]:
+        """Where each phase ends among `total` units (module-level `phase_ends`)."""
+        return phase_ends([p.share for p in self.phases], total)
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as plain JSON data (for manifests and metadata)."""
+        """The config as plain JSON data (for manifests, metadata and run identities); "phases" only where the run
+        has several (a one-mix config's data is what it always was)."""
         d = asdict(self)
         # `revision` only where pinned (an entry without one reads the default branch, whose commit is recorded
         # beside the config as source_revisions), `tokenizer` only where given
         d["mix"] = [{k: v for k, v in s.items() if k not in ("revision", "tokenizer") or v is not None}
                     for s in d["mix"]]
+        d.pop("phases")
+        if self.phased:
+            d["phases"] = [{"name": p.name, "share": p.share, "probs": dict(p.probs)} for p in self.phases]
         return d
 
 
@@ -212,7 +267,7 @@ def parse_config(data: Any, path: str = "<config>") -> MixConfig:
     check = _Checker(path)
     if not isinstance(data, dict):
         raise check.fail("", f"expected a JSON object with keys {', '.join(TOP_KEYS)}, got {_type_name(data)}")
-    check.keys(data, "", TOP_KEYS, TOP_KEYS)
+    check.keys(data, "", TOP_KEYS, REQUIRED_TOP_KEYS)
     seed = _whole(data["seed"])
     # the rules of the constants SEED and BLOCK_SIZE (sparknet.checks), which these keys are the defaults of
     if not RULES["SEED"].test(seed):
@@ -223,15 +278,33 @@ def parse_config(data: Any, path: str = "<config>") -> MixConfig:
                          f"{MIN_BLOCK_WHY}")
     # 1e9 is a whole number in JSON too, as it is on the command line
     target_tokens = check.positive_int(_whole(data["target_tokens"]), "target_tokens")
-    mix = data["mix"]
+    if "mix" in data and "phases" in data:
+        raise check.fail("phases", 'give "mix" (one mix for the whole run) or "phases", not both: move the mix into '
+                         "a phase")
+    if "phases" in data:
+        sources, phases = _parse_phases(check, data["phases"], target_tokens)
+    elif "mix" in data:
+        raw_sources = _parse_mix(check, data["mix"], "mix")
+        places = [f"mix[{i}]" for i in range(len(raw_sources))]
+        _refuse_duplicates(check, raw_sources, places)
+        _refuse_shared_files(check, raw_sources, places)
+        sources, phases = _normalised_sources(check, raw_sources, "mix"), ()
+    else:
+        raise check.fail("mix", 'missing required key (or give "phases")')
+    return MixConfig(seed=seed, context_length=context_length, target_tokens=target_tokens, mix=sources, path=path,
+                     phases=phases)
+
+
+def _parse_mix(check: _Checker, mix: Any, where_mix: str) -> list[dict[str, Any]]:
+    """The entries of one mix (the top-level one or a phase's), checked, as plain dicts with their raw prob."""
     if not isinstance(mix, list):
-        raise check.fail("mix", f"expected a list of sources, got {_type_name(mix)}")
+        raise check.fail(where_mix, f"expected a list of sources, got {_type_name(mix)}")
     if not mix:
-        raise check.fail("mix", "the mix is empty: add at least one source")
+        raise check.fail(where_mix, "the mix is empty: add at least one source")
 
     raw_sources = []
     for i, entry in enumerate(mix):
-        where = f"mix[{i}]"
+        where = f"{where_mix}[{i}]"
         if not isinstance(entry, dict):
             raise check.fail(where, f"expected an object with keys name, prob, ..., got {_type_name(entry)}")
         check.keys(entry, where, SOURCE_KEYS, REQUIRED_SOURCE_KEYS)
@@ -261,12 +334,14 @@ def parse_config(data: Any, path: str = "<config>") -> MixConfig:
             dict(name=name, prob=float(prob), split=split, data_files=data_files, subset=subset, text_field=text_field,
                  revision=revision, tokenizer=tokenizer)
         )
+    return raw_sources
 
-    _refuse_duplicates(check, raw_sources)
-    _refuse_shared_files(check, raw_sources)
+
+def _normalised_sources(check: _Checker, raw_sources: list[dict[str, Any]], where: str) -> tuple[SourceSpec, ...]:
+    """The sources, labelled, their probs normalised to sum to 1 (a warning when they did not)."""
     total = sum(s["prob"] for s in raw_sources)
     if not math.isfinite(total):
-        raise check.fail("mix", "the probabilities are too large to add up; use shares such as 0.5, 0.3, 0.2")
+        raise check.fail(where, "the probabilities are too large to add up; use shares such as 0.5, 0.3, 0.2")
     labels = _labels(raw_sources)
     sources = tuple(
         SourceSpec(**{**s, "prob": s["prob"] / total}, label=label)
@@ -274,8 +349,102 @@ def parse_config(data: Any, path: str = "<config>") -> MixConfig:
     )
     if abs(total - 1.0) > 1e-9:
         shares = ", ".join(f"{s.label}={s.prob:.4f}" for s in sources)
-        log.warning("%s: probabilities sum to %g, normalised to %s", path, total, shares)
-    return MixConfig(seed=seed, context_length=context_length, target_tokens=target_tokens, mix=sources, path=path)
+        log.warning("%s: probabilities sum to %g, normalised to %s", check.path, total, shares)
+    return sources
+
+
+def _parse_phases(check: _Checker, phases: Any, target_tokens: int) -> tuple[tuple[SourceSpec, ...],
+                                                                              tuple[Phase, ...]]:
+    """The union of the phases' sources (run-wide probs: each phase's weighted by its share) and the phases."""
+    if not isinstance(phases, list):
+        raise check.fail("phases", f"expected a list of phases, got {_type_name(phases)}")
+    if not phases:
+        raise check.fail("phases", 'no phases: give at least one, or a top-level "mix"')
+    names: dict[str, int] = {}
+    shares: list[float | None] = []
+    mixes: list[list[dict[str, Any]]] = []
+    for i, phase in enumerate(phases):
+        where = f"phases[{i}]"
+        if not isinstance(phase, dict):
+            raise check.fail(where, f"expected an object with keys {', '.join(PHASE_KEYS)}, got {_type_name(phase)}")
+        check.keys(phase, where, PHASE_KEYS, ("mix",))
+        name = check.string(phase.get("name", f"phase{i + 1}"), f"{where}.name")
+        if name in names:
+            raise check.fail(f"{where}.name", f"{name!r} is also phases[{names[name]}]'s name: give each phase its own")
+        names[name] = i
+        if "share" in phase and "tokens" in phase:
+            raise check.fail(where, 'give "share" (a fraction of the training tokens) or "tokens", not both')
+        if "share" in phase:
+            share = phase["share"]
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+                raise check.fail(f"{where}.share", f"expected a fraction of the training tokens in (0, 1], got "
+                                 f"{json.dumps(share)}")
+            shares.append(float(share))
+        elif "tokens" in phase:
+            shares.append(check.positive_int(_whole(phase["tokens"]), f"{where}.tokens") / target_tokens)
+        elif i == len(phases) - 1 and i > 0 and "tokens" in phases[0]:
+            shares.append(None)  # the rest of target_tokens
+        else:
+            raise check.fail(f"{where}.share", 'missing: give "share" (a fraction of the training tokens) or '
+                             '"tokens" (only the last phase of phases given in tokens may omit it: it takes the rest)')
+        mixes.append(_parse_mix(check, phase["mix"], f"{where}.mix"))
+    by_tokens = ["tokens" in p for p in phases[:len(phases) - (shares[-1] is None)]]
+    if any(by_tokens) and not all(by_tokens):
+        first = by_tokens.index(not by_tokens[0])
+        raise check.fail(f"phases[{first}]", 'phases give "share" and "tokens" mixed: give every phase a share, or '
+                         "every phase tokens")
+    given = sum(s for s in shares if s is not None)
+    if shares[-1] is None:
+        rest = target_tokens - round(given * target_tokens)
+        if rest <= 0:
+            taken = round(given * target_tokens)
+            raise check.fail(f"phases[{len(phases) - 1}]", f"the phases before it take {taken:,} "
+                             f"tokens, all of target_tokens ({target_tokens:,}): nothing is left for the last phase")
+        shares[-1] = rest / target_tokens
+    elif by_tokens[0] and round(given * target_tokens) != target_tokens:
+        raise check.fail("phases", f"the phases' tokens sum to {round(given * target_tokens):,}, not target_tokens "
+                         f"({target_tokens:,}): make them add up, or leave out the last phase's to give it the rest")
+    elif abs(given - 1.0) > 1e-6:
+        raise check.fail("phases", f"the phases' shares sum to {given:g}, not 1: they divide the training tokens")
+
+    # one source per identity: an entry the same as another phase's apart from its prob is that source
+    union: list[dict[str, Any]] = []
+    places: list[str] = []
+    index_of: dict[str, int] = {}
+    phase_probs: list[dict[int, float]] = []
+    for i, mix in enumerate(mixes):
+        _refuse_duplicates(check, mix, [f"phases[{i}].mix[{j}]" for j in range(len(mix))])
+        total = sum(entry["prob"] for entry in mix)
+        if not math.isfinite(total):
+            raise check.fail(f"phases[{i}].mix", "the probabilities are too large to add up; use shares such as 0.5, "
+                             "0.3, 0.2")
+        probs: dict[int, float] = {}
+        for j, entry in enumerate(mix):
+            key = _source_identity(entry)
+            if key not in index_of:
+                index_of[key] = len(union)
+                union.append({**entry, "prob": 0.0})
+                places.append(f"phases[{i}].mix[{j}]")
+            k = index_of[key]
+            # the identity covers every key but prob and tokenizer (data files compared resolved: `a//b` is `a/b`)
+            if entry["tokenizer"] != union[k]["tokenizer"]:
+                raise check.fail(f"phases[{i}].mix[{j}].tokenizer", f"the same source as {places[k]} with another "
+                                 f"tokenizer ({json.dumps(entry['tokenizer'])}, there "
+                                 f"{json.dumps(union[k]['tokenizer'])}): a source is the same in every phase apart "
+                                 "from its prob")
+            probs[k] = entry["prob"] / total
+        phase_probs.append(probs)
+    _refuse_shared_files(check, union, places)
+    for share, probs in zip(shares, phase_probs, strict=True):
+        for k, prob in probs.items():
+            union[k]["prob"] += share * prob
+    labels = _labels(union)
+    total = sum(s["prob"] for s in union)  # 1, up to the rounding of the shares
+    sources = tuple(SourceSpec(**{**s, "prob": s["prob"] / total}, label=label)
+                    for s, label in zip(union, labels, strict=True))
+    out = tuple(Phase(name, share, tuple((labels[k], prob) for k, prob in probs.items()))
+                for name, share, probs in zip(names, shares, phase_probs, strict=True))
+    return sources, out
 
 
 def _normalised(data_files: Any) -> Any:
@@ -325,7 +494,7 @@ def _local_files(source: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def _refuse_shared_files(check: _Checker, sources: list[dict[str, Any]]) -> None:
+def _refuse_shared_files(check: _Checker, sources: list[dict[str, Any]], places: list[str]) -> None:
     """A local file read by two entries (or twice by one, through a glob or another spelling) puts its documents
     in the data twice, and one reading's validation documents in the other's training. Two entries reading other
     columns of one file (`text_field`) are two sources."""
@@ -335,15 +504,15 @@ def _refuse_shared_files(check: _Checker, sources: list[dict[str, Any]]) -> None
             key = (real, source["text_field"])
             if key in seen:
                 j, first = seen[key]
-                where = (f"twice in mix[{i}].data_files (as {first!r} and {named!r})" if j == i else
-                         f"in mix[{j}] (as {first!r}) and in mix[{i}] (as {named!r})")
-                raise check.fail(f"mix[{i}].data_files", f"the file {real} is {where}: its documents would be read "
+                where = (f"twice in {places[i]}.data_files (as {first!r} and {named!r})" if j == i else
+                         f"in {places[j]} (as {first!r}) and in {places[i]} (as {named!r})")
+                raise check.fail(f"{places[i]}.data_files", f"the file {real} is {where}: its documents would be read "
                                  "twice, and validation documents trained on; list each file in one entry, once")
             seen[key] = (i, named)
-    _refuse_same_content(check, sources)
+    _refuse_same_content(check, sources, places)
 
 
-def _refuse_same_content(check: _Checker, sources: list[dict[str, Any]]) -> None:
+def _refuse_same_content(check: _Checker, sources: list[dict[str, Any]], places: list[str]) -> None:
     """A copy or a hard link of a local file, under another name, puts its documents in the data twice just as the
     same file does. Files are compared by size first, so only files of equal size are read (and hashed). Within one
     entry of the text kind a file is one document: two equal ones are a repeated document, as two equal rows of a
@@ -360,23 +529,23 @@ def _refuse_same_content(check: _Checker, sources: list[dict[str, Any]]) -> None
             key = file_sha256(real)
             if key in seen and not (seen[key][0] == i and sources[i]["name"] == "text"):
                 j, first = seen[key]
-                where = f"in mix[{j}]" if j != i else "in the same entry"
-                raise check.fail(f"mix[{i}].data_files", f"the file {real} has the same content as {first} {where} (a "
-                                 "copy or a link): its documents would be read twice, and validation documents "
-                                 "trained on; list one of them, once")
+                where = f"in {places[j]}" if j != i else "in the same entry"
+                raise check.fail(f"{places[i]}.data_files", f"the file {real} has the same content as {first} "
+                                 f"{where} (a copy or a link): its documents would be read twice, and validation "
+                                 "documents trained on; list one of them, once")
             seen[key] = (i, real)
 
 
-def _refuse_duplicates(check: _Checker, sources: list[dict[str, Any]]) -> None:
-    """A source listed twice would be read twice: every document twice in the dataset."""
+def _refuse_duplicates(check: _Checker, sources: list[dict[str, Any]], places: list[str]) -> None:
+    """A source listed twice (in one mix) would be read twice: every document twice in the dataset."""
     first: dict[str, int] = {}
     for i, source in enumerate(sources):
         key = _source_identity(source)
         if key in first:
             pinned = f", revision {source['revision']!r}" if source["revision"] else ""
             raise check.fail(
-                f"mix[{i}]",
-                f"the same source as mix[{first[key]}] ({source['name']}, split {source['split']!r}{pinned}): list "
+                places[i],
+                f"the same source as {places[first[key]]} ({source['name']}, split {source['split']!r}{pinned}): list "
                 "each source once and give it the sum of the probs",
             )
         first[key] = i

@@ -143,14 +143,18 @@ def test_shipped_configs_are_valid(corpus_dir: Path) -> None:
     for name, labels in [
         ("demo", ["prose", "code"]),
         ("datasets_v1", ["finepdfs-1B", "dclm-baseline-1B", "fineweb-edu-1B", "prose"]),
+        ("demo_anneal", ["prose", "code"]),
     ]:
         data = json.loads(Path(f"configs/{name}.json").read_text())
-        for entry in data["mix"]:
+        for entry in [e for mix in [data.get("mix", [])] + [p["mix"] for p in data.get("phases", [])] for e in mix]:
             if "data_files" in entry:
                 entry["data_files"] = str(corpus_dir / Path(entry["data_files"]).name)
         cfg = parse_config(data, name)
         assert [s.label for s in cfg.mix] == labels
         assert abs(sum(s.prob for s in cfg.mix) - 1) < 1e-12
+    # the worked example of phases: the demo's mix, then the last 20% of the tokens on prose alone
+    assert [(p.name, p.share, p.prob_of()) for p in cfg.phases] == [
+        ("main", 0.8, {"prose": 0.4, "code": 0.6}), ("anneal", 0.2, {"prose": 1.0})]
 
 
 def test_defaults_and_optional_keys(data_file: str) -> None:

@@ -65,6 +65,29 @@ def test_exhausted_source_is_recorded_and_the_others_go_on() -> None:
     assert mixer.report()["small"]["documents"] == 10
 
 
+def test_new_probs_restart_the_shares_and_a_source_at_zero_is_not_read() -> None:
+    """A phase boundary (`set_probs`): every prefix after it carries the new mix on its own, whatever came before; a
+    source left out is not read (its reader goes on where it was when a later phase asks for it again)."""
+    read = {"a": 0, "b": 0}
+
+    def stream(label: str):
+        for i in itertools.count():
+            read[label] = i + 1
+            yield i
+
+    mixer = Mixer({"a": stream("a"), "b": stream("b")}, {"a": 0.5, "b": 0.5})
+    mixed = iter(mixer)
+    assert [label for label, _ in itertools.islice(mixed, 100)].count("a") == 50
+    mixer.set_probs({"b": 1.0})
+    a_read = read["a"]
+    assert {label for label, _ in itertools.islice(mixed, 50)} == {"b"} and read["a"] == a_read
+    mixer.set_probs({"a": 0.25, "b": 0.75})
+    after = [label for label, _ in itertools.islice(mixed, 400)]
+    for n in range(8, 401):  # from the boundary on, not skewed toward a by b's 50 documents before
+        assert abs(after[:n].count("a") - 0.25 * n) <= 1, n
+    assert mixer.report()["a"]["requested_share"] == 0.25
+
+
 def test_held_out_documents_follow_the_sample_and_are_not_counted() -> None:
     mixer = Mixer({"a": iter(range(100)), "b": iter(range(100, 200))}, {"a": 0.5, "b": 0.5})
     sample = [item for _, item in itertools.islice(mixer, 10)]

@@ -8,7 +8,9 @@ closer to its share with it than without it. (Counting the whole next document i
 always puts the long-document source behind, so a short prefix such as the validation split could miss it
 entirely.) Every prefix of the output then carries the mix to within about one document per source, sources are
 interleaved document by document (none drained before the next), and nothing depends on random draws, so shares
-are exact and rebuilds identical. Written by hand because `interleave_datasets` mixes by documents with random
+are exact and rebuilds identical. A run in phases (config "phases") gives the mixer each phase's probs in turn
+(`set_probs`): the shares restart there, so every prefix of a phase carries that phase's mix; a source whose prob is
+0 is not read. Written by hand because `interleave_datasets` mixes by documents with random
 draws: its token shares drift with document length.
 """
 
@@ -51,8 +53,8 @@ class Mixer(Generic[T]):
     def __post_init__(self) -> None:
         if set(self.streams) != set(self.probs):
             raise ValueError("streams and probs must name the same sources")
-        total = sum(self.probs.values())
-        self.counts = {label: SourceCount(requested=self.probs[label] / total) for label in self.streams}
+        shares = _normalised({label: self.probs[label] for label in self.streams})  # in the streams' order
+        self.counts = {label: SourceCount(requested=share) for label, share in shares.items()}
         self._iters: dict[str, Iterator[T]] = {label: iter(s) for label, s in self.streams.items()}
         self._heads: dict[str, tuple[T, int]] = {}
 
@@ -71,7 +73,7 @@ class Mixer(Generic[T]):
         while True:
             best, best_key = None, 0.0
             for label, count in self.counts.items():
-                head = None if count.exhausted else self._head(label)
+                head = None if count.exhausted or not count.requested else self._head(label)
                 if head is None:
                     continue
                 key = (count.units + head[1] / 2) / count.requested  # the midpoint: see the module docstring
@@ -127,6 +129,16 @@ class Mixer(Generic[T]):
             count.units = 0
         self._heads = {label: (item, self._cost(label, item)) for label, (item, _) in self._heads.items()}
 
+    def set_probs(self, probs: Mapping[str, float]) -> None:
+        """Mixes by `probs` from here on (a new phase; a source left out gets 0 and is not read), its shares counted
+        afresh (`restart_shares`)."""
+        unknown = set(probs) - set(self.counts)
+        if unknown:
+            raise ValueError(f"probs name sources the mixer does not have: {sorted(unknown)}")
+        for label, share in _normalised({label: probs.get(label, 0.0) for label in self.counts}).items():
+            self.counts[label].requested = share
+        self.restart_shares()
+
     def _cost(self, label: str, item: T) -> int:
         return self.costs[label](item) if label in self.costs else self.cost(item)
 
@@ -156,6 +168,12 @@ class Mixer(Generic[T]):
             }
             for label, c in self.counts.items()
         }
+
+
+def _normalised(probs: Mapping[str, float]) -> dict[str, float]:
+    """The probs as shares that sum to 1."""
+    total = sum(probs.values())
+    return {label: prob / total for label, prob in probs.items()}
 
 
 def mix_texts(config: MixConfig, cost: Callable[[str], int] | None = None, *, shuffle_buffer: int = 0) -> Mixer[str]:

@@ -13,11 +13,15 @@ format.
   in a pass of its own (data/stream/holdout.py) and starts each rank's training after the rows it used
   (`SourceReader`'s `skip`), excluding the hold-out's documents by their hashes (`held_out_hashes`).
 
+A run in phases (config "phases") mixes its training documents by the current phase's probs (`start_phase`, which
+the consumer calls at the boundary it counts: the build's blocks, the stream's tokens); the validation hold-out is
+mixed by the run-wide mix (`config.mix`), and `end_hold_out` starts the first phase.
+
 Its position ("sources": per source the reader's position before the batch holding the first unused document, how
 many of that batch's documents to skip, the pieces of that document already used and the documents excluded so
-far; "mixer": the mixer's counts; "held_out": the hashes of the hold-out's documents, once it took any) is part of
-both the build's saved state and the stream's. It is written by hand because no library gives it for this pipeline
-(see data/stream/token_stream.py).
+far; "mixer": the mixer's counts; "phase": the phase being mixed, in a run of several; "held_out": the hashes of
+the hold-out's documents, once it took any) is part of both the build's saved state and the stream's. It is written
+by hand because no library gives it for this pipeline (see data/stream/token_stream.py).
 """
 
 from __future__ import annotations
@@ -136,6 +140,8 @@ class Pipeline:
                  skip: Mapping[str, int] | None = None, rank: int = 0, world_size: int = 1,
                  restart: bool = False, piece_tokens: int = 0, exclude: set[str] | None = None) -> None:
         positions = (state or {}).get("sources") or {}
+        self.config = config
+        self.phase = int((state or {}).get("phase", 0))
         self.caps = caps or DocumentCaps(None)
         # the hold-out's documents (their hashes), which the rest never repeats
         self.held_out_hashes: set[str] = set((state or {}).get("held_out") or [])
@@ -154,8 +160,9 @@ class Pipeline:
                                                         active=not self.caps.active, exclude=self._exclude,
                                                         piece=position.get("piece", 0),
                                                         removed=position.get("removed", 0))
-            self.mixer: Mixer[np.ndarray] = Mixer(self.sources, {s.label: s.prob for s in config.mix}, cost=len,
-                                                  costs=self.caps.costs())
+            # the hold-out by the run-wide mix, training by its phase's
+            probs = {s.label: s.prob for s in config.mix} if self.caps.active else self._phase_probs(self.phase)
+            self.mixer: Mixer[np.ndarray] = Mixer(self.sources, probs, cost=len, costs=self.caps.costs())
             if state is not None and state.get("mixer") is not None:
                 self.mixer.load_state_dict(state["mixer"])
         except BaseException:
@@ -188,7 +195,17 @@ class Pipeline:
             if head is not None:
                 source.put_back(head)
             source.active = True
-        self.mixer.restart_shares()
+        self.start_phase(0)
+
+    def _phase_probs(self, index: int) -> dict[str, float]:
+        probs = self.config.phases[index].prob_of()
+        return {s.label: probs.get(s.label, 0.0) for s in self.config.mix}
+
+    def start_phase(self, index: int) -> None:
+        """Mixes by phase `index`'s probs from here on, its shares counted afresh (documents already read ahead are
+        mixed by the new probs)."""
+        self.phase = index
+        self.mixer.set_probs(self._phase_probs(index))
 
     def used(self, label: str, unused: int = 0) -> int:
         """Documents of `label` used so far: those its source handed out, less the mixer's read-ahead and `unused`
@@ -202,6 +219,7 @@ class Pipeline:
             "sources": {label: copy.deepcopy(source.position(self.used(label, (unused or {}).get(label, 0))))
                         for label, source in self.sources.items()},
             "mixer": self.mixer.state_dict(),
+            **({"phase": self.phase} if self.config.phased else {}),
             **({"held_out": sorted(self.held_out_hashes)} if self.held_out_hashes else {}),
         }
 

@@ -11,6 +11,12 @@ ranks in turn, so optimizer step s trains on positions [s*G, (s+1)*G) of the epo
 devices. Written here because the Trainer's own sampler (accelerate's SeedableRandomSampler, the same permutation)
 keeps the epoch's last partial global batch, which is split and padded differently on each device count; that
 made a resume on another count train other blocks from the first epoch boundary on.
+
+A dataset built in phases (config "phases") is drawn phase by phase instead: the run's steps are divided among the
+phases by their shares (`phase_ends`, at whole steps), and phase k's steps take permutations of phase k's blocks
+only, cut to whole global batches as above (another permutation for each pass when a phase needs more blocks than it
+holds, the first of one permutation when fewer). The whole run is one "epoch" of `max_steps` global batches, so a
+resume anywhere, across a boundary included, replays the same order.
 """
 
 from __future__ import annotations
@@ -80,21 +86,46 @@ class GlobalBatchSampler(torch.utils.data.Sampler[int]):
     whole global batches: the blocks beyond the last whole one are left out of this epoch only (the next epoch's
     permutation is another)."""
 
-    def __init__(self, blocks: int, global_batch: int, seed: int) -> None:
+    def __init__(self, blocks: int, global_batch: int, seed: int,
+                 phases: list[tuple[int, int, int]] | None = None) -> None:
+        """`phases`: (first block, end block, steps) of each phase, for a dataset built in phases."""
         check_enough_blocks(blocks, global_batch)
+        for start, end, steps in phases or ():
+            if steps:
+                check_enough_blocks(end - start, global_batch)
         self.blocks, self.global_batch, self.seed = blocks, global_batch, seed
+        self.phases = phases
         self.epoch = 0
 
     def __len__(self) -> int:
+        if self.phases is not None:
+            return sum(steps for _, _, steps in self.phases) * self.global_batch
         return self.blocks // self.global_batch * self.global_batch
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
+        if self.phases is not None:
+            yield from self._phased()
+            return
         generator = torch.Generator()
         generator.manual_seed(self.seed + self.epoch)
         yield from torch.randperm(self.blocks, generator=generator)[:len(self)].tolist()
+
+    def _phased(self) -> Iterator[int]:
+        """Each phase's steps from its own blocks: pass p over phase k is a permutation seeded by (seed, k, p)."""
+        assert self.phases is not None
+        for k, (start, end, steps) in enumerate(self.phases):
+            wanted, passes = steps * self.global_batch, 0
+            per_pass = (end - start) // self.global_batch * self.global_batch
+            while wanted > 0:
+                generator = torch.Generator()
+                generator.manual_seed(self.seed + 1_000_003 * (k + 1) + passes)
+                order = (torch.randperm(end - start, generator=generator)[:min(per_pass, wanted)] + start).tolist()
+                yield from order
+                wanted -= len(order)
+                passes += 1
 
 
 class TokenCount(TrainerCallback):

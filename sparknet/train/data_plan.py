@@ -8,12 +8,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sparknet.config import MixConfig
+from sparknet.config import MixConfig, phase_ends
 from sparknet.errors import UserError
+
+if TYPE_CHECKING:
+    from sparknet.train.batch import BatchPlan
 
 log = logging.getLogger("sparknet.train")
 
@@ -36,6 +39,25 @@ class DataPlan:
     fixed_identity: dict[str, tuple[Any, str]] = field(default_factory=dict)
     # TrainingArguments the data needs (given to its constructor, so that its checks see them)
     trainer_arguments: dict[str, Any] = field(default_factory=dict)
+    # a run in phases (config "phases"): each phase's name and share of the run's training tokens; empty: one phase
+    phases: tuple[tuple[str, float], ...] = ()
+    phase_steps: list[int] | None = None  # where each phase's steps end (plan_phases), in a run of several
+
+    def plan_phases(self, max_steps: int, batch: BatchPlan) -> list[int] | None:
+        """Where each phase's optimizer steps end (the shares of `max_steps`, at whole steps), logged, or None for a
+        run of one phase. A plan whose data must know (the stream's switch, the packed phases' sizes) adds to it."""
+        if len(self.phases) < 2:
+            return None
+        self.phase_steps = ends = phase_ends([share for _, share in self.phases], max_steps)
+        log.info("phases: %s", ", ".join(f"{name} steps {(ends[k - 1] if k else 0) + 1}-{ends[k]}"
+                                         for k, (name, _) in enumerate(self.phases)))
+        return ends
+
+    def phase_record(self) -> list[dict[str, Any]]:
+        """The metadata's `phases`: each phase's name and its first and last optimizer step (none: one phase)."""
+        ends = self.phase_steps or []
+        return [{"name": name, "steps": [(ends[k - 1] if k else 0) + 1, ends[k]]}
+                for k, (name, _) in enumerate(self.phases) if ends]
 
     def metadata(self) -> dict[str, Any]:
         """What training_metadata.json records about the data (read when it is written: the end of training)."""
@@ -58,8 +80,28 @@ class PackedPlan(DataPlan):
 
     manifest_metadata: dict[str, Any]
 
+    def plan_phases(self, max_steps: int, batch: BatchPlan) -> list[int] | None:
+        """The base's, with each phase that has steps checked to hold one global batch (before the run folder)."""
+        ends = super().plan_phases(max_steps, batch)
+        for k, (name, _) in enumerate(self.phases if ends else ()):
+            start, end = self.train.phases[k][1:]
+            if ends[k] > (ends[k - 1] if k else 0) and end - start < batch.global_batch:
+                raise UserError(f"phase {name} of dataset {self.train.folder} has {end - start} training blocks, "
+                                f"fewer than one global batch (GLOBAL_BATCH_SIZE={batch.global_batch}): lower "
+                                "GLOBAL_BATCH_SIZE, or build the dataset with more tokens")
+        return ends
+
     def metadata(self) -> dict[str, Any]:
+        if self.phase_steps:  # with each phase's blocks
+            return {**self.manifest_metadata, "phases": [{**record, "blocks": list(self.train.phases[k][1:])}
+                                                         for k, record in enumerate(self.phase_record())]}
         return self.manifest_metadata
+
+    def callbacks(self, writer: Any) -> list[Any]:
+        from sparknet.train.phases import PhaseCallback
+
+        return [PhaseCallback(writer=writer, ends=self.phase_steps)] if self.phase_steps else []
+
 
 
 def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig | None) -> PackedPlan:
@@ -72,7 +114,9 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
     train = PackedDataset(dataset_dir, "train")
     val = PackedDataset(dataset_dir, "val")
     manifest = train.manifest
-    if config is not None and config.to_dict()["mix"] != manifest["config"]["mix"]:
+    ours = config.to_dict() if config is not None else {}
+    if config is not None and (ours["mix"], ours.get("phases")) != (manifest["config"]["mix"],
+                                                                    manifest["config"].get("phases")):
         log.warning("dataset %s was built from another mix than CONFIG=%s (%s): the metadata records the dataset's",
                     train.folder, config.path, manifest["config"]["path"])
     source = tokenizer_dir or manifest["tokenizer"]["path"]
@@ -85,7 +129,9 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
         raise UserError(f"dataset {val.folder} has no validation blocks: rebuild it with VAL_TOKENS > 0")
     for split in (train, val):  # the bytes the build wrote (sha256 per chunk), ids within the vocabulary
         split.verify(len(tokenizer))
+    phases = manifest["splits"]["train"].get("phases") or []
     return PackedPlan(
+        phases=tuple((phase["name"], float(phase["run_share"])) for phase in phases),
         train=train,
         val=val,
         val_tokens=np.asarray(val.tokens),

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from sparknet.config import phase_ends
 from sparknet.errors import UserError
 from sparknet.train.batch import BatchPlan, GlobalBatchSampler
 from sparknet.train.safety import SafetyCallback
@@ -24,8 +25,8 @@ log = logging.getLogger("sparknet.train")
 
 
 def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: int, batch: BatchPlan,
-                       device: dict[str, Any], fresh: bool,
-                       data_arguments: dict[str, Any] | None = None) -> TrainingArguments:
+                       device: dict[str, Any], fresh: bool, data_arguments: dict[str, Any] | None = None,
+                       phase_steps: list[int] | None = None) -> TrainingArguments:
     """The Trainer's arguments: the global batch as micro-batches and accumulation on this many devices,
     cosine-with-floor LR, AdamW (fused on CUDA), bf16/TF32 where the GPU has them, periodic eval and save, the best
     checkpoint (eval loss) kept and reloaded at the end; plus those the data plan needs (`data_arguments`)."""
@@ -37,7 +38,7 @@ def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: 
         per_device_eval_batch_size=batch.micro,
         gradient_accumulation_steps=batch.accum,
         learning_rate=settings.learning_rate,
-        **lr_schedule(settings, max_steps),
+        **lr_schedule(settings, max_steps, phase_steps),
         # not a mix-up: transformers 5 reads a float in [0, 1) as a fraction of the steps (`warmup_ratio` is gone);
         # tests/test_hf_private_apis.py pins it
         warmup_steps=settings.warmup_ratio,
@@ -117,12 +118,16 @@ def check_launch(settings: TrainSettings, device: dict[str, Any]) -> None:
                         f"OPTIMIZER={settings.optimizer} with DDP (torchrun)")
 
 
-def lr_schedule(settings: TrainSettings, max_steps: int) -> dict[str, Any]:
+def lr_schedule(settings: TrainSettings, max_steps: int, phase_steps: list[int] | None = None) -> dict[str, Any]:
     """LR_SCHEDULE as Trainer arguments: cosine from the peak to MIN_LR_RATIO x peak after the warmup, or wsd
-    (warmup, stable at the peak, then a linear decay to the floor over the last fifth of the steps)."""
+    (warmup, stable at the peak, then a linear decay to the floor over the last fifth of the steps; in a run of
+    several phases, whose step ends are `phase_steps`, over exactly the last phase's steps: the first of them at the
+    peak, each later one lower)."""
     if settings.lr_schedule == "wsd":
+        decay = (max_steps - phase_steps[-2] if phase_steps is not None and len(phase_steps) > 1
+                 else round(0.2 * max_steps))
         return {"lr_scheduler_type": "warmup_stable_decay",
-                "lr_scheduler_kwargs": {"num_decay_steps": max(1, round(0.2 * max_steps)), "decay_type": "linear",
+                "lr_scheduler_kwargs": {"num_decay_steps": max(1, decay), "decay_type": "linear",
                                         "min_lr_ratio": settings.min_lr_ratio}}
     return {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": settings.min_lr_ratio}}
 
@@ -147,9 +152,11 @@ class SparkTrainer(Trainer):
     of the weights it starts from."""
 
     def __init__(self, *args: Any, nonfinite: str = "stop", batch_log: Path | None = None,
-                 settings: TrainSettings | None = None, global_batch: int | None = None, **kwargs: Any) -> None:
+                 settings: TrainSettings | None = None, global_batch: int | None = None,
+                 phase_steps: list[int] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.global_batch = global_batch  # set: a packed dataset is drawn in whole global batches (GlobalBatchSampler)
+        self.phase_steps = phase_steps  # where each phase's steps end (a packed dataset built in phases)
         self.train_sampler: GlobalBatchSampler | None = None
         self.add_callback(_SamplerEpoch(self))
         self.add_callback(StepSpeed())
@@ -213,7 +220,12 @@ class SparkTrainer(Trainer):
         dataset = self.train_dataset if train_dataset is None else train_dataset
         if self.global_batch is None or isinstance(dataset, torch.utils.data.IterableDataset):
             return super()._get_train_sampler(train_dataset)
-        self.train_sampler = GlobalBatchSampler(len(dataset), self.global_batch, self.args.data_seed)
+        phases = getattr(dataset, "phases", None)
+        if phases is not None:  # each phase's steps from its blocks: (first block, end block, steps)
+            steps = self.phase_steps or phase_ends([share for share, _, _ in phases], self.args.max_steps)
+            phases = [(start, end, steps[k] - (steps[k - 1] if k else 0))
+                      for k, (_, start, end) in enumerate(phases)]
+        self.train_sampler = GlobalBatchSampler(len(dataset), self.global_batch, self.args.data_seed, phases)
         return self.train_sampler
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:

@@ -93,6 +93,7 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
     if data.train_blocks is not None:
         check_enough_blocks(data.train_blocks, batch.global_batch)
     log_budget(data, target, max_steps, tokens_per_step, batch)
+    phase_steps = data.plan_phases(max_steps, batch)
     # one training of a RUN_NAME at a time (the main process holds the lock; the others are its own ranks)
     run_dir = project_path(settings.checkpoints_dir) / settings.run_name
     writes_to(run_dir.parent, project_path(settings.logs_dir))
@@ -103,7 +104,7 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
         data.prepare_run(run.run_dir, run.resume)  # (a finished streaming run's damaged hold-out is written too)
         if run.finished_metadata is not None:
             return TrainResult("already_finished", run.run_dir, metadata=run.finished_metadata)
-        parts = build_trainer(settings, data, run, preset, max_steps, batch, tokens_per_step, base)
+        parts = build_trainer(settings, data, run, preset, max_steps, batch, tokens_per_step, base, phase_steps)
         with parts.writer, closing(data):
             runtime_seconds = train_steps(run, parts, max_steps)
             try:
@@ -217,7 +218,8 @@ class NullWriter:
 
 
 def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Preset, max_steps: int,
-                  batch: BatchPlan, tokens_per_step: int, base: BaseModel | None = None) -> TrainerParts:
+                  batch: BatchPlan, tokens_per_step: int, base: BaseModel | None = None,
+                  phase_steps: list[int] | None = None) -> TrainerParts:
     """The model, the Trainer and the callbacks that show and guard the run."""
     from torch.utils.tensorboard import SummaryWriter
 
@@ -233,7 +235,7 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     else:
         pad_head(model)
     args = training_arguments(s, output_dir=run.run_dir, max_steps=max_steps, batch=batch, device=device,
-                              fresh=run.resume is None, data_arguments=data.trainer_arguments)
+                              fresh=run.resume is None, data_arguments=data.trainer_arguments, phase_steps=phase_steps)
     # purge what a killed attempt logged after its checkpoint: the resumed run writes those steps again
     writer = (SummaryWriter(str(run.log_dir), purge_step=run.resume_step + 1 if run.resume else None)
               if main_process else NullWriter())
@@ -243,7 +245,7 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
                            processing_class=tokenizer, data_collator=default_data_collator, nonfinite=s.nonfinite,
                            batch_log=batch_log if s.record_batches else None,
                            settings=s,
-                           global_batch=batch.global_batch)
+                           global_batch=batch.global_batch, phase_steps=phase_steps)
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
     bf16 = bool(device["bf16"])

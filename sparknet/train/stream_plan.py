@@ -16,6 +16,7 @@ from transformers import TrainerCallback
 
 from sparknet.config import MixConfig
 from sparknet.errors import UserError
+from sparknet.train.batch import BatchPlan
 from sparknet.train.data_plan import BlockDataset, DataPlan
 from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, read_identity, read_val_blocks, read_val_report
 
@@ -60,10 +61,19 @@ class StreamPlan(DataPlan):
                 "source_revisions": {s.label: {"revision": s.revision, "commit": self.commits.get(s.label)}
                                      for s in config.mix},
                 "stream": {"validation": validation,
-                           "training": {**realised, "requested_shares": requested_shares(self.stream.config)}}}
+                           "training": {**realised, "requested_shares": requested_shares(self.stream.config)}},
+                **({"phases": self.phase_record()} if self.phase_steps else {})}
 
     def callbacks(self, writer: Any) -> list[Any]:
         return [StreamCallback(stream=self.stream, writer=writer)]
+
+    def plan_phases(self, max_steps: int, batch: BatchPlan) -> list[int] | None:
+        """The phases' steps (the base's), and the stream told where they end in its blocks (this process's share
+        of each step's global batch)."""
+        ends = super().plan_phases(max_steps, batch)
+        if ends is not None:
+            self.stream.set_phase_ends([end * (batch.global_batch // batch.devices) for end in ends])
+        return ends
 
     def prepare_run(self, run_dir: Path, resume: Path | None) -> None:
         """Writes the validation blocks into a new run folder (or over damaged ones); on resume, restores this rank's
@@ -109,6 +119,7 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
                          num_workers=spec.num_workers, rank=process_rank(), world_size=world_size(),
                          skip_documents=report["rows_held_out"], exclude_documents=report.get("document_hashes"))
     return StreamPlan(
+        phases=tuple((phase.name, phase.share) for phase in spec.config.phases) if spec.config.phased else (),
         train=stream,
         stream=stream,
         spec=spec,
@@ -204,6 +215,7 @@ def _identity(spec: StreamSpec, tokenizer: Any) -> dict[str, Any]:
     return {
         "data": "stream",
         "mix": spec.config.to_dict()["mix"],
+        **({"phases": spec.config.to_dict()["phases"]} if spec.config.phased else {}),
         "local_files_sha256": local_files_fingerprint(spec.config),
         "tokenizer_sha256": tokenizer_fingerprint(spec.tokenizer_dir, tokenizer),
         "block_size": spec.block_size,
@@ -254,10 +266,10 @@ def requested_shares(config: MixConfig) -> dict[str, float]:
 class StreamCallback(TrainerCallback):
     """Saves each rank's stream position into every checkpoint (before it is marked complete), checking that it is
     the position after exactly the blocks the steps consumed; at each logging step writes the realised mix
-    (`data/share/<source>`), the stream's rate over the window (`data/tokens_per_second`: tokens handed out per second
-    spent waiting for them; far above perf/tokens_per_second when data is not the bottleneck) and the share of the
-    window's time the trainer waited for data (`data/wait_fraction`), and the Hub reads retried so far
-    (`data/hub_retries`)."""
+    (`data/share/<source>`; in a run in phases, since the current phase began, and the phase as `data/phase`), the
+    stream's rate over the window (`data/tokens_per_second`: tokens handed out per second spent waiting for them; far
+    above perf/tokens_per_second when data is not the bottleneck) and the share of the window's time the trainer
+    waited for data (`data/wait_fraction`), and the Hub reads retried so far (`data/hub_retries`)."""
 
     def __init__(self, *, stream: Any, writer: Any) -> None:
         self.stream, self.writer = stream, writer
@@ -296,8 +308,11 @@ class StreamCallback(TrainerCallback):
         busy, tokens, wall = stats["busy_seconds"] - self._last[0], stats["timed_tokens"] - self._last[1], \
             now - self._last[2]
         self._last = (stats["busy_seconds"], stats["timed_tokens"], now)
-        for label, share in stats["shares"].items():
+        phased = self.stream.config.phased
+        for label, share in stats["phase_shares" if phased else "shares"].items():
             self.writer.add_scalar(f"data/share/{label}", share, state.global_step)
+        if phased:
+            self.writer.add_scalar("data/phase", stats["phase"], state.global_step)
         if busy > 0:
             self.writer.add_scalar("data/tokens_per_second", tokens / busy, state.global_step)
         self.writer.add_scalar("data/wait_fraction", min(1.0, busy / max(wall, 1e-9)), state.global_step)

@@ -6,6 +6,12 @@ behind its token share. The first VAL_TOKENS (whole blocks) of the mixed stream 
 rest the training split; a document goes entirely to one of them. Output order depends only on the inputs, never on
 the number of workers, so the same inputs give byte-identical token files.
 
+A config in phases ("phases") has its training split written phase after phase: phase k's blocks are the range
+`config.phase_ends(train blocks)` gives it, mixed by its probs from its first block on (the document that crosses a
+boundary ends in the next phase's first block); the manifest records each phase's block range and realised shares
+(`splits.train.phases`), with its own `complete` and `shares_missed`, and the trainer draws each phase's steps
+from that range only. The validation split is mixed by the run-wide mix.
+
 Sources are read with the streaming trainer's reader (`SourceReader`: its seeded shuffle buffer is part of its
 position) and encoded ahead with its `EncodedDocuments`. A build writes into a hidden sibling folder and renames it
 to OUTPUT_DIR only once the manifest is in it. Every CHECKPOINT_SECONDS it saves its position there
@@ -17,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +47,7 @@ from sparknet.data.packed.dataset import (
     split_damage,
     split_size_problem,
 )
-from sparknet.data.packed.manifest import description, missed_shares, split_report
+from sparknet.data.packed.manifest import description, missed_shares, phase_report, split_report
 from sparknet.data.packed.resume import STATE, load_state, restore_packers, save_state
 from sparknet.data.pieces import PIECE_BLOCKS, piece_tokens_for
 from sparknet.data.pipeline import DocumentCaps, Encoders, Pipeline, stop
@@ -52,6 +59,7 @@ from sparknet.runtime import replace_folder, write_json_atomic, writes_to
 from sparknet.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
+_FLUSH_TOKENS = BlockPacker.flush_tokens  # how many pending tokens the packer hands out in blocks at once
 
 # The rules that decide which document goes where, part of a dataset's inputs: a dataset built by other rules is
 # other data.
@@ -208,6 +216,7 @@ def _inputs(spec: BuildSpec, tok: Any, dtype: np.dtype) -> dict[str, Any]:
         "format_version": FORMAT_VERSION,
         "tokenizer_sha256": tokenizer_fingerprint(spec.tokenizer, tok),
         "mix": spec.config.to_dict()["mix"],
+        **({"phases": spec.config.to_dict()["phases"]} if spec.config.phased else {}),
         "local_files_sha256": local_files_fingerprint(spec.config),
         "seed": spec.seed,
         "block_size": spec.block_size,
@@ -283,6 +292,9 @@ def _pack(spec: BuildSpec, pipeline: Pipeline, folder: Path, dtype: np.dtype, sa
                    smoothing=0.1, initial=sum(p.tokens_added for p in packers.values()))
     split = state["split"] if state is not None else "val"
     mixer = pipeline.mixer
+    phases = _PhaseSwitch(spec.config.phase_ends(want["train"]), state)
+    if spec.config.phased:  # blocks handed out only up to a boundary, so that each phase's tokens count to it
+        packers["train"].flush_tokens = sys.maxsize
     saved_at, interval = time.monotonic(), spec.checkpoint_seconds
     try:
         for label, doc in pipeline:
@@ -290,6 +302,8 @@ def _pack(spec: BuildSpec, pipeline: Pipeline, folder: Path, dtype: np.dtype, sa
             full = packer.add(label, doc)
             if full is not None:
                 writers[split].write(full)
+            if split == "train" and spec.config.phased:
+                phases.after_document(pipeline, packer, writers["train"])
             bar.update(len(doc))
             if packer.full:
                 writers[split].write(packer.finish())
@@ -302,7 +316,8 @@ def _pack(spec: BuildSpec, pipeline: Pipeline, folder: Path, dtype: np.dtype, sa
                 raise UserError(f"source(s) {dry} ran dry before reaching their share (FAIL_ON_EXHAUSTED is on)")
             if spec.checkpoint_seconds and time.monotonic() - saved_at >= interval:
                 began = time.monotonic()
-                save_state(folder, saved=saved, split=split, pipeline=pipeline, packers=packers, writers=writers)
+                save_state(folder, saved=saved, split=split, pipeline=pipeline, packers=packers, writers=writers,
+                           phase_tokens=phases.tokens)
                 saved_at = time.monotonic()
                 # large shuffle buffers make a save slow: saving never takes more than a tenth of the build
                 interval = max(spec.checkpoint_seconds, 10 * (saved_at - began))
@@ -335,11 +350,38 @@ def _pack(spec: BuildSpec, pipeline: Pipeline, folder: Path, dtype: np.dtype, sa
         if spec.fail_on_exhausted:
             raise UserError(message + " (FAIL_ON_EXHAUSTED is on)")
         log.warning(message)
+    if spec.config.phased:
+        splits["train"]["phases"] = phase_report(spec, phases.tokens, packers["train"], writers["train"].blocks)
     missed = missed_shares(splits, spec.block_size)
+    for phase in splits["train"].get("phases", []):
+        for label in phase["shares_missed"]:
+            source = phase["sources"][label]
+            log.warning("phase %s misses its mix: %s %.1f%% for %.1f%%", phase["name"], label, 100 * source["share"],
+                        100 * source["requested_share"])
     for split, labels in missed.items():
         shares = {label: splits[split]["sources"][label] for label in labels}
         log.warning("the %s split misses the mix: %s", split, ", ".join(
             f"{label} {s['share']:.1%} for {s['requested_share']:.1%}" for label, s in shares.items()))
     # "complete": the size asked and every split's mix; never written over a mix that missed its shares
-    return {"splits": splits, "exhausted_sources": exhausted, "complete": not short and not missed,
+    phases_whole = all(phase["complete"] for phase in splits["train"].get("phases", []))
+    return {"splits": splits, "exhausted_sources": exhausted, "complete": not short and not missed and phases_whole,
             "shares_missed": missed, "requested_blocks": want}
+
+
+class _PhaseSwitch:
+    """Where the training split's phases end (in blocks) and each source's training tokens at every boundary passed
+    (saved with the build's position): after each document, once the tokens packed reach the phase's last block, its
+    blocks are written up to there, the counts noted and the next phase started."""
+
+    def __init__(self, ends: list[int], state: dict[str, Any] | None) -> None:
+        self.ends = ends
+        self.tokens: list[dict[str, int]] = list((state or {}).get("phase_tokens", []))
+
+    def after_document(self, pipeline: Pipeline, packer: BlockPacker, writer: SplitWriter) -> None:
+        block = packer.block_size
+        while pipeline.phase + 1 < len(self.ends) and packer.tokens_added >= self.ends[pipeline.phase] * block:
+            writer.write(packer.take(self.ends[pipeline.phase] - packer.blocks))
+            self.tokens.append(dict(packer.tokens_by_source))
+            pipeline.start_phase(pipeline.phase + 1)
+        if packer.pending_tokens >= _FLUSH_TOKENS:  # the packer's own flush, held back at the boundary
+            writer.write(packer.take(packer.pending_tokens // block))

@@ -195,6 +195,10 @@ class PackedDataset:
         self.block_size = manifest["block_size"]
         self.dtype = np.dtype(manifest["dtype"])
         self.blocks = info["blocks"]
+        # a training split built in phases: each phase's (share of the run, first block, end block), in order
+        self.phases: list[tuple[float, int, int]] | None = (
+            [(float(p["run_share"]), int(p["blocks"][0]), int(p["blocks"][1])) for p in info["phases"]]
+            if info.get("phases") else None)
         self.path = self.folder / info["file"]
         size = split_size_problem(self.folder, manifest, split)
         if size is not None:

@@ -51,7 +51,9 @@ def split_report(spec: Any, mixer: Mixer, packers: dict[str, BlockPacker], write
     cut; training: with the documents removed for repeating a validation document)."""
     block = spec.block_size
     labels = list(mixer.counts)
-    requested = {label: c.requested for label, c in mixer.counts.items()}
+    # the run-wide mix (a config in phases: the phases' token-weighted; the mixer holds the last phase's)
+    requested = ({s.label: s.prob for s in spec.config.mix} if spec.config.phased else
+                 {label: c.requested for label, c in mixer.counts.items()})
     splits = {}
     for name in SPLITS:
         p = packers[name]
@@ -75,6 +77,38 @@ def split_report(spec: Any, mixer: Mixer, packers: dict[str, BlockPacker], write
             },
         }
     return splits
+
+
+def phase_report(spec: Any, boundaries: list[dict[str, int]], packer: BlockPacker, blocks: int) -> list[dict[str, Any]]:
+    """The training split's phases (a config in phases): each one's block range, and per source its tokens in those
+    blocks and realised share against the phase's prob, with `complete` (all its blocks, its mix met) and
+    `shares_missed`. `boundaries`: each source's tokens at every boundary passed; `packer`, `blocks`: the training
+    split's, at the end."""
+    config = spec.config
+    ends = config.phase_ends(spec.target_tokens // spec.block_size)
+    counts = [*boundaries, dict(packer.tokens_by_source)]
+    out, start = [], 0
+    for i, phase in enumerate(config.phases):
+        written = min(ends[i], blocks) if i < len(counts) else start  # a phase the sources never reached is empty
+        before = counts[i - 1] if 0 < i <= len(counts) else {}
+        after = counts[i] if i < len(counts) else before
+        tokens = {s.label: int(after.get(s.label, 0)) - int(before.get(s.label, 0)) for s in config.mix}
+        total = sum(tokens.values())
+        probs = phase.prob_of()
+        report = {
+            "name": phase.name,
+            "run_share": phase.share,
+            "blocks": [start, written],
+            "tokens": total,
+            "sources": {label: {"tokens": n, "share": n / (total or 1), "requested_share": probs.get(label, 0.0)}
+                        for label, n in tokens.items()},
+        }
+        missed = missed_shares({"phase": report}, spec.block_size).get("phase", [])
+        asked = ends[i] - (ends[i - 1] if i else 0)
+        report.update(complete=written - start == asked and not missed, shares_missed=missed)
+        out.append(report)
+        start = written
+    return out
 
 
 def missed_shares(splits: dict[str, Any], block_size: int) -> dict[str, list[str]]:

@@ -35,10 +35,12 @@ def save_state(
     pipeline: Pipeline,
     packers: dict[str, BlockPacker],
     writers: dict[str, SplitWriter],
+    phase_tokens: list[dict[str, int]] | None = None,
 ) -> None:
     """Writes the position after the documents mixed so far, with `saved` ({"inputs", "commits"}: what it is a
     position in); the packer being filled hands its full blocks to its writer first, so that only a partial block
-    is kept in the state."""
+    is kept in the state. `phase_tokens`: in a build in phases, each source's training tokens at every phase boundary
+    passed."""
     block = packers[split].block_size
     writers[split].write(packers[split].take(packers[split].pending_tokens // block))
     for writer in writers.values():
@@ -54,6 +56,7 @@ def save_state(
         "packers": {name: packer.state_dict() for name, packer in packers.items()},
         "written": {name: writer.blocks for name, writer in writers.items()},
         "val_cut": {label: pipeline.caps.documents_cut[label] for label in pipeline.sources},
+        **({"phase_tokens": phase_tokens} if phase_tokens else {}),
     }
     write_json_atomic(folder / STATE, state, compact=True)  # shuffle buffers make it large: no indentation
 

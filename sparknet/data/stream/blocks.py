@@ -1,7 +1,13 @@
 """The stream's packing: the pipeline's documents (data/pipeline.py) cut into blocks one at a time, with the exact
 position after every block (sparknet.data.stream.token_stream.TokenStream runs it; data/stream/holdout.py takes the
 validation blocks with it). The position holds no tokens: the pipeline's, the packer's counts, and the document being
-cut ("source X, from token k"), read again on restore."""
+cut ("source X, from token k"), read again on restore.
+
+In a run in phases the mixer switches to the next phase's probs before the first document chosen once the tokens
+packed reach the phase's end (`phase_ends`, in tokens of this stream: a whole number of its blocks per optimizer
+step, so at a step boundary); the document that crosses it ends in the next phase's first block. The switch follows
+from the position alone (tokens packed, the phase in the pipeline's position), so a resume switches where an
+uninterrupted stream does."""
 
 from __future__ import annotations
 
@@ -45,8 +51,9 @@ class StreamBlocks:
     `on_exhausted` is TokenStream's."""
 
     def __init__(self, pipeline: Pipeline, state: dict[str, Any], *, block_size: int, dtype: np.dtype,
-                 on_exhausted: str, settings: dict[str, Any]) -> None:
+                 on_exhausted: str, settings: dict[str, Any], phase_ends: list[int] | None = None) -> None:
         self.pipeline = pipeline
+        self.phase_ends = phase_ends
         self.sources = pipeline.sources
         self.mixer = pipeline.mixer
         self.settings = settings
@@ -81,6 +88,7 @@ class StreamBlocks:
             at_block, pulled = copy.copy(self._current), []
             try:
                 while self.packer.pending_tokens < size:
+                    self._next_phase_at_its_start()
                     item = next(self.pipeline, None)
                     dry = self._note_dry()
                     if item is None:
@@ -107,6 +115,13 @@ class StreamBlocks:
             self._current.offset += size
             self.blocks_yielded += 1
             yield block
+
+    def _next_phase_at_its_start(self) -> None:
+        """The next phase's probs once the tokens packed reach the current phase's end (every phase passed)."""
+        ends = self.phase_ends
+        while ends is not None and self.pipeline.phase + 1 < len(ends) and \
+                self.packer.tokens_added >= ends[self.pipeline.phase]:
+            self.pipeline.start_phase(self.pipeline.phase + 1)
 
     def _unused(self) -> tuple[Cutting | None, Counter[str]]:
         """The document being cut (if tokens of it are left) and the documents handed out but not used, per source:
@@ -145,6 +160,9 @@ class StreamBlocks:
             "exhausted": self.pipeline.exhausted(),
             "blocks": self.blocks_yielded,
             "end": self.end,
+            # the phase being mixed and each source's tokens mixed since it began
+            "phase": self.pipeline.phase,
+            "phase_tokens": {label: c.units for label, c in self.mixer.counts.items()},
         }
 
     def _last_used(self, label: str) -> tuple[int, int] | None:

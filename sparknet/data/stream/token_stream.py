@@ -21,6 +21,10 @@ packer's partial block. It holds no tokens: per source the reader's position bef
 unused document plus how many of that batch's documents to skip, the mixer's counts, and the document being cut
 ("source X, from token k"), which is read again on restore. Read-ahead documents (the mixer's heads, the batches in
 flight) are simply read again. Its size is bounded by the shuffle buffers' texts.
+
+A config in phases mixes by each phase's probs in turn once `set_phase_ends` says where the phases end (the trainer
+does, from its budget: data/stream/blocks.py switches there); the position records the phase, and its settings the
+phases and their ends, so that it resumes only with the same ones.
 """
 
 from __future__ import annotations
@@ -119,6 +123,7 @@ class TokenStream(torch.utils.data.IterableDataset):
         # training never repeats a validation document: the hold-out's documents (their hashes) are dropped
         self.exclude_documents = sorted(set(exclude_documents or ()))
         self.piece_tokens = piece_tokens_for(block_size)  # a long document is mixed in pieces (data/pieces.py)
+        self.phase_ends: list[int] | None = None  # in tokens of this stream (`set_phase_ends`)
         self.settings = self._settings()
         self._state: dict[str, Any] | None = None  # loaded, not yet iterated
         self._pipeline: StreamBlocks | None = None
@@ -146,7 +151,21 @@ class TokenStream(torch.utils.data.IterableDataset):
             "piece_tokens": self.piece_tokens,
             **({"excluded_documents_sha256": hashlib.sha256(" ".join(self.exclude_documents).encode()).hexdigest()}
                if self.exclude_documents else {}),
+            **({"phases": self.config.to_dict()["phases"], "phase_end_blocks": self.phase_end_blocks}
+               if self.config.phased else {}),
         })
+
+    @property
+    def phase_end_blocks(self) -> list[int] | None:
+        return None if self.phase_ends is None else [end // self.block_size for end in self.phase_ends]
+
+    def set_phase_ends(self, blocks: list[int]) -> None:
+        """Where each phase ends, in blocks of this stream (before loading a position or iterating): the mixer
+        switches to the next phase's probs once the blocks given reach a phase's end."""
+        if len(blocks) != len(self.config.phases):
+            raise ValueError(f"{len(blocks)} phase ends for {len(self.config.phases)} phases")
+        self.phase_ends = [end * self.block_size for end in blocks]
+        self.settings = self._settings()
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         if torch.utils.data.get_worker_info() is not None:
@@ -239,10 +258,15 @@ class TokenStream(torch.utils.data.IterableDataset):
                 "exhausted": [label for label, c in state["mixer"].items() if c["exhausted"]],
                 "blocks": state["blocks_yielded"],
                 "end": state["end"],
+                "phase": int(state.get("phase", 0)),
+                "phase_tokens": {label: c["units"] for label, c in state["mixer"].items()},
             }
         total = sum(counts["tokens"].values())
+        in_phase = sum(counts["phase_tokens"].values())
         return {
             "shares": {label: (n / total if total else 0.0) for label, n in counts["tokens"].items()},
+            # since the current phase began (tokens mixed, the document being cut whole)
+            "phase_shares": {label: (n / in_phase if in_phase else 0.0) for label, n in counts["phase_tokens"].items()},
             "tokens_per_second": self._timed_tokens / self._busy_seconds if self._busy_seconds else 0.0,
             "busy_seconds": self._busy_seconds,  # time this process spent waiting inside the stream
             "timed_tokens": self._timed_tokens,
@@ -272,7 +296,8 @@ class TokenStream(torch.utils.data.IterableDataset):
                             world_size=self.world_size, restart=self.on_exhausted == "restart",
                             piece_tokens=self.piece_tokens, exclude=set(self.exclude_documents))
         self._pipeline = StreamBlocks(pipeline, state, block_size=self.block_size, dtype=self.dtype,
-                                      on_exhausted=self.on_exhausted, settings=self.settings)
+                                      on_exhausted=self.on_exhausted, settings=self.settings,
+                                      phase_ends=self.phase_ends)
         return self._pipeline
 
     def _initial_state(self) -> dict[str, Any]:

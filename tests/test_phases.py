@@ -1,0 +1,414 @@
+"""Mix phases (config "phases"): the schema and its one-line errors; the packed build writing the phases in order,
+each carrying its own mix in every prefix; the packed sampler drawing each phase's steps from its blocks only; the
+stream switching its mixer at the boundary; wsd decaying over exactly the last phase; and runs stopped before a
+boundary and resumed after it (1 and 2 processes) training the same blocks with the same LR as uninterrupted ones.
+
+Every document starts with its source's tag ("a00012 ", "b00345 "): blocks split at eos say, independently of
+SparkNet's own counts, which source each token came from (as tests/test_document_edges.py does)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from sparknet.config import ConfigError, load_config, parse_config, phase_ends
+from tests.helpers import (
+    build_position,
+    checkpoint_step,
+    finish,
+    finish_ok,
+    read_events,
+    read_steps,
+    run_script,
+    start_script,
+    stop_build_after_saves,
+    stopped_checkpoint,
+    stream_args,
+    train_args,
+    train_packed,
+    train_settings,
+    wait_for,
+    write_jsonl,
+)
+
+BLOCK = 64
+WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud green".split()
+MAIN = {"a": 0.5, "b": 0.5}  # the first phase's mix
+ANNEAL = {"a": 0.25, "b": 0.75}  # the last phase's
+SHARES = (0.75, 0.25)
+
+
+def _texts(tag: str, n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [f"{tag}{i:05d} " + " ".join(rng.choices(WORDS, k=rng.randint(20, 120))) for i in range(n)]
+
+
+def _phases_config(path: Path, data: Path, **top: object) -> Path:
+    def mix(probs: dict[str, float]) -> list[dict]:
+        return [{"name": "json", "prob": p, "data_files": str(data / f"{label}.jsonl")} for label, p in probs.items()]
+
+    path.write_text(json.dumps({"seed": 1, "context_length": BLOCK, "target_tokens": 20_000, "phases": [
+        {"name": "main", "share": SHARES[0], "mix": mix(MAIN)},
+        {"name": "anneal", "share": SHARES[1], "mix": mix(ANNEAL)}], **top}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two tagged sources, a small byte-level BPE saved as a tokenizer folder, and a config in two phases."""
+    from transformers import PreTrainedTokenizerFast
+
+    from sparknet.tokenizer import EOT, train_bpe
+
+    tmp = tmp_path_factory.mktemp("phases")
+    write_jsonl(tmp / "a.jsonl", _texts("a", 3000, 1))
+    write_jsonl(tmp / "b.jsonl", _texts("b", 3000, 2))
+    tok = train_bpe(_texts("a", 200, 1) + _texts("b", 200, 2), vocab_size=400)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOT).save_pretrained(tmp / "tok")
+    return {"dir": tmp, "tokenizer": tmp / "tok", "config": _phases_config(tmp / "phases.json", tmp)}
+
+
+def _owner(tokens: np.ndarray, tokenizer: Path) -> np.ndarray:
+    """Per token of `tokens` (flat), 1 when it belongs to a document of source a, else 0 (from the decoded text)."""
+    tok = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
+    eos = tok.token_to_id("<|endoftext|>")
+    owner = np.zeros(len(tokens), dtype=np.int8)
+    start = 0
+    ends = [*(np.flatnonzero(tokens == eos) + 1), len(tokens)]
+    first = True
+    for end in ends:
+        text = tok.decode(tokens[start:end].tolist())
+        # the first segment may be the tail of a document begun before: no tag, its owner unknown (not checked)
+        owner[start:end] = -1 if first and text[:1] not in "ab" else (1 if text.startswith("a") else 0)
+        first = False
+        start = end
+    return owner
+
+
+def _assert_every_prefix_mixed(owner: np.ndarray, share: float, skip: int = 32) -> None:
+    """Every prefix of whole blocks from `skip` blocks on is within 12 points of source a's `share`, the whole
+    within 3 (about one document per source of look-ahead, as the single mix)."""
+    per_block = owner.reshape(-1, BLOCK).mean(axis=1)
+    prefix = np.cumsum(per_block) / np.arange(1, len(per_block) + 1)
+    worst = np.abs(prefix[skip - 1:] - share).max()
+    assert worst <= 0.12, f"a prefix's share of source a is {share}±{worst:.3f}"
+    assert abs(prefix[-1] - share) <= 0.03, prefix[-1]
+
+
+# -- the schema ---------------------------------------------------------------------------------------------------
+
+def test_a_config_in_phases_loads_as_the_union_of_its_sources_with_run_wide_probs(setup: dict[str, Path]) -> None:
+    config = load_config(setup["config"])
+    assert [s.label for s in config.mix] == ["a", "b"]  # one source each, whatever the phases
+    # run-wide: 0.75 x 0.5 + 0.25 x 0.25 for a
+    assert [round(s.prob, 12) for s in config.mix] == [0.4375, 0.5625]
+    assert [(p.name, p.share, p.prob_of()) for p in config.phases] == [("main", 0.75, MAIN), ("anneal", 0.25, ANNEAL)]
+    assert config.phased and config.to_dict()["phases"][1] == {"name": "anneal", "share": 0.25, "probs": ANNEAL}
+    assert config.phase_ends(100) == [75, 100] and phase_ends([0.5, 0.25, 0.25], 10) == [5, 8, 10]
+    # a one-mix config is one phase, and its data (manifests, identities) is what it always was
+    single = parse_config({"seed": 1, "context_length": BLOCK, "target_tokens": 10, "mix": [
+        {"name": "json", "prob": 1, "data_files": str(setup["dir"] / "a.jsonl")}]})
+    assert not single.phased and single.phases[0].prob_of() == {"a": 1.0} and "phases" not in single.to_dict()
+    # tokens instead of shares: the last phase may leave them out and take the rest; the default names
+    data = json.loads(setup["config"].read_text())
+    for phase in data["phases"]:
+        del phase["share"], phase["name"]
+    data["phases"][0]["tokens"] = 15_000
+    # (a file typed another way in another phase is the same source)
+    data["phases"][1]["mix"][0]["data_files"] = str(setup["dir"]) + "//a.jsonl"
+    tokens = parse_config(data)
+    assert [(p.name, p.share) for p in tokens.phases] == [("phase1", 0.75), ("phase2", 0.25)]
+    assert [s.label for s in tokens.mix] == ["a", "b"] and tokens.phases[1].prob_of() == ANNEAL
+
+
+def _bad(setup: dict[str, Path]) -> list[tuple[str, object, str]]:
+    good = json.loads(setup["config"].read_text())
+    a_entry = good["phases"][0]["mix"][0]
+
+    def changed(**phase_changes: object) -> dict:
+        data = json.loads(json.dumps(good))
+        for where, value in phase_changes.items():
+            index, key = where.split("_", 1)
+            if value is None:
+                del data["phases"][int(index[1:])][key]
+            else:
+                data["phases"][int(index[1:])][key] = value
+        return data
+
+    return [
+        ("both", {**good, "mix": [a_entry]}, 'phases: give "mix" (one mix for the whole run) or "phases", not both'),
+        ("neither", {k: v for k, v in good.items() if k != "phases"}, 'mix: missing required key (or give "phases")'),
+        ("empty", {**good, "phases": []}, 'phases: no phases: give at least one, or a top-level "mix"'),
+        ("typo", changed(p1_shares=0.2), "phases[1].shares: unknown key; did you mean 'share'?"),
+        ("prob", changed(p1_mix=[{**a_entry, "prob": 0}]),
+         "phases[1].mix[0].prob: expected a finite number > 0, got 0"),
+        ("sum", changed(p1_share=0.3),
+         "phases: the phases' shares sum to 1.05, not 1: they divide the training tokens"),
+        ("no-share", changed(p0_share=None), 'phases[0].share: missing: give "share"'),
+        ("both-share-tokens", changed(p0_tokens=100), 'phases[0]: give "share" (a fraction of the training tokens) '
+                                                      'or "tokens", not both'),
+        ("tokens-sum", changed(p0_share=None, p0_tokens=100, p1_share=None, p1_tokens=100),
+         "phases: the phases' tokens sum to 200, not target_tokens (20,000)"),
+        ("mixed", changed(p0_share=None, p0_tokens=15_000), 'phases[1]: phases give "share" and "tokens" mixed'),
+        ("name", changed(p1_name="main"), "phases[1].name: 'main' is also phases[0]'s name: give each phase its own"),
+        ("twice", changed(p1_mix=[a_entry, a_entry]), "phases[1].mix[1]: the same source as phases[1].mix[0]"),
+        ("other-tokenizer", changed(p1_mix=[{**a_entry, "tokenizer": "gpt2"}]),
+         "phases[1].mix[0].tokenizer: the same source as phases[0].mix[0] with another tokenizer"),
+        ("share-range", changed(p0_share=1.5), "phases[0].share: expected a fraction of the training tokens in (0, 1]"),
+    ]
+
+
+def test_a_bad_phase_is_one_line_naming_the_json_path(setup: dict[str, Path], tmp_path: Path) -> None:
+    for case, data, message in _bad(setup):
+        path = tmp_path / f"{case}.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+        assert str(info.value) == f"{path}: {message}" or str(info.value).startswith(f"{path}: {message}"), \
+            (case, str(info.value))
+        assert "\n" not in str(info.value)
+    # as a user meets it: one line from the script, no traceback, nothing built
+    proc = run_script("build_dataset_v5.py", "--config", tmp_path / "both.json", "--tokenizer_dir", setup["tokenizer"],
+                      "--output_dir", tmp_path / "ds")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "not both" in proc.stderr and not (tmp_path / "ds").exists()
+
+
+# -- the packed build and trainer ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def dataset(setup: dict[str, Path]) -> Path:
+    """The config in phases built by the real script: 20,000 training tokens of 64-token blocks."""
+    out = setup["dir"] / "ds"
+    proc = run_script("build_dataset_v5.py", "--config", setup["config"], "--tokenizer_dir", setup["tokenizer"],
+                      "--output_dir", out, "--target_tokens", 20_000, "--val_tokens", 2_000, "--block_size", BLOCK,
+                      "--num_workers", 0, "--shuffle_buffer", 0, "--seed", 1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "phase main: blocks 0-233" in proc.stdout and "phase anneal: blocks 234-311" in proc.stdout, proc.stdout
+    return out
+
+
+def test_the_build_writes_the_phases_in_order_each_mixed_in_every_prefix(setup: dict[str, Path],
+                                                                           dataset: Path) -> None:
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    train = manifest["splits"]["train"]
+    blocks = 20_000 // BLOCK
+    assert [(p["name"], p["blocks"]) for p in train["phases"]] == [("main", [0, 234]), ("anneal", [234, blocks])]
+    assert manifest["complete"] and all(p["complete"] and not p["shares_missed"] for p in train["phases"])
+    assert manifest["inputs"]["phases"] == load_config(setup["config"]).to_dict()["phases"]
+    tokens = np.fromfile(dataset / "train.bin", dtype=manifest["dtype"]).astype(np.int64)
+    owner = _owner(tokens, setup["tokenizer"])
+    for phase, asked in zip(train["phases"], (MAIN, ANNEAL), strict=True):
+        start, end = (b * BLOCK for b in phase["blocks"])
+        # the manifest's counts are the decoded text's, token for token
+        assert phase["sources"]["a"]["tokens"] == int((owner[start:end] == 1).sum())
+        assert phase["sources"]["b"]["tokens"] == int((owner[start:end] == 0).sum())
+        _assert_every_prefix_mixed(owner[start:end], asked["a"])
+    # the validation split is mixed by the run-wide mix
+    val = np.fromfile(dataset / "val.bin", dtype=manifest["dtype"]).astype(np.int64)
+    assert abs((_owner(val, setup["tokenizer"]) == 1).mean() - 0.4375) < 0.06
+
+
+def test_a_build_interrupted_before_and_after_the_boundary_writes_the_same_dataset(
+        setup: dict[str, Path], dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C right after a saved position in the first phase, then in the second: the resumed build writes the
+    uninterrupted one's bytes and manifest (the phase and each phase's counts are part of the position)."""
+    import itertools
+    import time
+    import types
+
+    from sparknet.data.packed import build as build_module
+    from sparknet.data.packed.build import BuildSpec, build_dataset
+
+    # a clock that ticks once per reading: the build saves its position every ten documents or so, however fast
+    ticks = itertools.count()
+    monkeypatch.setattr(build_module, "time", types.SimpleNamespace(time=time.time, monotonic=lambda: next(ticks)))
+    stops = [lambda split, writers: split == "train" and 100 < writers["train"].blocks < 234,
+             lambda split, writers: split == "train" and writers["train"].blocks > 260]
+    stop_build_after_saves(monkeypatch, stops)
+    out = tmp_path / "ds"
+    spec = BuildSpec(config=load_config(setup["config"]), tokenizer=str(setup["tokenizer"]), output_dir=out,
+                     target_tokens=20_000, val_tokens=2_000, block_size=BLOCK, seed=1, checkpoint_seconds=1e-6)
+    for phase in (0, 1):
+        with pytest.raises(KeyboardInterrupt):
+            build_dataset(spec)
+        assert build_position(tmp_path / ".ds.building").get("phase") == phase
+    manifest = build_dataset(spec)
+    assert not stops
+    for name in ("train.bin", "val.bin"):
+        assert (out / name).read_bytes() == (dataset / name).read_bytes(), name
+    expected = json.loads((dataset / "manifest.json").read_text())
+    assert manifest["splits"] == expected["splits"]
+
+
+def test_the_sampler_draws_each_phase_from_its_blocks_passes_repeating_within_it() -> None:
+    from sparknet.train.batch import GlobalBatchSampler
+
+    # phase 0: 10 blocks for 3 steps of 4 (12: a second pass); phase 1: 20 blocks for 2 steps (8: a prefix)
+    sampler = GlobalBatchSampler(30, 4, seed=3, phases=[(0, 10, 3), (10, 30, 2)])
+    order = list(sampler)
+    assert len(order) == len(sampler) == 20
+    first, second = order[:12], order[12:]
+    assert set(first) <= set(range(10)) and set(second) <= set(range(10, 30))
+    assert len(set(first[:8])) == 8 and len(set(second)) == 8  # a pass: whole global batches of distinct blocks
+    assert first[8:] != first[:4]  # the second pass is another permutation
+    assert list(sampler) == order  # the same order every time: a resume replays it
+
+
+def test_a_phase_smaller_than_one_global_batch_is_refused_before_the_run(dataset: Path, tmp_path: Path) -> None:
+    from sparknet.errors import UserError
+
+    # 312 training blocks in all, 78 in the anneal phase: a global batch of 96 fits the dataset, not the phase
+    with pytest.raises(UserError, match=f"phase anneal of dataset {dataset} has 78 training blocks, fewer than one "
+                                        "global batch \\(GLOBAL_BATCH_SIZE=96\\)"):
+        train_packed(train_settings(tmp_path, global_batch_size=96, batch_size=8, target_tokens=4 * 96 * BLOCK),
+                     dataset)
+    assert not (tmp_path / "ckpt").exists()
+
+
+def _block_digests(dataset: Path) -> list[set[str]]:
+    """Per phase, the digests RECORD_BATCHES gives its blocks (hf_trainer: blake2b of the int64 row)."""
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    tokens = np.fromfile(dataset / "train.bin", dtype=manifest["dtype"]).astype(np.int64).reshape(-1, BLOCK)
+    return [{hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in tokens[slice(*p["blocks"])]}
+            for p in manifest["splits"]["train"]["phases"]]
+
+
+STEPS, GLOBAL = 48, 4  # phase main: steps 1-36, anneal: 37-48
+RUN = dict(target_tokens=STEPS * GLOBAL * BLOCK, global_batch_size=GLOBAL, batch_size=2, eval_steps=4, save_steps=4,
+           sample_steps=0, logging_steps=2, record_batches=True, lr_schedule="wsd", warmup_ratio=0.0)
+
+
+def _steps(run_dir: Path) -> dict[int, tuple[list[str], float]]:
+    """Each optimizer step's blocks over all ranks (sorted) and its LR."""
+    out: dict[int, tuple[list[str], float]] = {}
+    for log in sorted(run_dir.glob("batches*.jsonl")):
+        for step, record in read_steps(log).items():
+            blocks, lr = out.get(step, ([], record["lr"]))
+            assert lr == record["lr"], (log, step)
+            out[step] = (sorted(blocks + record["blocks"]), lr)
+    return out
+
+
+def _stopped_before_the_boundary(script: str, args: list[str], run_dir: Path, processes: int) -> Path:
+    """Starts the run, sends SIGINT once checkpoint-8 is complete; the checkpoint it saved, before step 36."""
+    proc = start_script(script, args, processes=processes)
+    wait_for(run_dir / "checkpoint-8" / ".complete", proc, timeout=300)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == (128 + signal.SIGINT if processes == 1 else 1), out[-3000:]
+    saved = stopped_checkpoint(out, run_dir)
+    assert 8 <= checkpoint_step(saved) < 36, saved
+    return saved
+
+
+def _assert_wsd_over_the_last_phase(steps: dict[int, tuple[list[str], float]]) -> None:
+    """LR at the peak up to the last phase's first step, then lower at every step (the decay: its steps only)."""
+    lrs = [steps[s][1] for s in range(1, STEPS + 1)]
+    assert len(set(lrs[:37])) == 1, lrs
+    assert all(later < earlier for earlier, later in zip(lrs[36:], lrs[37:], strict=False)), lrs
+
+
+@pytest.mark.slow
+def test_a_packed_run_in_phases_trains_each_phase_on_its_blocks_and_resumes_exactly_across_the_boundary(
+        dataset: Path, tmp_path: Path) -> None:
+    reference_args = train_args(tmp_path / "one", dataset, **RUN)
+    finish_ok(start_script("train_sparknet_v5.py", reference_args))
+    reference = _steps(tmp_path / "one" / "ckpt" / "run")
+    assert sorted(reference) == list(range(1, STEPS + 1))
+    main, anneal = _block_digests(dataset)
+    for step, (blocks, _) in reference.items():
+        assert set(blocks) <= (main if step <= 36 else anneal), step
+    _assert_wsd_over_the_last_phase(reference)
+    events = read_events(tmp_path / "one" / "logs" / "run")
+    assert [value for step, value in events["data/phase"]] == [0.0 if step <= 36 else 1.0
+                                                               for step, _ in events["data/phase"]]
+    meta = json.loads((tmp_path / "one" / "ckpt" / "run" / "training_metadata.json").read_text())
+    assert [(p["name"], p["steps"]) for p in meta["phases"]] == [("main", [1, 36]), ("anneal", [37, 48])]
+    # stopped before the boundary on one process, resumed on two, and the other way: the same blocks and LR at every
+    # step as the uninterrupted run
+    for name, first, then in (("1to2", 1, 2), ("2to1", 2, 1)):
+        args = train_args(tmp_path / name, dataset, **RUN)
+        _stopped_before_the_boundary("train_sparknet_v5.py", args, tmp_path / name / "ckpt" / "run", first)
+        finish_ok(start_script("train_sparknet_v5.py", args, processes=then))
+        assert _steps(tmp_path / name / "ckpt" / "run") == reference, name
+
+
+# -- the stream ---------------------------------------------------------------------------------------------------
+
+def _stream(setup: dict[str, Path], ends: list[int]):
+    from sparknet.data.stream.token_stream import TokenStream
+
+    tok = Tokenizer.from_file(str(setup["tokenizer"] / "tokenizer.json"))
+    stream = TokenStream(config=load_config(setup["config"]), tokenizer_json=tok.to_str(),
+                         eos_id=tok.token_to_id("<|endoftext|>"), block_size=BLOCK, seed=1, shuffle_buffer=20)
+    stream.set_phase_ends(ends)
+    return stream
+
+
+def test_the_stream_switches_its_mix_at_the_boundary_and_resumes_exactly_across_it(setup: dict[str, Path]) -> None:
+    ends = [150, 250]
+    stream = _stream(setup, ends)
+    blocks = [b["input_ids"].numpy() for _, b in zip(range(250), stream, strict=False)]
+    owner = _owner(np.concatenate(blocks), setup["tokenizer"])
+    _assert_every_prefix_mixed(owner[:150 * BLOCK], MAIN["a"])
+    # the next phase's mix from its first block (the document crossing the boundary left out: its owner is known)
+    _assert_every_prefix_mixed(owner[151 * BLOCK:], ANNEAL["a"])
+    stats = stream.stats()
+    assert stats["phase"] == 1 and abs(stats["phase_shares"]["a"] - ANNEAL["a"]) < 0.03
+    # stopped before the boundary (and after it), resumed from its position on a fresh stream: the same blocks after
+    for stop in (100, 200):
+        early = _stream(setup, ends)
+        first = [b["input_ids"].numpy() for _, b in zip(range(stop), early, strict=False)]
+        state = json.loads(json.dumps(early.state_dict()))
+        early.close()
+        assert state["settings"]["phase_end_blocks"] == ends and state.get("phase", 0) == (stop > 150)
+        resumed = _stream(setup, ends)
+        resumed.load_state_dict(state)
+        rest = [b["input_ids"].numpy() for _, b in zip(range(250 - stop), resumed, strict=False)]
+        resumed.close()
+        assert np.array_equal(np.stack(first + rest), np.stack(blocks)), stop
+    # a position taken with other phase ends is refused
+    other = _stream(setup, [100, 250])
+    with pytest.raises(Exception, match="other data settings"):
+        other.load_state_dict(state)
+    for s in (stream, other):
+        s.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_streamed_run_in_phases_resumes_exactly_across_the_boundary(setup: dict[str, Path], tmp_path: Path,
+                                                                      processes: int) -> None:
+    settings = {**RUN, "val_tokens": 1024, "shuffle_buffer": 20, "num_workers": 0}
+    reference_args = stream_args(tmp_path / "ref", setup["config"], setup["tokenizer"], **settings)
+    finish_ok(start_script("train_sparknet.py", reference_args, processes=processes))
+    reference = _steps(tmp_path / "ref" / "ckpt" / "run")
+    assert sorted(reference) == list(range(1, STEPS + 1))
+    _assert_wsd_over_the_last_phase(reference)
+    events = read_events(tmp_path / "ref" / "logs" / "run")
+    assert {value for step, value in events["data/phase"] if step > 36} == {1.0}
+    assert {value for step, value in events["data/phase"] if step <= 36} == {0.0}
+    # the figure counts since the phase began: late in the last phase, its mix
+    assert abs(events["data/share/a"][-1][1] - ANNEAL["a"]) < 0.1
+    meta = json.loads((tmp_path / "ref" / "ckpt" / "run" / "training_metadata.json").read_text())
+    assert [(p["name"], p["steps"]) for p in meta["phases"]] == [("main", [1, 36]), ("anneal", [37, 48])]
+    args = stream_args(tmp_path / "stop", setup["config"], setup["tokenizer"], **settings)
+    _stopped_before_the_boundary("train_sparknet.py", args, tmp_path / "stop" / "ckpt" / "run", processes)
+    finish_ok(start_script("train_sparknet.py", args, processes=processes))
+    assert _steps(tmp_path / "stop" / "ckpt" / "run") == reference
+    if processes == 1:  # the same run with other phases: refused in one line, like any other change of the data
+        data = json.loads(setup["config"].read_text())
+        data["phases"][0]["share"], data["phases"][1]["share"] = 0.5, 0.5
+        (tmp_path / "other.json").write_text(json.dumps(data))
+        proc = start_script("train_sparknet.py", stream_args(tmp_path / "stop", tmp_path / "other.json",
+                                                             setup["tokenizer"], **settings))
+        out = finish(proc)
+        assert proc.returncode == 1 and "Traceback" not in out and "phases" in out, out[-3000:]
