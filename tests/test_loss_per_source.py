@@ -142,8 +142,33 @@ def test_packed_run_reports_the_loss_of_each_source(mix: tuple[Path, Path], tmp_
                                                             sample_steps=0, sample_prompts=[]))
     assert proc.returncode == 0, proc.stderr[-3000:]
     blocks = np.fromfile(dataset / "val.bin", dtype=np.uint16).reshape(-1, BLOCK)
-    expected = _check_run(tmp_path / "ckpt" / "run", tmp_path / "logs" / "run", blocks)
+    run_dir, log_dir = tmp_path / "ckpt" / "run", tmp_path / "logs" / "run"
+    expected = _check_run(run_dir, log_dir, blocks)
     assert all(figures["tokens"] > 300 for figures in expected.values())
+
+    # the model card's results: a row per source with the metadata's figures
+    recorded = json.loads((run_dir / "training_metadata.json").read_text())["metrics"]["eval_per_source"]
+    proc = run_script("export_model.py", "--model", run_dir, "--output_dir", tmp_path / "exported", "--eval_dir",
+                      tmp_path / "eval", "--license", "mit")
+    assert proc.returncode == 0, proc.stderr
+    card = (tmp_path / "exported" / "README.md").read_text()
+    for label, figures in recorded.items():
+        row = (f"| {label} | {figures['tokens']:,} | {figures['loss']:.4f} | {math.exp(figures['loss']):.4f} | "
+               f"{figures['bits_per_byte']:.4f} |")
+        assert row in card, (row, card)
+
+    # plot_runs: the sources' eval losses in one figure, a line per source and run
+    proc = run_script("plot_runs.py", "--runs", json.dumps([str(log_dir)]), "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "eval" / "run" / "plots" / "loss_per_source.png").stat().st_size > 5000
+    from sparknet.eval.plots import draw_figure, read_scalars
+
+    scalars = read_scalars(log_dir)
+    figure = draw_figure({"run": scalars, "again": scalars}, "loss_per_source")
+    lines = {line.get_label(): list(line.get_ydata()) for line in figure.axes[0].get_lines()}
+    assert sorted(lines) == sorted(f"{run} ({label})" for run in ("run", "again") for label in LABELS)
+    for label in LABELS:
+        assert lines[f"run ({label})"] == pytest.approx([value for _, value in scalars[f"eval/loss/{label}"]])
 
 
 def _stream_run(tmp: Path, config: Path, tokenizer: Path, processes: int) -> str:
