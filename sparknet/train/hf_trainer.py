@@ -325,15 +325,16 @@ class SparkTrainer(Trainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         import torch.nn.functional as F  # noqa: N812 - the usual name
 
-        labels = inputs["labels"]
         outputs = model(**{key: value for key, value in inputs.items() if key != "labels"})
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
-        # as the model's causal-LM loss: position t predicts token t+1, in fp32, -100 ignored
-        targets = labels[:, 1:]
-        losses = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=-100,
+        # as the model's causal-LM loss: position t predicts token t+1, in fp32, -100 ignored; the targets (and
+        # their sources) are shifted, not the logits, whose slice would copy them whole
+        targets = F.pad(inputs["labels"][:, 1:], (0, 1), value=-100)
+        losses = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100,
                                  reduction="none").view_as(targets)
         counted = targets.ne(-100)
-        self._add_source_sums(blocks, sources[:, 1:].long(), losses, counted)  # a token's source: the predicted one's
+        # a token's source is the predicted token's; the last position predicts nothing (its loss is 0)
+        self._add_source_sums(blocks, F.pad(sources[:, 1:], (0, 1)).long(), losses, counted)
         loss = losses.sum() / counted.sum().clamp(min=1)
         return (loss, outputs) if return_outputs else loss
 
