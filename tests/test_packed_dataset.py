@@ -261,11 +261,13 @@ def test_opening_a_1b_token_dataset_copies_nothing(tiny_dataset: Path, tmp_path:
     with (folder / "train.bin").open("wb") as f:
         f.truncate(blocks * 1024 * 2)  # sparse: 2 GB on paper, nothing on disk
     (folder / "val.bin").touch()
+    (folder / "val_sources.bin").touch()
     manifest = json.loads((tiny_dataset / "manifest.json").read_text())  # a real one, with other splits
     per_chunk = chunk_blocks(1024 * 2)
     for split, n in (("train", blocks), ("val", 0)):  # opening reads no hash: these stand in for them
         hashes = {"chunk_blocks": per_chunk, "chunks": ["0" * 64] * chunk_count(n, per_chunk)}
         manifest["splits"][split].update(blocks=n, tokens=n * 1024, sha256=hashes)
+    manifest["splits"]["val"]["source_ids"]["sha256"] = hashes
     (folder / "manifest.json").write_text(json.dumps({**manifest, "block_size": 1024}))
     rss_before = psutil.Process().memory_info().rss
     t = time.perf_counter()
