@@ -157,6 +157,26 @@ def test_packed_run_reports_the_loss_of_each_source(mix: tuple[Path, Path], tmp_
                f"{figures['bits_per_byte']:.4f} |")
         assert row in card, (row, card)
 
+    # eval_perplexity on the packed dataset: a result per source, the documents of each told apart by their text
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(run_dir)]), "--data", dataset, "--context",
+                      BLOCK, "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads((tmp_path / "eval" / "run" / "perplexity.json").read_text()).values()
+    from sparknet.eval.data import load_documents
+    from sparknet.tokenizer import load_tokenizer
+
+    texts = load_documents(str(dataset))
+    tok = load_tokenizer(str(tokenizer))
+    assert list(row["sources"]) == LABELS
+    for label in LABELS:
+        mine = [text for text in texts if TAGS[text[0]] == label]
+        assert row["sources"][label]["documents"] == len(mine)
+        # every token of each document is scored once (the first predicted from the <|endoftext|> prefix)
+        assert row["sources"][label]["tokens"] == sum(len(ids) for ids in tok(mine)["input_ids"])
+        assert f"{dataset} [{label}]" in proc.stdout
+    weighted = sum(f["nll"] * f["tokens"] for f in row["sources"].values()) / row["tokens"]
+    assert weighted == pytest.approx(row["nll"], rel=1e-9)
+
     # plot_runs: the sources' eval losses in one figure, a line per source and run
     proc = run_script("plot_runs.py", "--runs", json.dumps([str(log_dir)]), "--eval_dir", tmp_path / "eval")
     assert proc.returncode == 0, proc.stderr
