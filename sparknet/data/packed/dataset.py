@@ -267,12 +267,20 @@ def split_size_problem(folder: Path, manifest: dict[str, Any], split: str) -> st
     """What is wrong with the size of a split's token file (of a manifest read_manifest accepted), or of its
     source-id file, or None."""
     info = manifest["splits"][split]
-    path = folder / info["file"]
-    expected = info["blocks"] * manifest["block_size"] * np.dtype(manifest["dtype"]).itemsize
+    problem = _size_problem(folder / info["file"], info["blocks"] * manifest["block_size"],
+                            np.dtype(manifest["dtype"]))
+    if problem is None and "source_ids" in info:
+        problem = _source_ids_size_problem(folder, manifest, split)
+    return problem
+
+
+def _size_problem(path: Path, items: int, dtype: np.dtype) -> str | None:
+    """What is wrong with the size of a file of `items` values of `dtype`, or None."""
+    expected = items * dtype.itemsize
     size = path.stat().st_size if path.is_file() else None
     if size != expected:
         return f"{path.name} holds {'no file' if size is None else f'{size} bytes'}, expected {expected}"
-    return _source_ids_size_problem(folder, manifest, split) if "source_ids" in info else None
+    return None
 
 
 def split_damage(folder: Path, manifest: dict[str, Any], split: str,
@@ -296,12 +304,8 @@ def _source_ids_size_problem(folder: Path, manifest: dict[str, Any], split: str)
     from sparknet.data.encoding.packer import SOURCE_ID_DTYPE
 
     info = manifest["splits"][split]
-    path = folder / info["source_ids"]["file"]
-    expected = info["blocks"] * manifest["block_size"] * SOURCE_ID_DTYPE.itemsize
-    size = path.stat().st_size if path.is_file() else None
-    if size != expected:
-        return f"{path.name} holds {'no file' if size is None else f'{size} bytes'}, expected {expected}"
-    return None
+    return _size_problem(folder / info["source_ids"]["file"], info["blocks"] * manifest["block_size"],
+                         SOURCE_ID_DTYPE)
 
 
 def _read_source_ids(folder: Path, manifest: dict[str, Any], split: str) -> np.ndarray:
