@@ -130,23 +130,32 @@ def _check_run(run_dir: Path, log_dir: Path, blocks: np.ndarray) -> dict[str, di
     return expected
 
 
-def test_packed_run_reports_the_loss_of_each_source(mix: tuple[Path, Path], tmp_path: Path) -> None:
-    """The packed trainer (build and training scripts run as a user runs them): per-source loss and bits per byte
-    in TensorBoard and the metadata equal the independent computation over val.bin."""
+@pytest.fixture(scope="module")
+def packed_run(mix: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The mix built and trained on by the packed scripts, run as a user runs them (under the returned folder:
+    ds/, ckpt/run/, logs/run/)."""
     config, tokenizer = mix
-    dataset = tmp_path / "ds"
-    proc = run_script("build_dataset_v5.py", "--config", config, "--tokenizer_dir", tokenizer, "--output_dir", dataset,
-                      "--target_tokens", 60_000, "--val_tokens", 1_600, "--num_workers", 0)
+    tmp = tmp_path_factory.mktemp("packed")
+    proc = run_script("build_dataset_v5.py", "--config", config, "--tokenizer_dir", tokenizer, "--output_dir",
+                      tmp / "ds", "--target_tokens", 60_000, "--val_tokens", 1_600, "--num_workers", 0)
     assert proc.returncode == 0, proc.stderr
-    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, dataset, target_tokens=24 * 4 * BLOCK,
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp, tmp / "ds", target_tokens=24 * 4 * BLOCK,
                                                             sample_steps=0, sample_prompts=[]))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    blocks = np.fromfile(dataset / "val.bin", dtype=np.uint16).reshape(-1, BLOCK)
-    run_dir, log_dir = tmp_path / "ckpt" / "run", tmp_path / "logs" / "run"
-    expected = _check_run(run_dir, log_dir, blocks)
+    return tmp
+
+
+def test_packed_run_reports_the_loss_of_each_source(packed_run: Path) -> None:
+    """The packed trainer: per-source loss and bits per byte in TensorBoard (every eval) and the metadata equal the
+    independent computation over val.bin; their token-weighted mean is the eval loss."""
+    blocks = np.fromfile(packed_run / "ds" / "val.bin", dtype=np.uint16).reshape(-1, BLOCK)
+    expected = _check_run(packed_run / "ckpt" / "run", packed_run / "logs" / "run", blocks)
     assert all(figures["tokens"] > 300 for figures in expected.values())
 
-    # the model card's results: a row per source with the metadata's figures
+
+def test_the_model_card_has_a_row_per_source(packed_run: Path, tmp_path: Path) -> None:
+    """export_model.py: the card's results hold each source's tokens, loss, perplexity and bits per byte."""
+    run_dir = packed_run / "ckpt" / "run"
     recorded = json.loads((run_dir / "training_metadata.json").read_text())["metrics"]["eval_per_source"]
     proc = run_script("export_model.py", "--model", run_dir, "--output_dir", tmp_path / "exported", "--eval_dir",
                       tmp_path / "eval", "--license", "mit")
@@ -157,16 +166,21 @@ def test_packed_run_reports_the_loss_of_each_source(mix: tuple[Path, Path], tmp_
                f"{figures['bits_per_byte']:.4f} |")
         assert row in card, (row, card)
 
-    # eval_perplexity on the packed dataset: a result per source, the documents of each told apart by their text
-    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(run_dir)]), "--data", dataset, "--context",
-                      BLOCK, "--eval_dir", tmp_path / "eval")
-    assert proc.returncode == 0, proc.stderr
-    (row,) = json.loads((tmp_path / "eval" / "run" / "perplexity.json").read_text()).values()
+
+def test_eval_perplexity_reports_each_source_of_a_packed_dataset(mix: tuple[Path, Path], packed_run: Path,
+                                                                 tmp_path: Path) -> None:
+    """eval_perplexity.py on the packed dataset: a result per source, whose documents are those the text says
+    are that source's, every token of them scored once, the whole their token-weighted mean."""
     from sparknet.eval.data import load_documents
     from sparknet.tokenizer import load_tokenizer
 
+    dataset = packed_run / "ds"
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(packed_run / "ckpt" / "run")]), "--data",
+                      dataset, "--context", BLOCK, "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads((tmp_path / "eval" / "run" / "perplexity.json").read_text()).values()
     texts = load_documents(str(dataset))
-    tok = load_tokenizer(str(tokenizer))
+    tok = load_tokenizer(str(mix[1]))
     assert list(row["sources"]) == LABELS
     for label in LABELS:
         mine = [text for text in texts if TAGS[text[0]] == label]
@@ -177,18 +191,30 @@ def test_packed_run_reports_the_loss_of_each_source(mix: tuple[Path, Path], tmp_
     weighted = sum(f["nll"] * f["tokens"] for f in row["sources"].values()) / row["tokens"]
     assert weighted == pytest.approx(row["nll"], rel=1e-9)
 
-    # plot_runs: the sources' eval losses in one figure, a line per source and run
+
+def test_plot_runs_draws_each_source_of_each_run_in_one_figure(packed_run: Path, tmp_path: Path) -> None:
+    """plot_runs.py writes loss_per_source.png; its figure has a line per source and run with the logged values,
+    a label holding "/" and "@" (a Hub source's subset and revision) included."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from sparknet.eval.plots import draw_figure, read_scalars
+
+    log_dir = packed_run / "logs" / "run"
     proc = run_script("plot_runs.py", "--runs", json.dumps([str(log_dir)]), "--eval_dir", tmp_path / "eval")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "eval" / "run" / "plots" / "loss_per_source.png").stat().st_size > 5000
-    from sparknet.eval.plots import draw_figure, read_scalars
-
-    scalars = read_scalars(log_dir)
-    figure = draw_figure({"run": scalars, "again": scalars}, "loss_per_source")
+    hub = tmp_path / "hub"
+    with SummaryWriter(str(hub)) as writer:
+        for step in (0, 10):
+            writer.add_scalar("eval/loss", 4.0 - step / 10, step)
+            writer.add_scalar("eval/loss/fineweb/sample-10BT@abc1234", 4.5 - step / 10, step)
+    runs = {"run": read_scalars(log_dir), "hub": read_scalars(hub)}
+    figure = draw_figure(runs, "loss_per_source")
     lines = {line.get_label(): list(line.get_ydata()) for line in figure.axes[0].get_lines()}
-    assert sorted(lines) == sorted(f"{run} ({label})" for run in ("run", "again") for label in LABELS)
+    assert sorted(lines) == sorted([*(f"run ({label})" for label in LABELS), "hub (fineweb/sample-10BT@abc1234)"])
     for label in LABELS:
-        assert lines[f"run ({label})"] == pytest.approx([value for _, value in scalars[f"eval/loss/{label}"]])
+        assert lines[f"run ({label})"] == pytest.approx([value for _, value in runs["run"][f"eval/loss/{label}"]])
+    assert lines["hub (fineweb/sample-10BT@abc1234)"] == pytest.approx([4.5, 3.5])
 
 
 def _stream_run(tmp: Path, config: Path, tokenizer: Path, processes: int) -> str:
