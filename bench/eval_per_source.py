@@ -21,6 +21,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sparknet.train.data_plan import PackedPlan
+    from sparknet.train.hf_trainer import SparkTrainer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -34,7 +39,8 @@ SOURCES = 4  # mix sources the validation tokens are spread over
 VOCAB = 8192  # synthetic vocabulary for the CPU presets (the 70M preset uses 50257)
 
 
-def _plan(folder: Path, preset: str, batch: int):  # noqa: ANN202 - a PackedPlan
+def _plan(folder: Path, preset: str, batch: int) -> tuple[PackedPlan, int]:
+    """A synthetic packed dataset's plan, its validation tokens spread over SOURCES sources; and its vocabulary."""
     import numpy as np
     from _synthetic import write_packed_dataset, write_tokenizer
 
@@ -57,7 +63,7 @@ def _plan(folder: Path, preset: str, batch: int):  # noqa: ANN202 - a PackedPlan
     return plan, vocab
 
 
-def _trainers(plan, vocab: int, preset: str, batch: int, out: Path) -> tuple:  # noqa: ANN001
+def _trainers(plan: PackedPlan, vocab: int, preset: str, batch: int, out: Path) -> tuple[SparkTrainer, SparkTrainer]:
     """Two SparkTrainers on one model, with the real TrainingArguments: without and with the sources."""
     import torch
     from transformers import default_data_collator
@@ -87,7 +93,8 @@ def _trainers(plan, vocab: int, preset: str, batch: int, out: Path) -> tuple:  #
     return tuple(trainers)
 
 
-def _timed(trainer) -> tuple[float, dict]:  # noqa: ANN001
+def _timed(trainer: SparkTrainer) -> tuple[float, dict[str, Any]]:
+    """One evaluate(), timed whole (the device synchronised at its end), and its metrics."""
     import torch
 
     started = time.perf_counter()
