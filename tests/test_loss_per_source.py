@@ -228,8 +228,9 @@ def _stream_run(tmp: Path, config: Path, tokenizer: Path, processes: int) -> str
 def test_stream_run_reports_the_loss_of_each_source_alike_on_one_and_two_processes(
         mix: tuple[Path, Path], tmp_path: Path) -> None:
     """The streaming trainer on 1 process and under torchrun on 2 (CPU, gloo): the hold-out's per-token sources
-    match the text; the 1-process run's figures match the independent computation; the 2-process run's step-0
-    figures (the same initial weights, the same hold-out) equal the 1-process run's."""
+    match the text; each run's figures (and its eval loss, their token-weighted mean) match the independent
+    computation for its own model; the 2-process run's step-0 figures (the same initial weights, the same hold-out)
+    equal the 1-process run's."""
     config, tokenizer = mix
     for name, processes in (("one", 1), ("two", 2)):
         _stream_run(tmp_path / name, config, tokenizer, processes)
@@ -242,9 +243,10 @@ def test_stream_run_reports_the_loss_of_each_source_alike_on_one_and_two_process
     report = json.loads((runs["one"] / "val_report.json").read_text())
     assert report["source_labels"] == LABELS
     assert np.array_equal(recorded, _sources_from_text(blocks, AutoTokenizer.from_pretrained(tokenizer)))
-    _check_run(runs["one"], tmp_path / "one" / "logs" / "run", blocks)
+    assert np.array_equal(np.load(runs["two"] / "val_blocks.npy"), blocks)
+    for name in runs:  # the 2-process run's final figures too: exact although one process evaluates a block twice
+        _check_run(runs[name], tmp_path / name / "logs" / "run", blocks)
     events = {name: read_events(tmp_path / name / "logs" / "run") for name in runs}
-    for label in LABELS:
-        for tag in (f"eval/loss/{label}", f"eval/bits_per_byte/{label}"):
-            one, two = (dict(events[name][tag])[0] for name in runs)
-            assert two == pytest.approx(one, rel=1e-5), tag
+    for tag in ("eval/loss", *(f"eval/{name}/{label}" for label in LABELS for name in ("loss", "bits_per_byte"))):
+        one, two = (dict(events[name][tag])[0] for name in runs)
+        assert two == pytest.approx(one, rel=1e-5), tag

@@ -354,7 +354,8 @@ class SparkTrainer(Trainer):
     def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
                         ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> Any:
         """The Trainer's evaluation, plus `<prefix>_loss/<label>` in its metrics: the mean loss over the predicted
-        tokens of each source (sources without any left out), over every process's blocks."""
+        tokens of each source (sources without any left out), over every process's blocks; `<prefix>_loss` is then
+        their token-weighted mean, exact on any number of processes."""
         self._source_sums, self._eval_blocks = None, len(dataloader.dataset)
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
                                          metric_key_prefix)
@@ -366,6 +367,10 @@ class SparkTrainer(Trainer):
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(sums, op=dist.ReduceOp.MAX)  # each block's row from a process that evaluated it
         totals = sums.double().sum(dim=1).cpu()
+        if totals[1].sum() > 0:
+            # the eval loss itself from the same sums, each block once: the Trainer's averages per-batch means, and
+            # under data parallelism the padded last batch's mean also holds a block evaluated twice
+            output.metrics[f"{metric_key_prefix}_loss"] = float(totals[0].sum() / totals[1].sum())
         for index, label in enumerate(self.source_labels):
             if totals[1, index] > 0:
                 output.metrics[f"{metric_key_prefix}_loss/{label}"] = float(totals[0, index] / totals[1, index])
