@@ -54,7 +54,7 @@ def write_packed_dataset(folder: Path, tokenizer_dir: Path, vocab_size: int, blo
     tokenizer written by `write_tokenizer` recorded by path and hash. `config` is the mix config as the manifest
     holds it (`{"path": ..., **MixConfig.to_dict()}`). Returns the manifest."""
     from sparknet.data.packed.contents import ContentHash  # the hashes the reader checks, taken as the build does
-    from sparknet.data.packed.dataset import FORMAT_VERSION  # the version the reader accepts
+    from sparknet.data.packed.dataset import FORMAT_VERSION, write_source_ids  # the version the reader accepts
 
     started = time.time()
     sha = hashlib.sha256((tokenizer_dir / "tokenizer.json").read_bytes()).hexdigest()
@@ -75,6 +75,9 @@ def write_packed_dataset(folder: Path, tokenizer_dir: Path, vocab_size: int, blo
                          "sha256": content.record(),
                          "sources": {"synthetic": {"tokens": tokens, "documents": n_blocks, "share": 1.0,
                                                    "requested_share": 1.0}}}
+    if "val" in splits:  # every validation token from the one source, as the build records it
+        splits["val"]["source_ids"] = write_source_ids(folder, np.zeros(blocks["val"] * block_size), ["synthetic"],
+                                                       block_size)
     inputs = {"format_version": FORMAT_VERSION, "synthetic": "uniform random tokens", "tokenizer_sha256": sha,
               "vocab_size": vocab_size, "seed": seed, "block_size": block_size, "dtype": dtype.name, "blocks": blocks}
     manifest = {

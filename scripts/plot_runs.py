@@ -1,7 +1,7 @@
-"""Plots one or several runs from their TensorBoard logs: loss (train solid, eval dashed), learning rate, grad norm,
-tokens/s and MFU against tokens seen, runs overlaid with a legend. A resumed run is one curve (a step logged twice
-keeps its last value). PNGs go to eval/<RUN_NAME>/plots/ (several runs: eval/<A>_vs_<B>/plots/);
-scripts/export_model.py puts loss.png in the model card.
+"""Plots one or several runs from their TensorBoard logs: loss (train solid, eval dashed), eval loss per mix source,
+learning rate, grad norm, tokens/s and MFU against tokens seen, runs overlaid with a legend. A resumed run is one
+curve (a step logged twice keeps its last value). PNGs go to eval/<RUN_NAME>/plots/ (several runs:
+eval/<A>_vs_<B>/plots/); scripts/export_model.py puts loss.png in the model card.
 """
 
 RUNS = ["demo"]  # run names (folders under LOGS_DIR) or paths of TensorBoard log folders

@@ -254,6 +254,14 @@ def _training_section(metadata: dict[str, Any], settings: dict[str, Any], metric
     final = [[key, str(round(metrics[key], 4))] for key in final_keys if metrics.get(key) is not None]
     if final:
         out += ["Final metrics (on the dataset's validation split):", "", markdown_table(["metric", "value"], final)]
+    per_source = metrics.get("eval_per_source") or {}
+    if per_source:
+        from sparknet.eval.metrics import perplexity
+
+        rows = [[label, figures.get("tokens", "-"), figures["loss"], perplexity(figures["loss"]),
+                 figures.get("bits_per_byte", "-")] for label, figures in per_source.items()]
+        out += ["Final eval loss per source (over the validation tokens of each source of the mix):", "",
+                markdown_table(["source", "tokens", "loss", "perplexity", "bits/byte"], rows)]
     return out
 
 

@@ -174,6 +174,31 @@ def test_training_and_evaluation_refuse_a_damaged_split_in_one_line(copy: Path, 
     assert f"{split}.bin does not match the sha256" in _one_line(str(error.value))
 
 
+def test_a_damaged_val_sources_bin_is_refused_by_training_and_the_build_and_overwrite_rebuilds_it(
+    copy: Path, corpus_config: Path, tokenizer_dir: Path, tiny_dataset: Path
+) -> None:
+    """One validation token credited to the other source (a valid id, so only the hashes can tell): the packed plan
+    refuses in one line naming val_sources.bin, the build does not take the dataset as already built, and
+    --overwrite true writes the build's bytes back."""
+    from sparknet.train.data_plan import packed_plan
+
+    ids = np.memmap(copy / "val_sources.bin", dtype=np.uint16, mode="r+")
+    ids[100] = 1 - ids[100]
+    ids.flush()
+    del ids
+    with pytest.raises(UserError) as error:
+        packed_plan(str(copy), None, None)
+    message = _one_line(str(error.value))
+    assert "val_sources.bin does not match the sha256 in its manifest.json at blocks 0.." in message, message
+    assert FIX in message
+    spec = _spec(corpus_config, tokenizer_dir, copy, target_tokens=100_000, val_tokens=4_000)
+    with pytest.raises(UserError) as error:
+        build_dataset(spec)
+    assert "val_sources.bin does not match the sha256" in _one_line(str(error.value))
+    build_dataset(BuildSpec(**{**spec.__dict__, "overwrite": True}))
+    assert (copy / "val_sources.bin").read_bytes() == (tiny_dataset / "val_sources.bin").read_bytes()
+
+
 @pytest.mark.slow
 def test_the_packed_trainer_refuses_a_damaged_train_bin_in_one_line(copy: Path, tmp_path: Path) -> None:
     _damage(copy / "train.bin")

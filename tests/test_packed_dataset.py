@@ -113,6 +113,31 @@ def test_realised_token_shares_match_the_requested_ones(built: Path) -> None:
     assert len(manifest["tokenizer"]["sha256"]) == 64 and manifest["build_seconds"] > 0
 
 
+def test_each_validation_token_is_labelled_with_the_source_its_text_came_from(built: Path, tokenizer_dir: Path) -> None:
+    """val_sources.bin against the text: every document of these sources starts with its source's name ("short-",
+    "long-"), so each validation document (up to and with its eos) is decoded and its tokens' recorded ids must all
+    name that source; packing joins documents of both sources in blocks, so blocks of mixed sources are checked."""
+    from sparknet.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(tokenizer_dir))
+    val = PackedDataset(built, "val")
+    assert val.source_labels == ["short", "long"] and val.source_ids is not None
+    assert val.source_ids.shape == val.tokens.shape
+    tokens, ids = np.asarray(val.tokens).reshape(-1), val.source_ids.reshape(-1)
+    ends = np.flatnonzero(tokens == tok.eos_token_id) + 1
+    start, mixed_blocks = 0, {int(b) for b in range(len(val)) if len(set(val.source_ids[b].tolist())) > 1}
+    for end in ends:
+        text = tok.decode(tokens[start:end].tolist())
+        source = text.split("-", 1)[0]
+        assert source in ("short", "long"), text[:40]
+        assert set(ids[start:end].tolist()) == {val.source_labels.index(source)}, (start, text[:40])
+        start = end
+    assert len(ends) > 40 and len(mixed_blocks) > 10  # whole documents of both sources, and blocks joining them
+    counts = np.bincount(ids, minlength=2)
+    manifest = val.manifest["splits"]["val"]["sources"]
+    assert counts.tolist() == [manifest["short"]["tokens"], manifest["long"]["tokens"]]
+
+
 def test_eos_after_every_document_none_missing_and_splits_disjoint(
     built: Path, sources: dict, tokenizer_dir: Path
 ) -> None:
@@ -196,7 +221,7 @@ def test_a_build_stopped_after_a_save_resumes_to_the_bytes_of_one_never_stopped(
         assert build_position(building)["split"] == split and not out.exists()
     manifest = build_dataset(spec)
     assert not stops and not building.exists()
-    for name in ("train.bin", "val.bin"):
+    for name in ("train.bin", "val.bin", "val_sources.bin"):
         assert (out / name).read_bytes() == (built / name).read_bytes(), name
     expected = json.loads((built / "manifest.json").read_text())
     for m in (manifest, expected):
@@ -236,11 +261,13 @@ def test_opening_a_1b_token_dataset_copies_nothing(tiny_dataset: Path, tmp_path:
     with (folder / "train.bin").open("wb") as f:
         f.truncate(blocks * 1024 * 2)  # sparse: 2 GB on paper, nothing on disk
     (folder / "val.bin").touch()
+    (folder / "val_sources.bin").touch()
     manifest = json.loads((tiny_dataset / "manifest.json").read_text())  # a real one, with other splits
     per_chunk = chunk_blocks(1024 * 2)
     for split, n in (("train", blocks), ("val", 0)):  # opening reads no hash: these stand in for them
         hashes = {"chunk_blocks": per_chunk, "chunks": ["0" * 64] * chunk_count(n, per_chunk)}
         manifest["splits"][split].update(blocks=n, tokens=n * 1024, sha256=hashes)
+    manifest["splits"]["val"]["source_ids"]["sha256"] = hashes
     (folder / "manifest.json").write_text(json.dumps({**manifest, "block_size": 1024}))
     rss_before = psutil.Process().memory_info().rss
     t = time.perf_counter()
@@ -452,7 +479,7 @@ def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
     proc = run_script("build_dataset_v5.py", *build_args(cfg, out, tokenizer_dir, *extra))
     assert proc.returncode == 0, proc.stderr
     assert "resuming the interrupted build" in proc.stderr and not building.exists()
-    for name in ("train.bin", "val.bin"):
+    for name in ("train.bin", "val.bin", "val_sources.bin"):
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
     a, b = (json.loads((d / "manifest.json").read_text()) for d in (reference, out))
     for m in (a, b):

@@ -335,7 +335,11 @@ def test_a_small_source_the_hold_out_would_use_up_is_refused_at_the_start(tokeni
 
 
 def _damage(path: Path, how: str) -> None:
-    """A file cut short (a full disk, a copy stopped half-way) or overwritten with other bytes."""
+    """A file cut short (a full disk, a copy stopped half-way), overwritten with other bytes, or missing (a run begun
+    before the file was kept)."""
+    if how == "missing":
+        path.unlink()
+        return
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2] if how == "truncated" else b"\x00garbage\xff" * 8)
 
@@ -344,18 +348,19 @@ def _damage(path: Path, how: str) -> None:
 def test_a_damaged_hold_out_file_is_held_out_again_on_resume_or_refused_in_one_line(
         corpus_config: Path, tokenizer_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The hold-out follows from the config, the seed and the commits the report records: on resume a damaged
-    val_blocks.npy or val_report.json is held out again and written back byte for byte, when that gives what the
-    other file records; when it does not (here: blocks that are not this mix's), one line names the file."""
+    val_blocks.npy, val_sources.npy or val_report.json is held out again and written back byte for byte, when that
+    gives what the other files record; when it does not (here: blocks that are not this mix's), one line names the
+    file."""
     import numpy as np
 
-    from sparknet.train.folders import METADATA, VAL_BLOCKS, VAL_REPORT
+    from sparknet.train.folders import METADATA, VAL_BLOCKS, VAL_REPORT, VAL_SOURCES
 
     run_dir = tmp_path / "ckpt" / "run"
     settings = dict(target_tokens=8 * 4 * 128, save_steps=8, num_workers=0)
     assert train_streamed(tmp_path, corpus_config, tokenizer_dir, **settings).status == "finished"
-    saved = {name: (run_dir / name).read_bytes() for name in (VAL_BLOCKS, VAL_REPORT)}
+    saved = {name: (run_dir / name).read_bytes() for name in (VAL_BLOCKS, VAL_REPORT, VAL_SOURCES)}
     for name, how in ((VAL_REPORT, "truncated"), (VAL_BLOCKS, "garbage"), (VAL_BLOCKS, "truncated"),
-                      (VAL_REPORT, "garbage")):
+                      (VAL_REPORT, "garbage"), (VAL_SOURCES, "truncated"), (VAL_SOURCES, "missing")):
         (run_dir / METADATA).unlink()  # not finished: the run resumes from checkpoint-8 (its final export)
         _damage(run_dir / name, how)
         caplog.clear()

@@ -73,14 +73,21 @@ def data_kind(data: str) -> str:
 
 def load_documents(request: DataRequest | str) -> list[str]:
     """The non-empty texts to score (the first `max_documents` when set)."""
+    return load_labelled_documents(request)[0]
+
+
+def load_labelled_documents(request: DataRequest | str) -> tuple[list[str], list[str] | None]:
+    """`load_documents`' texts, and the mix source label of each where the data records one (a packed dataset's
+    validation split: its tokens' sources), else None: runs trained on different mixes compare per source on it."""
     request = DataRequest(request) if isinstance(request, str) else request
     if not request.data:
         raise UserError("no data: set DATA to a packed dataset folder, a mix config, a Hub dataset, or JSONL/text "
                         "files")
     kind = data_kind(request.data)
     limit = request.max_documents
+    labels = None
     if kind == "packed":
-        texts = _packed_documents(request)
+        texts, labels = _packed_documents(request)
     elif kind == "blocks":
         texts = _blocks_documents(request)
     elif kind == "config":
@@ -89,10 +96,14 @@ def load_documents(request: DataRequest | str) -> list[str]:
         texts = _dataset_documents(request)
     else:
         texts = _file_documents(request)
-    texts = [t for t in texts if t]
+    kept = [i for i, t in enumerate(texts) if t]
+    texts = [texts[i] for i in kept]
+    labels = [labels[i] for i in kept] if labels is not None else None
     if not texts:
         raise UserError(f"{request.data}: no non-empty documents found")
-    return texts[:limit] if limit else texts
+    if limit:
+        texts, labels = texts[:limit], labels[:limit] if labels is not None else None
+    return texts, labels
 
 
 def trained_on(folder: Path | None, spec: str) -> str:
@@ -202,7 +213,8 @@ def _tokenizer(name: str) -> Any:
     return load_tokenizer(name)
 
 
-def _packed_documents(request: DataRequest) -> list[str]:
+def _packed_documents(request: DataRequest) -> tuple[list[str], list[str] | None]:
+    """A split's documents, and each one's source label when the split records its tokens' sources."""
     from sparknet.data.packed.dataset import PackedDataset
     from sparknet.runtime import project_path
     from sparknet.tokenizer import load_tokenizer
@@ -210,7 +222,14 @@ def _packed_documents(request: DataRequest) -> list[str]:
     dataset = PackedDataset(project_path(request.data), request.split)
     tokenizer = load_tokenizer(dataset.manifest["tokenizer"]["path"])
     dataset.verify(len(tokenizer))  # the bytes the build wrote, ids within the vocabulary
-    return _decoded(np.asarray(dataset.tokens), tokenizer)
+    flat = np.asarray(dataset.tokens).reshape(-1)
+    texts = _decoded(flat, tokenizer)
+    if dataset.source_ids is None:
+        return texts, None
+    # _decoded's pieces start at 0 and after each eos; a document's tokens all come from its source
+    starts = np.concatenate([[0], np.flatnonzero(flat == tokenizer.eos_token_id) + 1])
+    ids = dataset.source_ids.reshape(-1)
+    return texts, [dataset.source_labels[ids[start]] if start < len(ids) else "" for start in starts]
 
 
 def _blocks_documents(request: DataRequest) -> list[str]:

@@ -49,6 +49,17 @@ def bytes_of_tokens(tokenizer: Any, tokens: np.ndarray) -> int:
     return int(lengths[np.asarray(tokens).reshape(-1).astype(np.int64)].sum())
 
 
+def tokens_and_bytes_by_source(tokenizer: Any, tokens: np.ndarray, sources: np.ndarray,
+                               labels: list[str]) -> dict[str, tuple[int, int]]:
+    """Per source label: how many of `tokens` it has and the UTF-8 bytes they stand for (`sources`: each token's
+    index into `labels`, the same shape as `tokens`), for bits per byte per source."""
+    ids = np.asarray(sources).reshape(-1).astype(np.int64)
+    lengths = token_byte_lengths(tokenizer)[np.asarray(tokens).reshape(-1).astype(np.int64)]
+    counts = np.bincount(ids, minlength=len(labels))
+    n_bytes = np.bincount(ids, weights=lengths, minlength=len(labels))
+    return {label: (int(counts[i]), int(n_bytes[i])) for i, label in enumerate(labels)}
+
+
 def bits_per_byte(loss: float, tokens: int, n_bytes: int) -> float:
     """Mean loss in nats per token turned into bits per UTF-8 byte."""
     return loss / math.log(2) * tokens / max(n_bytes, 1)

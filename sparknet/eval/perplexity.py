@@ -93,6 +93,24 @@ def score_documents(model: Any, tokenizer: Any, texts: list[str], context: int, 
     return result
 
 
+def score_by_source(model: Any, tokenizer: Any, texts: list[str], labels: list[str] | None, context: int,
+                    stride: int, batch_size: int = 8) -> tuple[NllResult, dict[str, NllResult]]:
+    """`score_documents` over all texts, and per source label when `labels` (each text's) are given: each source's
+    documents scored on their own, the whole being their sums (a document's windows never reach another's)."""
+    if labels is None:
+        return score_documents(model, tokenizer, texts, context, stride, batch_size), {}
+    per_source = {label: score_documents(model, tokenizer, [t for t, lab in zip(texts, labels, strict=True)
+                                                            if lab == label], context, stride, batch_size)
+                  for label in dict.fromkeys(labels)}
+    total = NllResult()
+    for figures in per_source.values():
+        total.nll_sum += figures.nll_sum
+        total.tokens += figures.tokens
+        total.bytes += figures.bytes
+        total.documents += figures.documents
+    return total, per_source
+
+
 PERPLEXITY_HEADER = ["model", "data", "documents", "tokens", "bytes", "nll", "perplexity", "bits/byte"]
 OWN_DATA = "own"  # DATA for "each model on its own held-out data" (the table then says its rows differ)
 
@@ -127,7 +145,7 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
     import logging
     import time
 
-    from sparknet.eval.data import check_unchanged, data_kind, load_documents, trained_on
+    from sparknet.eval.data import check_unchanged, data_kind, load_labelled_documents, trained_on
     from sparknet.eval.reports import check_results, eval_dir, merge_json
     from sparknet.eval.results import perplexity_setting
 
@@ -150,25 +168,27 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
         if own != source and len(set(sources)) == 1:
             log.warning("%s was trained on other data (%s): it may have seen parts of %s in training", ref.spec,
                         own, source)
-    documents: dict[str, list[str]] = {}
+    documents: dict[str, tuple[list[str], list[str] | None]] = {}
     rows = []
     for ref, source in zip(refs, sources, strict=True):
         if source not in documents:
             # a pre-tokenized source is decoded with the first model's tokenizer
-            documents[source] = load_documents(dataclasses.replace(request, data=source, runs=runs,
-                                                                   decode_with=tokenizer_source(refs[0])))
+            documents[source] = load_labelled_documents(dataclasses.replace(
+                request, data=source, runs=runs, decode_with=tokenizer_source(refs[0])))
         model, tokenizer, device = load_model(ref)
         window = model_context(model) if context is None else context
         if not 0 < window <= model_context(model):
             raise UserError(f"CONTEXT must be in 1..{model_context(model)} ({ref.spec}'s context), got {window}")
         step = window // 2 if stride is None else stride
         started = time.time()
-        result = score_documents(model, tokenizer, documents[source], window, step, batch_size)
+        result, per_source = score_by_source(model, tokenizer, *documents[source], window, step, batch_size)
         kind = data_kind(source)
         row = {"model": ref.spec, "data": source, "kind": kind,
                "split": request.split if kind in ("packed", "dataset") else None,
                "context": window, "stride": step, **result.as_dict(), "device": device,
                "seconds": round(time.time() - started, 2)}
+        if per_source:
+            row["sources"] = {label: figures.as_dict() for label, figures in per_source.items()}
         out = eval_dir(ref.name, eval_root)
         kept = merge_json(out / "perplexity.json", perplexity_setting(row), row)
         (out / "perplexity.md").write_text(perplexity_table(list(kept.values()), markdown=True))
@@ -199,7 +219,11 @@ def perplexity_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
     under it says that they do not compare."""
     from sparknet.eval.reports import console_table, markdown_table
 
-    table = (markdown_table if markdown else console_table)(PERPLEXITY_HEADER, [perplexity_row(r) for r in rows])
+    # under each result, a row per mix source when it has them ("data [label]")
+    lines = [line for r in rows for line in [perplexity_row(r), *(
+        perplexity_row({**r, **figures, "data": f"{r.get('data', '-')} [{label}]"})
+        for label, figures in r.get("sources", {}).items())]]
+    table = (markdown_table if markdown else console_table)(PERPLEXITY_HEADER, lines)
     data = sorted({str(row.get("data")) for row in rows})
     if len(data) > 1:
         note = f"note: these rows were scored on different data ({', '.join(data)}): their numbers do not compare"

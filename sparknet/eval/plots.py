@@ -1,5 +1,5 @@
-"""Run curves from TensorBoard logs (logs/RUN_NAME) as PNGs: loss (train and eval), learning rate, grad norm,
-tokens/s and MFU against tokens seen, several runs overlaid.
+"""Run curves from TensorBoard logs (logs/RUN_NAME) as PNGs: loss (train and eval), eval loss per mix source,
+learning rate, grad norm, tokens/s and MFU against tokens seen, several runs overlaid.
 
 A resumed run writes a new event file into the same folder and logs again the steps after its checkpoint: files are
 read in the order they were written and, for a step logged twice, the later value wins, so each run is one curve
@@ -13,9 +13,11 @@ from typing import Any
 
 from sparknet.errors import UserError
 
-# figure file -> (title, [(tag, line style)])
+# figure file -> (title, [(tag, line style)]); a tag ending in "/*" stands for every tag under it (one line each: the
+# sources' eval losses, eval/loss/<label>, whose labels may themselves hold "/")
 FIGURES = {
     "loss": ("loss (nats/token)", [("train/loss", "-"), ("eval/loss", "--")]),
+    "loss_per_source": ("eval loss per source (nats/token)", [("eval/loss/*", "-")]),
     "learning_rate": ("learning rate", [("train/learning_rate", "-")]),
     "grad_norm": ("grad norm (pre-clip)", [("train/grad_norm", "-")]),
     "tokens_per_second": ("tokens/s (training time)", [("perf/tokens_per_second", "-")]),
@@ -88,27 +90,37 @@ def plot_runs(log_dirs: list[Path], out_dir: Path) -> list[Path]:
     return written
 
 
+def _matching(tag: str, scalars: dict[str, Any]) -> list[str]:
+    """The tags of `scalars` that `tag` (of FIGURES) stands for: itself, or for "prefix/*" every tag under it."""
+    if tag.endswith("/*"):
+        return sorted(name for name in scalars if name.startswith(tag[:-1]))
+    return [tag] if tag in scalars else []
+
+
 def draw_figure(runs: dict[str, dict[str, list[tuple[int, float]]]], figure: str) -> Any:
     """The matplotlib figure `figure` (a key of FIGURES) of the runs' scalars, or None when no run logged it."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
     title, tags = FIGURES[figure]
-    if not any(tag in scalars for scalars in runs.values() for tag, _ in tags):
+    if not any(_matching(tag, scalars) for scalars in runs.values() for tag, _ in tags):
         return None
     scales = {name: tokens_per_step(scalars) for name, scalars in runs.items()}
     by_tokens = all(scale is not None for scale in scales.values())
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    lines = 0
     for index, (name, scalars) in enumerate(runs.items()):
-        color = f"C{index % 10}"
         for tag, style in tags:
-            if tag not in scalars:
-                continue
-            steps, values = zip(*scalars[tag], strict=True)
-            x = [step * scales[name] for step in steps] if by_tokens else list(steps)
-            label = f"{name} ({tag.split('/')[0]})" if len(tags) > 1 else name
-            ax.plot(x, values, style, color=color, label=label, marker="o" if len(x) < 20 else None,
-                    markersize=3)
+            for matched in _matching(tag, scalars):
+                # a run's lines share its colour; each of a wildcard's lines (a source) gets its own
+                color = f"C{(lines if tag.endswith('/*') else index) % 10}"
+                lines += 1
+                steps, values = zip(*scalars[matched], strict=True)
+                x = [step * scales[name] for step in steps] if by_tokens else list(steps)
+                label = (f"{name} ({matched[len(tag) - 1:]})" if tag.endswith("/*") else
+                         f"{name} ({tag.split('/')[0]})" if len(tags) > 1 else name)
+                ax.plot(x, values, style, color=color, label=label, marker="o" if len(x) < 20 else None,
+                        markersize=3)
     ax.set_xlabel("tokens seen" if by_tokens else "step")
     ax.xaxis.set_major_formatter(FuncFormatter(short_number))
     if figure == "tokens_per_second":

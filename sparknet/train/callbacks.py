@@ -50,7 +50,8 @@ class MetricsCallback(TrainerCallback):
     def __init__(self, *, writer: Any, tokens_per_step: int, block_size: int, flops_per_token: float,
                  peak_flops: float | None, world_size: int, grad_norms: list, eval_tokens: int, eval_bytes: int,
                  device_kind: str, compile_warmup: bool = False, start_file: Path | None = None,
-                 logged_eval_steps: set[int] | None = None) -> None:
+                 logged_eval_steps: set[int] | None = None,
+                 eval_sources: dict[str, tuple[int, int]] | None = None) -> None:
         self.writer = writer
         self.tokens_per_step = tokens_per_step
         self.block_size = block_size
@@ -59,6 +60,7 @@ class MetricsCallback(TrainerCallback):
         self.world_size = world_size
         self.grad_norms = grad_norms
         self.eval_tokens, self.eval_bytes = eval_tokens, eval_bytes
+        self.eval_sources = eval_sources or {}  # label: (predicted tokens, their bytes), for the figures per source
         self.device_kind = device_kind
         self.compile_warmup = compile_warmup
         self.start_file = start_file
@@ -72,6 +74,7 @@ class MetricsCallback(TrainerCallback):
         self.train_tokens = 0
         self.last_train: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
+        self.last_eval_per_source: dict[str, dict[str, float]] = {}  # label: {"loss", "bits_per_byte", "tokens"}
         self._eval_steps: set[int] = set(logged_eval_steps or ())  # written before a resume
         self._described: set[str] = set()
 
@@ -109,20 +112,38 @@ class MetricsCallback(TrainerCallback):
         values = {"eval/loss": loss, "eval/perplexity": perplexity(loss)}
         if self.eval_bytes:
             values["eval/bits_per_byte"] = bits_per_byte(loss, self.eval_tokens, self.eval_bytes)
+        per_source = self._per_source(metrics)
         closing = state.global_step in self._eval_steps  # the closing eval of the best model repeats a step
         if not closing:
             self._eval_steps.add(state.global_step)
             self._write(values, state.global_step)
+            self._write({f"eval/{name}/{label}": figures[name] for label, figures in per_source.items()
+                         for name in ("loss", "bits_per_byte") if name in figures}, state.global_step)
         if state.global_step == 0 and self.start_file is not None:
             write_json_atomic(self.start_file, {"eval_loss": loss})
         self.last_eval = {k.split("/")[1]: v for k, v in values.items()}
+        self.last_eval_per_source = per_source
         bpb = f"  bits/byte {values['eval/bits_per_byte']:.3f}" if "eval/bits_per_byte" in values else ""
+        if per_source:
+            bpb += "  (" + ", ".join(f"{label} {figures['loss']:.4f}" for label, figures in per_source.items()) + ")"
         if closing:
             best = state.best_model_checkpoint
             which = f"best checkpoint ({Path(best).name})" if best else f"step {state.global_step}"
             log.info("eval   final, %s  loss %.4f  ppl %.2f%s", which, loss, values["eval/perplexity"], bpb)
             return
         log.info("eval   step %6d  loss %.4f  ppl %.2f%s", state.global_step, loss, values["eval/perplexity"], bpb)
+
+    def _per_source(self, metrics: dict[str, float]) -> dict[str, dict[str, float]]:
+        """The eval figures of each source the evaluation measured (SparkTrainer's `eval_loss/<label>`)."""
+        figures = {}
+        for label, (tokens, n_bytes) in self.eval_sources.items():
+            loss = metrics.get(f"eval_loss/{label}")
+            if loss is None:
+                continue
+            figures[label] = {"loss": float(loss), "tokens": tokens}
+            if n_bytes:
+                figures[label]["bits_per_byte"] = bits_per_byte(float(loss), tokens, n_bytes)
+        return figures
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         self.pause()

@@ -35,6 +35,10 @@ class DataPlan:
     target_tokens: int  # the budget when TARGET_TOKENS is not set
     identity: dict[str, Any]  # what about the data makes a run this run (compared on resume)
     train_blocks: int | None = None  # for the passes-over-the-data line; None for a stream
+    # the source of each validation token, [blocks, block_size] indices into `source_labels` (the mix's labels in
+    # its order), for the eval loss per source; None: not known (then only the overall figures are written)
+    val_sources: np.ndarray | None = None
+    source_labels: list[str] = field(default_factory=list)
     # identity that cannot change even with ALLOW_CONFIG_CHANGE, with why: {key: (value, reason and fix)}
     fixed_identity: dict[str, tuple[Any, str]] = field(default_factory=dict)
     # TrainingArguments the data needs (given to its constructor, so that its checks see them)
@@ -62,6 +66,10 @@ class DataPlan:
     def metadata(self) -> dict[str, Any]:
         """What training_metadata.json records about the data (read when it is written: the end of training)."""
         return {}
+
+    def eval_dataset(self) -> Any:
+        """What the Trainer evaluates on: the validation blocks, each with its tokens' sources when they are known."""
+        return self.val if self.val_sources is None else SourcedBlocks(self.val, self.val_sources)
 
     def callbacks(self, writer: Any) -> list[Any]:
         """TrainerCallbacks the data needs (e.g. saving its position), given the TensorBoard writer."""
@@ -146,6 +154,8 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
                         "realised_mixture": {k: v["sources"] for k, v in manifest["splits"].items()}},
         },
         train_blocks=len(train),
+        val_sources=val.source_ids,
+        source_labels=val.source_labels,
     )
 
 
@@ -163,3 +173,23 @@ class BlockDataset:
 
         ids = torch.from_numpy(self.tokens[index].astype(np.int64))
         return {"input_ids": ids, "labels": ids}
+
+
+class SourcedBlocks:
+    """Validation blocks with, in each item, the source of each token ("source_ids") and the block's index
+    ("block_index"): SparkTrainer sums the eval loss per source from them, exactly once per block even when data
+    parallelism evaluates a block twice (it pads the last batches)."""
+
+    def __init__(self, blocks: Any, sources: np.ndarray) -> None:
+        if len(sources) != len(blocks):
+            raise ValueError(f"{len(sources)} rows of source ids for {len(blocks)} validation blocks")
+        self.blocks, self.sources = blocks, sources
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        import torch
+
+        return {**self.blocks[index], "source_ids": torch.from_numpy(self.sources[index].astype(np.int64)),
+                "block_index": index}

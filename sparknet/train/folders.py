@@ -31,6 +31,7 @@ EVAL_START = "eval_start.json"
 COMPLETE_MARKER = ".complete"
 VAL_BLOCKS = "val_blocks.npy"  # the streaming trainer's validation blocks (what the run evaluates on)
 VAL_REPORT = "val_report.json"  # ... and which rows of each source they came from
+VAL_SOURCES = "val_sources.npy"  # ... and the source of each of their tokens (indices into the report's source_labels)
 
 
 def run_of(folder: Path) -> Path:

@@ -1,6 +1,8 @@
 """The HF Trainer as SparkNet runs it: `TrainingArguments` from the settings, and a Trainer subclass that keeps
 per-step bookkeeping on the device (pre-clip grad norms, the first non-finite step) and, when asked, a log of each
-step's LR, blocks and weights for checking resume and data parallelism."""
+step's LR, blocks and weights for checking resume and data parallelism; and, when the validation blocks carry the
+source of each token, the eval loss per source (packing joins documents of several sources in one block, so the
+loss is split per token, not per block)."""
 
 from __future__ import annotations
 
@@ -79,6 +81,9 @@ def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: 
         use_cpu=device["kind"] == "cpu",
         ddp_find_unused_parameters=False,  # every parameter gets a gradient: skip DDP's extra graph traversal
         ddp_timeout=collective_timeout_s(),
+        # the validation items carry their tokens' sources and their index (SourcedBlocks): the default would drop
+        # every key the model's forward does not take; SparkTrainer.compute_loss takes them off before the forward
+        remove_unused_columns=False,
         **(data_arguments or {}),
     )
 
@@ -153,8 +158,13 @@ class SparkTrainer(Trainer):
 
     def __init__(self, *args: Any, nonfinite: str = "stop", batch_log: Path | None = None,
                  settings: TrainSettings | None = None, global_batch: int | None = None,
-                 phase_steps: list[int] | None = None, **kwargs: Any) -> None:
+                 phase_steps: list[int] | None = None, source_labels: list[str] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # the mix's labels, which the eval items' "source_ids" index: the eval loss per source (evaluation_loop)
+        self.source_labels = list(source_labels or [])
+        self._source_sums: torch.Tensor | None = None
+        self._eval_blocks = 0
         self.global_batch = global_batch  # set: a packed dataset is drawn in whole global batches (GlobalBatchSampler)
         self.phase_steps = phase_steps  # where each phase's steps end (a packed dataset built in phases)
         self.train_sampler: GlobalBatchSampler | None = None
@@ -316,6 +326,67 @@ class SparkTrainer(Trainer):
             self._load_best_model()
         else:
             self._load_from_checkpoint(str(checkpoint))
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        """The Trainer's loss; for evaluation items that carry their tokens' sources (SourcedBlocks), the same mean
+        over the predicted tokens computed here from the logits, token by token, so that each block's loss sums per
+        source come from the very values the eval loss averages, at no extra pass over the logits."""
+        sources, blocks = inputs.pop("source_ids", None), inputs.pop("block_index", None)
+        if sources is None or model.training or not self.source_labels:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        import torch.nn.functional as F  # noqa: N812 - the usual name
+
+        outputs = model(**{key: value for key, value in inputs.items() if key != "labels"})
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        # as the model's causal-LM loss: position t predicts token t+1, in fp32, -100 ignored; the targets (and
+        # their sources) are shifted, not the logits, whose slice would copy them whole
+        targets = F.pad(inputs["labels"][:, 1:], (0, 1), value=-100)
+        losses = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100,
+                                 reduction="none").view_as(targets)
+        counted = targets.ne(-100)
+        # a token's source is the predicted token's; the last position predicts nothing (its loss is 0)
+        self._add_source_sums(blocks, F.pad(sources[:, 1:], (0, 1)).long(), losses, counted)
+        loss = losses.sum() / counted.sum().clamp(min=1)
+        return (loss, outputs) if return_outputs else loss
+
+    def _add_source_sums(self, blocks: torch.Tensor, sources: torch.Tensor, losses: torch.Tensor,
+                         counted: torch.Tensor) -> None:
+        """Keeps, per validation block, the loss sum and the predicted-token count of each source, on the device (no
+        host sync). Per block rather than running sums: under data parallelism the last batches are padded with
+        blocks evaluated again on another process, and a block's row written twice is still written once."""
+        if self._source_sums is None:
+            self._source_sums = torch.zeros(2, self._eval_blocks, len(self.source_labels), device=losses.device)
+        shape = (len(blocks), len(self.source_labels))
+        sums = torch.zeros(shape, device=losses.device).scatter_add_(1, sources, losses)
+        counts = torch.zeros(shape, device=losses.device).scatter_add_(1, sources, counted.float())
+        self._source_sums[0, blocks] = sums
+        self._source_sums[1, blocks] = counts
+
+    def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> Any:
+        """The Trainer's evaluation, plus `<prefix>_loss/<label>` in its metrics: the mean loss over the predicted
+        tokens of each source (sources without any left out), over every process's blocks; `<prefix>_loss` is then
+        their token-weighted mean, exact on any number of processes."""
+        self._source_sums, self._eval_blocks = None, len(dataloader.dataset)
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                         metric_key_prefix)
+        sums, self._source_sums = self._source_sums, None
+        if sums is None:
+            return output
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(sums, op=dist.ReduceOp.MAX)  # each block's row from a process that evaluated it
+        totals = sums.double().sum(dim=1).cpu()
+        if totals[1].sum() > 0:
+            # the eval loss itself from the same sums, each block once: the Trainer's averages per-batch means, and
+            # under data parallelism the padded last batch's mean also holds a block evaluated twice
+            output.metrics[f"{metric_key_prefix}_loss"] = float(totals[0].sum() / totals[1].sum())
+        for index, label in enumerate(self.source_labels):
+            if totals[1, index] > 0:
+                output.metrics[f"{metric_key_prefix}_loss/{label}"] = float(totals[0, index] / totals[1, index])
+        return output
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
         return self._counted.flos(self.model, inputs)

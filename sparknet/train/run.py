@@ -25,7 +25,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from sparknet.checks import RULES
 from sparknet.errors import UserError
-from sparknet.eval.metrics import bytes_of_tokens, perplexity
+from sparknet.eval.metrics import bytes_of_tokens, perplexity, tokens_and_bytes_by_source
 from sparknet.locks import exclusive
 from sparknet.model import (
     Preset,
@@ -241,11 +241,12 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
               if main_process else NullWriter())
     batch_log = run.run_dir / (BATCH_LOG if main_process else f"batches.rank{process_rank()}.jsonl")
     # default_data_collator only stacks the fixed-size blocks: nothing is padded, so nothing is masked as padding
-    trainer = SparkTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.val,
+    trainer = SparkTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval_dataset(),
                            processing_class=tokenizer, data_collator=default_data_collator, nonfinite=s.nonfinite,
                            batch_log=batch_log if s.record_batches else None,
                            settings=s,
-                           global_batch=batch.global_batch, phase_steps=phase_steps)
+                           global_batch=batch.global_batch, phase_steps=phase_steps,
+                           source_labels=data.source_labels if data.val_sources is not None else None)
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
     bf16 = bool(device["bf16"])
@@ -254,13 +255,15 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     if peak is None and device["kind"] == "cuda":
         log.warning("no peak FLOP/s known for %s: set PEAK_TFLOPS to see MFU", device["name"])
     predicted = data.val_tokens[:, 1:]  # bits per byte over what the loss averages: all tokens but each block's first
+    by_source = (tokens_and_bytes_by_source(tokenizer, predicted, data.val_sources[:, 1:], data.source_labels)
+                 if data.val_sources is not None else None)
     metrics = MetricsCallback(
         writer=writer, tokens_per_step=tokens_per_step, block_size=data.block_size,
         flops_per_token=flops_per_token(preset, len(tokenizer), data.block_size), peak_flops=peak,
         world_size=world_size(), grad_norms=trainer.grad_norms, eval_tokens=int(predicted.size),
         eval_bytes=bytes_of_tokens(tokenizer, predicted), device_kind=str(device["kind"]),
         compile_warmup=compiles(s, device), start_file=run.run_dir / EVAL_START if main_process else None,
-        logged_eval_steps={run.resume_step} if run.resume else None)
+        logged_eval_steps={run.resume_step} if run.resume else None, eval_sources=by_source)
     sampler = SamplingCallback(tokenizer, list(s.sample_prompts), s.sample_steps, run.run_dir, writer, metrics,
                                s.sample_max_new_tokens, s.sample_temperature, s.sample_top_k, s.sample_seed)
     safety = SafetyCallback(trainer)
@@ -345,6 +348,8 @@ def run_metadata(s: TrainSettings, data: DataPlan, run: RunFolder, parts: Traine
             "eval_loss": final_eval,
             "eval_perplexity": perplexity(final_eval),
             "eval_bits_per_byte": metrics.last_eval.get("bits_per_byte"),
+            # per mix source, over the predicted tokens of that source: {label: {"loss", "bits_per_byte", "tokens"}}
+            "eval_per_source": metrics.last_eval_per_source,
             "best_checkpoint": trainer.state.best_model_checkpoint,
             # global (all devices), training time only; the mean covers this process's training, warm-up excluded
             "tokens_per_second": metrics.last_train.get("tokens_per_second"),

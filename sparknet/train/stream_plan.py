@@ -18,7 +18,15 @@ from sparknet.config import MixConfig
 from sparknet.errors import UserError
 from sparknet.train.batch import BatchPlan
 from sparknet.train.data_plan import BlockDataset, DataPlan
-from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, read_identity, read_val_blocks, read_val_report
+from sparknet.train.folders import (
+    RUN_CONFIG,
+    VAL_BLOCKS,
+    VAL_REPORT,
+    VAL_SOURCES,
+    read_identity,
+    read_val_blocks,
+    read_val_report,
+)
 
 log = logging.getLogger("sparknet.train")
 
@@ -83,9 +91,10 @@ class StreamPlan(DataPlan):
         from sparknet.runtime import process_rank, write_json_atomic
 
         if process_rank() == 0 and self.write_hold_out:
-            with open(run_dir / f".{VAL_BLOCKS}.tmp", "wb") as f:  # renamed into place whole, as the report is
-                np.save(f, self.val_tokens)
-            os.replace(run_dir / f".{VAL_BLOCKS}.tmp", run_dir / VAL_BLOCKS)
+            for name, array in ((VAL_BLOCKS, self.val_tokens), (VAL_SOURCES, self.val_sources)):
+                with open(run_dir / f".{name}.tmp", "wb") as f:  # renamed into place whole, as the report is
+                    np.save(f, array)
+                os.replace(run_dir / f".{name}.tmp", run_dir / name)
             write_json_atomic(run_dir / VAL_REPORT, self.report)
         if resume is not None:
             path = resume / STREAM_STATE.format(rank=process_rank())
@@ -112,7 +121,7 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
     check_source_tokenizers(spec.config, spec.tokenizer_dir, tokenizer)
     common = dict(tokenizer_json=tokenizer.backend_tokenizer.to_str(), eos_id=int(tokenizer.eos_token_id),
                   block_size=spec.block_size, seed=spec.seed, shuffle_buffer=spec.shuffle_buffer)
-    val_tokens, report, commits, write_hold_out = _validation(spec, run_dir, common)
+    val_tokens, val_sources, report, commits, write_hold_out = _validation(spec, run_dir, common)
     _check_training_left(report, spec)
     log.info("stream: %d encoding process(es) for this training process", spec.num_workers)
     stream = TokenStream(**common, config=at_commits(spec.config, commits), on_exhausted=spec.on_exhausted,
@@ -132,6 +141,8 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
             "(the packed trainer, train_sparknet_v5.py, resumes on any number)"))},
         val=BlockDataset(val_tokens),
         val_tokens=np.asarray(val_tokens),
+        val_sources=val_sources,
+        source_labels=list(report["source_labels"]),
         block_size=spec.block_size,
         tokenizer=tokenizer,
         tokenizer_source=spec.tokenizer_dir,
@@ -142,24 +153,25 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
     )
 
 
-def _validation(spec: StreamSpec, run_dir: Path,
-                common: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any], dict[str, str | None], bool]:
-    """The validation blocks, their report, the commits read, and whether the run folder needs them written: held
-    out now for a new run, read from the run folder on resume.
+def _validation(spec: StreamSpec, run_dir: Path, common: dict[str, Any]
+                ) -> tuple[np.ndarray, np.ndarray, dict[str, Any], dict[str, str | None], bool]:
+    """The validation blocks, their tokens' sources (VAL_SOURCES), their report, the commits read, and whether the
+    run folder needs them written: held out now for a new run, read from the run folder on resume.
 
     Every read of the run (hold-out, training, each resume) is at the commits its start resolved: a branch that
     moves during a run of days does not change its data. A damaged (or lost) VAL_BLOCKS or VAL_REPORT is held out
     again, as it follows from the config, the seed and those commits, when the result is what the other file
-    records (the run then trains on exactly what it would have); otherwise the resume is refused naming the file."""
+    records (the run then trains on exactly what it would have); otherwise the resume is refused naming the file.
+    A lost or damaged VAL_SOURCES (or none: a run begun before they were kept) is held out again the same way."""
     from sparknet.data.source.opening import is_hub_source, resolve_revisions
 
-    blocks_path, report_path = run_dir / VAL_BLOCKS, run_dir / VAL_REPORT
+    blocks_path, report_path, sources_path = run_dir / VAL_BLOCKS, run_dir / VAL_REPORT, run_dir / VAL_SOURCES
     if not blocks_path.is_file() and not report_path.is_file():
         log.info("holding out %s validation tokens from the start of the mix", f"{spec.val_tokens:,}")
         commits = resolve_revisions(spec.config)
-        val_tokens, report = _hold_out(spec, common, commits)
-        return _nonempty(val_tokens), report, commits, True
-    report = blocks = None
+        val_tokens, sources, report = _hold_out(spec, common, commits)
+        return _nonempty(val_tokens), sources, report, commits, True
+    report = blocks = sources = None
     problems: dict[Path, str] = {}
     try:
         report = read_val_report(report_path)
@@ -169,8 +181,13 @@ def _validation(spec: StreamSpec, run_dir: Path,
         blocks = read_val_blocks(blocks_path, spec.block_size, report["blocks"] if report else None)
     except ValueError as exc:
         problems[blocks_path] = str(exc) if blocks_path.is_file() else "missing"
-    if report is not None and blocks is not None:
-        return _nonempty(blocks), report, report["commits"], False
+    if report is not None:  # without the report, everything is held out again anyway
+        try:
+            sources = _read_val_sources(sources_path, spec.block_size, report)
+        except ValueError as exc:
+            problems[sources_path] = str(exc) if sources_path.is_file() else "missing"
+    if report is not None and blocks is not None and sources is not None:
+        return _nonempty(blocks), sources, report, report["commits"], False
     damaged = "; ".join(f"{path} is damaged ({why})" for path, why in problems.items())
     hub = [source.label for source in spec.config.mix if is_hub_source(source)]
     if report is None and hub:
@@ -179,26 +196,39 @@ def _validation(spec: StreamSpec, run_dir: Path,
     log.warning("%s: holding the validation blocks out again (they follow from the config, the seed and the "
                 "recorded commits)", damaged)
     commits = report["commits"] if report is not None else {source.label: None for source in spec.config.mix}
-    val_tokens, again = _hold_out(spec, common, commits)
-    same = (again["rows_held_out"] == report["rows_held_out"] and again["blocks"] == report["blocks"]
-            if report is not None else blocks is None or np.array_equal(blocks, val_tokens))
+    val_tokens, sources, again = _hold_out(spec, common, commits)
+    same = ((again["rows_held_out"] == report["rows_held_out"] and again["blocks"] == report["blocks"]
+             if report is not None else True) and (blocks is None or np.array_equal(blocks, val_tokens)))
     if not same:
         other = report_path if report is not None else blocks_path
         raise UserError(f"{damaged}, and holding the validation blocks out again gives other blocks than {other.name} "
                         "records (the data changed since the run began): restore it from a backup, or start again "
                         "with another RUN_NAME")
-    return _nonempty(val_tokens), again, commits, True
+    return _nonempty(val_tokens), sources, again, commits, True
 
 
 def _hold_out(spec: StreamSpec, common: dict[str, Any],
-              commits: dict[str, str | None]) -> tuple[np.ndarray, dict[str, Any]]:
-    """The validation blocks from the start of the mix read at `commits`, and their report (VAL_REPORT)."""
+              commits: dict[str, str | None]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """The validation blocks from the start of the mix read at `commits`, their tokens' sources, and their report
+    (VAL_REPORT)."""
     from sparknet.data.source.opening import at_commits
-    from sparknet.data.stream.holdout import hold_out_validation
+    from sparknet.data.stream.holdout import hold_out
 
-    val_tokens, rows, report = hold_out_validation(**common, config=at_commits(spec.config, commits),
-                                                   val_tokens=spec.val_tokens, num_workers=spec.num_workers)
-    return val_tokens, {**report, "rows_held_out": rows, "commits": commits}
+    held = hold_out(**common, config=at_commits(spec.config, commits), val_tokens=spec.val_tokens,
+                    num_workers=spec.num_workers)
+    return held.blocks, held.source_ids, {**held.report, "rows_held_out": held.rows, "commits": commits}
+
+
+def _read_val_sources(path: Path, block_size: int, report: dict[str, Any]) -> np.ndarray:
+    """A streaming run's VAL_SOURCES, checked against its report (one row per block, ids of its source_labels);
+    ValueError saying why when it is damaged or the report names no labels (a run begun before they were kept)."""
+    labels = report.get("source_labels")
+    if not isinstance(labels, list):
+        raise ValueError(f"{VAL_REPORT} names no source_labels")
+    sources = read_val_blocks(path, block_size, report["blocks"])  # the same shape as the blocks'
+    if sources.size and (int(sources.min()) < 0 or int(sources.max()) >= len(labels)):
+        raise ValueError(f"holds source ids outside 0..{len(labels) - 1}")
+    return sources
 
 
 def _nonempty(val_tokens: np.ndarray) -> np.ndarray:

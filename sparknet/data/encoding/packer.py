@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 
+# A token's source as an index into the mix's labels: uint16, so that no mix is too large for it (the ids are
+# kept for validation tokens only, a few MB at most)
+SOURCE_ID_DTYPE = np.dtype("<u2")
 PIECE_CHARS = 1 << 20  # characters: longer documents are encoded in pieces of about this size
 CUT_WINDOW = 1 << 16  # characters searched after a piece's end for a space to cut at
 
@@ -128,6 +131,19 @@ class BlockPacker:
         self._pending: list[np.ndarray] = []
         self._segments: deque[list[Any]] = deque()  # [label, tokens not yet in a handed-out block], in order
         self.pending_tokens = 0
+        # with `record_sources`: the source index of every token handed out, as runs [index, tokens] (a validation
+        # split's per-token source ids, for the loss per source; a few runs per document, kept in the state)
+        self._source_index: dict[str, int] | None = None
+        self.source_runs: list[list[int]] = []
+
+    def record_sources(self, labels: Sequence[str]) -> None:
+        """From now on, remembers which source (its index in `labels`) each handed-out token came from."""
+        self._source_index = {label: index for index, label in enumerate(labels)}
+
+    def source_ids(self) -> np.ndarray:
+        """The source index of every token handed out since `record_sources`, in order (SOURCE_ID_DTYPE)."""
+        runs = np.asarray(self.source_runs, dtype=np.int64).reshape(-1, 2)
+        return np.repeat(runs[:, 0], runs[:, 1]).astype(SOURCE_ID_DTYPE)
 
     @property
     def tokens_added(self) -> int:
@@ -169,6 +185,7 @@ class BlockPacker:
             "documents": dict(self.documents_by_source),
             "pending": flat.tolist(),
             "segments": [list(seg) for seg in self._segments],
+            **({"source_runs": [list(run) for run in self.source_runs]} if self._source_index is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -179,6 +196,7 @@ class BlockPacker:
         self._pending = [pending] if len(pending) else []
         self._segments = deque([label, int(n)] for label, n in state["segments"])
         self.pending_tokens = len(pending)
+        self.source_runs = [list(run) for run in state.get("source_runs", [])]
 
     def _take(self, n_blocks: int) -> np.ndarray:
         if self.max_blocks is not None:
@@ -196,6 +214,12 @@ class BlockPacker:
             seg = self._segments[0]
             used = min(seg[1], remaining)
             self.tokens_by_source[seg[0]] += used
+            if self._source_index is not None:
+                index = self._source_index[seg[0]]
+                if self.source_runs and self.source_runs[-1][0] == index:
+                    self.source_runs[-1][1] += used
+                else:
+                    self.source_runs.append([index, used])
             seg[1] -= used
             remaining -= used
             if seg[1] == 0:

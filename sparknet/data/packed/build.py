@@ -42,10 +42,12 @@ from sparknet.data.packed.dataset import (
     FORMAT_VERSION,
     MANIFEST,
     SPLITS,
+    VAL_SOURCES,
     SplitWriter,
     read_manifest,
     split_damage,
     split_size_problem,
+    write_source_ids,
 )
 from sparknet.data.packed.manifest import description, missed_shares, phase_report, split_report
 from sparknet.data.packed.resume import STATE, load_state, restore_packers, save_state
@@ -125,7 +127,8 @@ def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] |
     if manifest is None:
         if unreadable is None and not any(out.iterdir()):
             return None
-        only_dataset_files = all(p.name in {MANIFEST, *(f"{s}.bin" for s in SPLITS)} for p in out.iterdir())
+        dataset_files = {MANIFEST, VAL_SOURCES, *(f"{s}.bin" for s in SPLITS)}
+        only_dataset_files = all(p.name in dataset_files for p in out.iterdir())
         if spec.overwrite and only_dataset_files:
             return None  # a damaged dataset: rebuilt in place
         if unreadable is not None:
@@ -285,6 +288,8 @@ def _pack(spec: BuildSpec, pipeline: Pipeline, folder: Path, dtype: np.dtype, sa
     block = spec.block_size
     want = {"val": math.ceil(spec.val_tokens / block), "train": spec.target_tokens // block}
     packers = {split: BlockPacker(block, dtype, max_blocks=want[split]) for split in SPLITS}
+    labels = [source.label for source in spec.config.mix]
+    packers["val"].record_sources(labels)  # each validation token's source, for the loss per source
     restore_packers(packers, state)
     written = state["written"] if state is not None else {}
     writers = {split: SplitWriter(folder, split, block, dtype, blocks=written.get(split, 0)) for split in SPLITS}
@@ -331,6 +336,7 @@ def _pack(spec: BuildSpec, pipeline: Pipeline, folder: Path, dtype: np.dtype, sa
 
     cut = {s.label: pipeline.caps.documents_cut[s.label] for s in spec.config.mix}
     splits = split_report(spec, mixer, packers, writers, cut, _val_caps(spec), pipeline.removed())
+    splits["val"]["source_ids"] = write_source_ids(folder, packers["val"].source_ids(), labels, block)
     exhausted = [label for label, c in mixer.counts.items() if c.exhausted]
     if writers["train"].blocks == 0:
         caps = pipeline.caps.caps

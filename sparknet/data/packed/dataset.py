@@ -2,6 +2,9 @@
 
 Layout of a dataset folder:
     train.bin, val.bin   raw little-endian uint16/uint32 tokens, `blocks × block_size` of them, memory-mappable
+    val_sources.bin      the source of each val.bin token (little-endian uint16, an index into the manifest's
+                         `splits.val.source_ids.labels`, the mix's order): packing joins documents of several
+                         sources in one block, so the loss per source is counted per token, not per block
     manifest.json        format version, tokenizer hash, config, realised mixture, each file's sha256 per chunk
                          (contents.py), ...; written last, atomically
 A folder without manifest.json is not a dataset. The raw format (not Arrow) is deliberate: a numpy memmap opens a
@@ -26,11 +29,28 @@ import numpy as np
 from sparknet.data.packed.contents import ContentHash, damaged_blocks, record_problem
 from sparknet.errors import UserError
 
-# 3: each split's sha256 per chunk. A dataset in another format is refused in one line, never migrated.
-FORMAT_VERSION = 3
+# 3: each split's sha256 per chunk; 4: the validation tokens' sources (val_sources.bin). A dataset in another format
+# is refused in one line, never migrated.
+FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 REBUILD = "rebuild it with scripts/build_dataset_v5.py --overwrite true"
+VAL_SOURCES = "val_sources.bin"
+
+
+def write_source_ids(folder: Path, ids: np.ndarray, labels: list[str], block_size: int) -> dict[str, Any]:
+    """Writes the validation tokens' source ids (VAL_SOURCES); returns the manifest's `splits.val.source_ids`: the
+    file, the labels the ids index, and its sha256 per chunk of whole blocks, as for the token files."""
+    from sparknet.data.encoding.packer import SOURCE_ID_DTYPE
+
+    data = np.ascontiguousarray(ids, dtype=SOURCE_ID_DTYPE)
+    content = ContentHash(block_size * SOURCE_ID_DTYPE.itemsize)
+    content.update(data)
+    with (folder / VAL_SOURCES).open("wb") as f:
+        f.write(data.tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    return {"file": VAL_SOURCES, "labels": list(labels), "sha256": content.record()}
 
 
 class SplitWriter:
@@ -98,6 +118,7 @@ _SPLIT = {
     "sources": _Each({"tokens": _COUNT, "documents": _COUNT, "share": _NUMBER, "requested_share": _NUMBER}),
     "sha256": {"chunk_blocks": _POSITIVE, "chunks": _LIST},
 }
+_SOURCE_IDS = {"file": _TEXT, "labels": _LIST, "sha256": {"chunk_blocks": _POSITIVE, "chunks": _LIST}}
 # What the build (its "nothing to do" and the script's summary), the packed plan, evaluation and the demo take from a
 # manifest: a key's value is a _Kind, a nested shape (an object) or _Each.
 _SHAPE: dict[str, Any] = {
@@ -107,7 +128,7 @@ _SHAPE: dict[str, Any] = {
     "config": {"path": _TEXT, "mix": _LIST, "target_tokens": _COUNT},
     "block_size": _POSITIVE,
     "dtype": _DTYPE,
-    "splits": {split: _SPLIT for split in SPLITS},
+    "splits": {"train": _SPLIT, "val": {**_SPLIT, "source_ids": _SOURCE_IDS}},
     "build_seconds": _NUMBER,
 }
 
@@ -163,9 +184,13 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
     problem = _shape_problem(manifest, _SHAPE)
     for split in SPLITS if problem is None else ():
         info = manifest["splits"][split]
-        wrong = record_problem(info["sha256"], info["blocks"])
+        records = {f"splits.{split}.sha256": info["sha256"]}
+        if "source_ids" in info:
+            records[f"splits.{split}.source_ids.sha256"] = info["source_ids"]["sha256"]
+        wrong = next(((name, w) for name, record in records.items()
+                      if (w := record_problem(record, info["blocks"])) is not None), None)
         if wrong is not None:
-            problem = f"has splits.{split}.sha256.chunks of {wrong}"
+            problem = f"has {wrong[0]}.chunks of {wrong[1]}"
             break
     if problem is not None:
         raise UserError(f"{path} {problem}: {REBUILD}")
@@ -208,6 +233,12 @@ class PackedDataset:
             if self.blocks
             else np.zeros((0, self.block_size), dtype=self.dtype)
         )
+        # the validation tokens' sources (None for the training split): [blocks, block_size] indices into the labels
+        self.source_labels: list[str] = []
+        self.source_ids: np.ndarray | None = None
+        if "source_ids" in info:
+            self.source_labels = list(info["source_ids"]["labels"])
+            self.source_ids = _read_source_ids(self.folder, manifest, split)
 
     def verify(self, vocab_size: int | None = None) -> None:
         """The file holds what the build wrote: each chunk's sha256 is the manifest's (under 1.5 s per GB on 2
@@ -237,10 +268,19 @@ class PackedDataset:
 
 
 def split_size_problem(folder: Path, manifest: dict[str, Any], split: str) -> str | None:
-    """What is wrong with the size of a split's token file (of a manifest read_manifest accepted), or None."""
+    """What is wrong with the size of a split's token file (of a manifest read_manifest accepted), or of its
+    source-id file, or None."""
     info = manifest["splits"][split]
-    path = folder / info["file"]
-    expected = info["blocks"] * manifest["block_size"] * np.dtype(manifest["dtype"]).itemsize
+    problem = _size_problem(folder / info["file"], info["blocks"] * manifest["block_size"],
+                            np.dtype(manifest["dtype"]))
+    if problem is None and "source_ids" in info:
+        problem = _source_ids_size_problem(folder, manifest, split)
+    return problem
+
+
+def _size_problem(path: Path, items: int, dtype: np.dtype) -> str | None:
+    """What is wrong with the size of a file of `items` values of `dtype`, or None."""
+    expected = items * dtype.itemsize
     size = path.stat().st_size if path.is_file() else None
     if size != expected:
         return f"{path.name} holds {'no file' if size is None else f'{size} bytes'}, expected {expected}"
@@ -260,5 +300,41 @@ def split_damage(folder: Path, manifest: dict[str, Any], split: str,
     tokens = np.memmap(path, dtype=manifest["dtype"], mode="r", shape=shape) if info["blocks"] else np.zeros(shape)
     blocks = damaged_blocks(tokens, info["sha256"], each_chunk)
     if blocks is None:
-        return None
+        return _source_ids_damage(folder, manifest, split) if "source_ids" in info else None
     return f"{path.name} does not match the sha256 in its {MANIFEST} at blocks {blocks[0]}..{blocks[1]}"
+
+
+def _source_ids_size_problem(folder: Path, manifest: dict[str, Any], split: str) -> str | None:
+    from sparknet.data.encoding.packer import SOURCE_ID_DTYPE
+
+    info = manifest["splits"][split]
+    return _size_problem(folder / info["source_ids"]["file"], info["blocks"] * manifest["block_size"],
+                         SOURCE_ID_DTYPE)
+
+
+def _read_source_ids(folder: Path, manifest: dict[str, Any], split: str) -> np.ndarray:
+    """A split's per-token source ids, [blocks, block_size], read whole (the validation split's: small)."""
+    from sparknet.data.encoding.packer import SOURCE_ID_DTYPE
+
+    problem = _source_ids_size_problem(folder, manifest, split)
+    if problem is not None:
+        raise UserError(f"dataset {folder} is damaged ({problem}): {REBUILD}")
+    info = manifest["splits"][split]
+    ids = np.fromfile(folder / info["source_ids"]["file"], dtype=SOURCE_ID_DTYPE)
+    labels = info["source_ids"]["labels"]
+    if ids.size and int(ids.max()) >= len(labels):
+        raise UserError(f"{folder / info['source_ids']['file']} holds source id {int(ids.max())}, but the manifest "
+                        f"names {len(labels)} source(s): the file is damaged; {REBUILD}")
+    return ids.reshape(info["blocks"], manifest["block_size"])
+
+
+def _source_ids_damage(folder: Path, manifest: dict[str, Any], split: str) -> str | None:
+    """What is wrong with a split's source-id file of the right size: the first chunk whose sha256 differs, or
+    None."""
+    info = manifest["splits"][split]
+    ids = _read_source_ids(folder, manifest, split)
+    blocks = damaged_blocks(ids, info["source_ids"]["sha256"])
+    if blocks is None:
+        return None
+    return (f"{info['source_ids']['file']} does not match the sha256 in its {MANIFEST} at blocks "
+            f"{blocks[0]}..{blocks[1]}")

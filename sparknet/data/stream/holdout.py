@@ -1,11 +1,13 @@
 """The streaming trainer's validation blocks: held out from the start of the mixed stream, the same on every rank
-and for any number of ranks, with the rows of each source they used, so that training never reads them."""
+and for any number of ranks, with the rows of each source they used, so that training never reads them, and the
+source of each of their tokens (blocks join documents of several sources), for the eval loss per source."""
 
 from __future__ import annotations
 
 import itertools
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,25 @@ from sparknet.data.stream.token_stream import TokenStream
 log = logging.getLogger(__name__)
 
 
-def hold_out_validation(
+@dataclass
+class HeldOut:
+    """A hold-out: its blocks, the rows of each source they used, their report (see `hold_out_validation`), and
+    each token's source ([n_blocks, block_size] indices into `source_labels`, the mix's labels in its order)."""
+
+    blocks: np.ndarray
+    rows: dict[str, int]
+    report: dict[str, Any]
+    source_ids: np.ndarray
+    source_labels: list[str]
+
+
+def hold_out_validation(**kw: Any) -> tuple[np.ndarray, dict[str, int], dict[str, Any]]:
+    """The validation blocks, the rows of each source they used and their report: `hold_out`'s first three."""
+    held = hold_out(**kw)
+    return held.blocks, held.rows, held.report
+
+
+def hold_out(
     *,
     config: MixConfig,
     tokenizer_json: str,
@@ -28,7 +48,7 @@ def hold_out_validation(
     seed: int,
     shuffle_buffer: int = 0,
     num_workers: int = 0,
-) -> tuple[np.ndarray, dict[str, int], dict[str, Any]]:
+) -> HeldOut:
     """The validation blocks ([n_blocks, block_size], uint16/uint32; at least `val_tokens` tokens in whole blocks),
     taken from the start of the mixed stream, unsharded (the same on every rank); the rows of each source they used
     (pass as `skip_documents` to TokenStream so that training never reads them); and a report of their shares.
@@ -45,9 +65,12 @@ def hold_out_validation(
     caps = val_document_caps({s.label: s.prob for s in config.mix}, val_tokens)
     stream = TokenStream(config=config, tokenizer_json=tokenizer_json, eos_id=eos_id, block_size=block_size,
                          seed=seed, shuffle_buffer=shuffle_buffer, num_workers=num_workers, document_caps=caps)
+    labels = [s.label for s in config.mix]
     try:
         live = stream.start()
+        live.packer.record_sources(labels)
         blocks = list(itertools.islice(live.blocks(), wanted))
+        source_ids = live.packer.source_ids().reshape(len(blocks), block_size)
         rows = live.rows_used()
         stats = stream.stats()
         cut = dict(live.pipeline.caps.documents_cut)
@@ -81,5 +104,6 @@ def hold_out_validation(
         },
         # the hold-out's documents, by the hash of their tokens (data/pieces.py): training drops any repeat of them
         "document_hashes": hashes,
+        "source_labels": labels,  # what the tokens' source ids (VAL_SOURCES in the run folder) index
     }
-    return np.stack(blocks), rows, report
+    return HeldOut(np.stack(blocks), rows, report, source_ids, labels)
