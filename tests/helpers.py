@@ -306,6 +306,17 @@ def read_steps(batch_log: Path) -> dict[int, dict]:
     return steps
 
 
+def step_blocks(run_dir: Path) -> dict[int, tuple[list[str], float]]:
+    """Each optimizer step's blocks over all ranks (as a sorted list) and its LR."""
+    out: dict[int, tuple[list[str], float]] = {}
+    for log in sorted(run_dir.glob("batches*.jsonl")):
+        for step, record in read_steps(log).items():
+            blocks, lr = out.get(step, ([], record["lr"]))
+            assert lr == record["lr"], (log, step)
+            out[step] = (sorted(blocks + record["blocks"]), lr)
+    return out
+
+
 def read_events(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """A run's TensorBoard scalars as {tag: [(step, value)]}, and its text tags as "text:<tag>" (value 0)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -21,6 +21,7 @@ from tests.helpers import (
     kill_when,
     read_steps,
     start_script,
+    step_blocks,
     stopped_checkpoint,
     stream_args,
     train_args,
@@ -51,17 +52,6 @@ def _stop_after(run_dir: Path, step: int, args: list[object], processes: int) ->
     saved = stopped_checkpoint(out, run_dir)
     assert step < checkpoint_step(saved) < STEPS
     return saved
-
-
-def _step_blocks(run_dir: Path) -> dict[int, tuple[list[str], float]]:
-    """Each optimizer step's blocks over all ranks (as a sorted list) and its LR."""
-    out: dict[int, tuple[list[str], float]] = {}
-    for log in sorted(run_dir.glob("batches*.jsonl")):
-        for step, record in read_steps(log).items():
-            blocks, lr = out.get(step, ([], record["lr"]))
-            assert lr == record["lr"], (log, step)
-            out[step] = (sorted(blocks + record["blocks"]), lr)
-    return out
 
 
 def _weights(folder: Path) -> dict:
@@ -108,7 +98,7 @@ def runs(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
 @pytest.mark.slow
 def test_one_and_two_processes_train_the_same_blocks_with_the_same_lr(runs: dict[str, Path]) -> None:
-    one, two = _step_blocks(runs["one"]), _step_blocks(runs["two"])
+    one, two = step_blocks(runs["one"]), step_blocks(runs["two"])
     assert sorted(one) == sorted(two) == list(range(1, STEPS + 1))
     assert one == two
     epoch = [b for s in range(1, 98) for b in one[s][0]]
@@ -124,8 +114,8 @@ def test_one_and_two_processes_train_the_same_blocks_with_the_same_lr(runs: dict
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["2to1", "1to2"])
 def test_a_run_resumed_on_another_process_count_continues_exactly(runs: dict[str, Path], name: str) -> None:
-    reference = _step_blocks(runs["one"])
-    resumed = _step_blocks(runs[name])
+    reference = step_blocks(runs["one"])
+    resumed = step_blocks(runs[name])
     assert sorted(resumed) == list(range(1, STEPS + 1))
     assert resumed == reference  # before and after the stop: the same blocks in every step, the same LR
     final = _weights(runs[name] / f"checkpoint-{STEPS}")

@@ -25,9 +25,9 @@ from tests.helpers import (
     finish,
     finish_ok,
     read_events,
-    read_steps,
     run_script,
     start_script,
+    step_blocks,
     stop_build_after_saves,
     stopped_checkpoint,
     stream_args,
@@ -286,17 +286,6 @@ RUN = dict(target_tokens=STEPS * GLOBAL * BLOCK, global_batch_size=GLOBAL, batch
            sample_steps=0, logging_steps=2, record_batches=True, lr_schedule="wsd", warmup_ratio=0.0)
 
 
-def _steps(run_dir: Path) -> dict[int, tuple[list[str], float]]:
-    """Each optimizer step's blocks over all ranks (sorted) and its LR."""
-    out: dict[int, tuple[list[str], float]] = {}
-    for log in sorted(run_dir.glob("batches*.jsonl")):
-        for step, record in read_steps(log).items():
-            blocks, lr = out.get(step, ([], record["lr"]))
-            assert lr == record["lr"], (log, step)
-            out[step] = (sorted(blocks + record["blocks"]), lr)
-    return out
-
-
 def _stopped_before_the_boundary(script: str, args: list[str], run_dir: Path, processes: int) -> Path:
     """Starts the run, sends SIGINT once checkpoint-8 is complete; the checkpoint it saved, before step 36."""
     proc = start_script(script, args, processes=processes)
@@ -321,7 +310,7 @@ def test_a_packed_run_in_phases_trains_each_phase_on_its_blocks_and_resumes_exac
         dataset: Path, tmp_path: Path) -> None:
     reference_args = train_args(tmp_path / "one", dataset, **RUN)
     finish_ok(start_script("train_sparknet_v5.py", reference_args))
-    reference = _steps(tmp_path / "one" / "ckpt" / "run")
+    reference = step_blocks(tmp_path / "one" / "ckpt" / "run")
     assert sorted(reference) == list(range(1, STEPS + 1))
     main, anneal = _block_digests(dataset)
     for step, (blocks, _) in reference.items():
@@ -338,7 +327,7 @@ def test_a_packed_run_in_phases_trains_each_phase_on_its_blocks_and_resumes_exac
         args = train_args(tmp_path / name, dataset, **RUN)
         _stopped_before_the_boundary("train_sparknet_v5.py", args, tmp_path / name / "ckpt" / "run", first)
         finish_ok(start_script("train_sparknet_v5.py", args, processes=then))
-        assert _steps(tmp_path / name / "ckpt" / "run") == reference, name
+        assert step_blocks(tmp_path / name / "ckpt" / "run") == reference, name
 
 
 # -- the stream ---------------------------------------------------------------------------------------------------
@@ -390,7 +379,7 @@ def test_a_streamed_run_in_phases_resumes_exactly_across_the_boundary(setup: dic
     settings = {**RUN, "val_tokens": 1024, "shuffle_buffer": 20, "num_workers": 0}
     reference_args = stream_args(tmp_path / "ref", setup["config"], setup["tokenizer"], **settings)
     finish_ok(start_script("train_sparknet.py", reference_args, processes=processes))
-    reference = _steps(tmp_path / "ref" / "ckpt" / "run")
+    reference = step_blocks(tmp_path / "ref" / "ckpt" / "run")
     assert sorted(reference) == list(range(1, STEPS + 1))
     _assert_wsd_over_the_last_phase(reference)
     events = read_events(tmp_path / "ref" / "logs" / "run")
@@ -403,7 +392,7 @@ def test_a_streamed_run_in_phases_resumes_exactly_across_the_boundary(setup: dic
     args = stream_args(tmp_path / "stop", setup["config"], setup["tokenizer"], **settings)
     _stopped_before_the_boundary("train_sparknet.py", args, tmp_path / "stop" / "ckpt" / "run", processes)
     finish_ok(start_script("train_sparknet.py", args, processes=processes))
-    assert _steps(tmp_path / "stop" / "ckpt" / "run") == reference
+    assert step_blocks(tmp_path / "stop" / "ckpt" / "run") == reference
     if processes == 1:  # the same run with other phases: refused in one line, like any other change of the data
         data = json.loads(setup["config"].read_text())
         data["phases"][0]["share"], data["phases"][1]["share"] = 0.5, 0.5
