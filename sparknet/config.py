@@ -363,31 +363,48 @@ def _parse_phases(check: _Checker, phases: Any, target_tokens: int) -> tuple[tup
     names: dict[str, int] = {}
     shares: list[float | None] = []
     mixes: list[list[dict[str, Any]]] = []
-    for i, phase in enumerate(phases):
-        where = f"phases[{i}]"
-        if not isinstance(phase, dict):
-            raise check.fail(where, f"expected an object with keys {', '.join(PHASE_KEYS)}, got {_type_name(phase)}")
-        check.keys(phase, where, PHASE_KEYS, ("mix",))
-        name = check.string(phase.get("name", f"phase{i + 1}"), f"{where}.name")
-        if name in names:
-            raise check.fail(f"{where}.name", f"{name!r} is also phases[{names[name]}]'s name: give each phase its own")
+    for i in range(len(phases)):
+        name, share, mix = _parse_phase(check, phases, i, names, target_tokens)
         names[name] = i
-        if "share" in phase and "tokens" in phase:
-            raise check.fail(where, 'give "share" (a fraction of the training tokens) or "tokens", not both')
-        if "share" in phase:
-            share = phase["share"]
-            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
-                raise check.fail(f"{where}.share", f"expected a fraction of the training tokens in (0, 1], got "
-                                 f"{json.dumps(share)}")
-            shares.append(float(share))
-        elif "tokens" in phase:
-            shares.append(check.positive_int(_whole(phase["tokens"]), f"{where}.tokens") / target_tokens)
-        elif i == len(phases) - 1 and i > 0 and "tokens" in phases[0]:
-            shares.append(None)  # the rest of target_tokens
-        else:
-            raise check.fail(f"{where}.share", 'missing: give "share" (a fraction of the training tokens) or '
-                             '"tokens" (only the last phase of phases given in tokens may omit it: it takes the rest)')
-        mixes.append(_parse_mix(check, phase["mix"], f"{where}.mix"))
+        shares.append(share)
+        mixes.append(mix)
+    whole = _whole_shares(check, phases, shares, target_tokens)
+    return _phase_union(check, list(names), whole, mixes)
+
+
+def _parse_phase(check: _Checker, phases: list[Any], i: int, names: dict[str, int],
+                 target_tokens: int) -> tuple[str, float | None, list[dict[str, Any]]]:
+    """Phase `i`'s name, share of the training tokens (None: the last phase of phases given in tokens, which takes
+    the rest) and mix."""
+    phase, where = phases[i], f"phases[{i}]"
+    if not isinstance(phase, dict):
+        raise check.fail(where, f"expected an object with keys {', '.join(PHASE_KEYS)}, got {_type_name(phase)}")
+    check.keys(phase, where, PHASE_KEYS, ("mix",))
+    name = check.string(phase.get("name", f"phase{i + 1}"), f"{where}.name")
+    if name in names:
+        raise check.fail(f"{where}.name", f"{name!r} is also phases[{names[name]}]'s name: give each phase its own")
+    if "share" in phase and "tokens" in phase:
+        raise check.fail(where, 'give "share" (a fraction of the training tokens) or "tokens", not both')
+    share: float | None
+    if "share" in phase:
+        share = phase["share"]
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise check.fail(f"{where}.share", f"expected a fraction of the training tokens in (0, 1], got "
+                             f"{json.dumps(share)}")
+        share = float(share)
+    elif "tokens" in phase:
+        share = check.positive_int(_whole(phase["tokens"]), f"{where}.tokens") / target_tokens
+    elif i == len(phases) - 1 and i > 0 and "tokens" in phases[0]:
+        share = None  # the rest of target_tokens
+    else:
+        raise check.fail(f"{where}.share", 'missing: give "share" (a fraction of the training tokens) or '
+                         '"tokens" (only the last phase of phases given in tokens may omit it: it takes the rest)')
+    return name, share, _parse_mix(check, phase["mix"], f"{where}.mix")
+
+
+def _whole_shares(check: _Checker, phases: list[Any], shares: list[float | None], target_tokens: int) -> list[float]:
+    """The phases' shares checked to divide the training tokens: all shares summing to 1, or all tokens summing to
+    target_tokens (the last phase's left out: the rest)."""
     by_tokens = ["tokens" in p for p in phases[:len(phases) - (shares[-1] is None)]]
     if any(by_tokens) and not all(by_tokens):
         first = by_tokens.index(not by_tokens[0])
@@ -400,14 +417,19 @@ def _parse_phases(check: _Checker, phases: Any, target_tokens: int) -> tuple[tup
             taken = round(given * target_tokens)
             raise check.fail(f"phases[{len(phases) - 1}]", f"the phases before it take {taken:,} "
                              f"tokens, all of target_tokens ({target_tokens:,}): nothing is left for the last phase")
-        shares[-1] = rest / target_tokens
+        shares = [*shares[:-1], rest / target_tokens]
     elif by_tokens[0] and round(given * target_tokens) != target_tokens:
         raise check.fail("phases", f"the phases' tokens sum to {round(given * target_tokens):,}, not target_tokens "
                          f"({target_tokens:,}): make them add up, or leave out the last phase's to give it the rest")
     elif abs(given - 1.0) > 1e-6:
         raise check.fail("phases", f"the phases' shares sum to {given:g}, not 1: they divide the training tokens")
+    return [float(s) for s in shares if s is not None]
 
-    # one source per identity: an entry the same as another phase's apart from its prob is that source
+
+def _phase_union(check: _Checker, names: list[str], shares: list[float],
+                 mixes: list[list[dict[str, Any]]]) -> tuple[tuple[SourceSpec, ...], tuple[Phase, ...]]:
+    """One source per identity (an entry the same as another phase's apart from its prob is that source), with the
+    run-wide probs; and the phases, each its probs by label."""
     union: list[dict[str, Any]] = []
     places: list[str] = []
     index_of: dict[str, int] = {}
