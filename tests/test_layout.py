@@ -99,8 +99,8 @@ def test_every_training_setting_is_declared_once_with_doc_identity_and_rule() ->
 
 def test_what_the_data_package_hands_on_resolves() -> None:
     import sparknet.data
+    from sparknet.data.holdout import hold_out_validation
     from sparknet.data.packed.dataset import PackedDataset
-    from sparknet.data.stream.holdout import hold_out_validation
     from sparknet.data.stream.token_stream import TokenStream
 
     assert sparknet.data.__all__ == ["PackedDataset", "TokenStream", "hold_out_validation"]

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from sparknet.config import MixConfig, load_config
-from sparknet.data.stream.holdout import hold_out_validation
+from sparknet.data.holdout import hold_out_validation
 from sparknet.data.stream.token_stream import TokenStream
 from sparknet.errors import UserError
 from sparknet.runtime import PROJECT_ROOT

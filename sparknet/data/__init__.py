@@ -36,7 +36,7 @@ def __getattr__(name: str) -> Any:
 
         return TokenStream
     if name == "hold_out_validation":
-        from sparknet.data.stream.holdout import hold_out_validation
+        from sparknet.data.holdout import hold_out_validation
 
         return hold_out_validation
     raise AttributeError(f"module 'sparknet.data' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """The one data pipeline: sources -> encoded -> mixed, from a saved position. The packed build (data/packed/build.py)
-packs its documents into split files, the streaming trainer (data/stream/token_stream.py, data/stream/blocks.py) into
+packs its documents into split files, the streaming trainer (data/stream/token_stream.py, data/blocks.py) into
 blocks handed to the Trainer; both wire it here, with the same reader, encoders, mixer, validation caps and position
 format.
 
@@ -10,7 +10,7 @@ format.
 - The hold-out is the same rule for both: the first documents of the mixed stream, each cut to its source's cap.
   The build then goes on in the same pass (`end_hold_out`: documents in pieces, the hold-out's excluded, shares
   counted afresh); the stream, whose training is split among ranks while its validation is not, takes the hold-out
-  in a pass of its own (data/stream/holdout.py) and starts each rank's training after the rows it used
+  in a pass of its own (data/holdout.py) and starts each rank's training after the rows it used
   (`SourceReader`'s `skip`), excluding the hold-out's documents by their hashes (`held_out_hashes`).
 
 A run in phases (config "phases") mixes its training documents by the current phase's probs (`start_phase`, which

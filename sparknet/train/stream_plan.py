@@ -211,8 +211,8 @@ def _hold_out(spec: StreamSpec, common: dict[str, Any],
               commits: dict[str, str | None]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """The validation blocks from the start of the mix read at `commits`, their tokens' sources, and their report
     (VAL_REPORT)."""
+    from sparknet.data.holdout import hold_out
     from sparknet.data.source.opening import at_commits
-    from sparknet.data.stream.holdout import hold_out
 
     held = hold_out(**common, config=at_commits(spec.config, commits), val_tokens=spec.val_tokens,
                     num_workers=spec.num_workers)

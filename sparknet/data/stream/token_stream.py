@@ -13,7 +13,7 @@ Per rank, every source goes reader -> encoder -> mixer -> packer:
 - `BlockPacker` (data/encoding/packer.py): documents end with eos, are concatenated and cut into `block_size` blocks;
   nothing is padded.
 The blocks depend only on the inputs and the saved position, never on `num_workers`. The pipeline up to the mixer is
-the packed build's (data/pipeline.py); the blocks and their position are data/stream/blocks.py's.
+the packed build's (data/pipeline.py); the blocks and their position are data/blocks.py's.
 
 The position is the one thing written by hand here, because no library gives it for this pipeline: `datasets`
 saves a plain stream's position but not a shuffle buffer's, nor which encoded documents a mixer has used, nor a
@@ -23,7 +23,7 @@ unused document plus how many of that batch's documents to skip, the mixer's cou
 flight) are simply read again. Its size is bounded by the shuffle buffers' texts.
 
 A config in phases mixes by each phase's probs in turn once `set_phase_ends` says where the phases end (the trainer
-does, from its budget: data/stream/blocks.py switches there); the position records the phase, and its settings the
+does, from its budget: data/blocks.py switches there); the position records the phase, and its settings the
 phases and their ends, so that it resumes only with the same ones.
 """
 
@@ -43,10 +43,10 @@ import torch
 
 from sparknet.checks import problems as check_problems
 from sparknet.config import MixConfig
+from sparknet.data.blocks import STATE_FORMAT, StreamBlocks
 from sparknet.data.encoding.packer import token_dtype
 from sparknet.data.pieces import piece_tokens_for
 from sparknet.data.pipeline import DocumentCaps, Encoders, Pipeline
-from sparknet.data.stream.blocks import STATE_FORMAT, StreamBlocks
 from sparknet.errors import UserError
 from sparknet.identity import describe_changes
 
@@ -281,7 +281,7 @@ class TokenStream(torch.utils.data.IterableDataset):
             self._encoders = None
 
     def start(self) -> StreamBlocks:
-        """The live blocks from the current position (what iterating runs; data/stream/holdout.py takes the validation
+        """The live blocks from the current position (what iterating runs; data/holdout.py takes the validation
         blocks from it)."""
         state = self.state_dict()
         state.pop("replay", None)  # kept in self._replay

@@ -1,5 +1,5 @@
 """The stream's packing: the pipeline's documents (data/pipeline.py) cut into blocks one at a time, with the exact
-position after every block (sparknet.data.stream.token_stream.TokenStream runs it; data/stream/holdout.py takes the
+position after every block (sparknet.data.stream.token_stream.TokenStream runs it; data/holdout.py takes the
 validation blocks with it). The position holds no tokens: the pipeline's, the packer's counts, and the document being
 cut ("source X, from token k"), read again on restore.
 
