@@ -256,7 +256,7 @@ def _training_section(metadata: dict[str, Any], settings: dict[str, Any], metric
         out += ["Final metrics (on the dataset's validation split):", "", markdown_table(["metric", "value"], final)]
     per_source = metrics.get("eval_per_source") or {}
     if per_source:
-        from sparknet.eval.metrics import perplexity
+        from sparknet.metrics import perplexity
 
         rows = [[label, figures.get("tokens", "-"), figures["loss"], perplexity(figures["loss"]),
                  figures.get("bits_per_byte", "-")] for label, figures in per_source.items()]

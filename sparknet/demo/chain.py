@@ -143,7 +143,7 @@ def report(run_name: str, dataset_dir: str, export_dir: str) -> None:
     import numpy as np
 
     from sparknet.data.packed.dataset import PackedDataset
-    from sparknet.eval.metrics import unigram_entropy
+    from sparknet.metrics import unigram_entropy
     from sparknet.runtime import project_path
     from sparknet.train.folders import read_metadata
 

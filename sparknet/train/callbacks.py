@@ -15,7 +15,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from sparknet.eval.metrics import bits_per_byte, perplexity
+from sparknet.metrics import bits_per_byte, perplexity
 from sparknet.runtime import write_json_atomic
 
 log = logging.getLogger("sparknet.train")

@@ -25,8 +25,8 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from sparknet.checks import RULES
 from sparknet.errors import UserError
-from sparknet.eval.metrics import bytes_of_tokens, perplexity, tokens_and_bytes_by_source
 from sparknet.locks import exclusive
+from sparknet.metrics import bytes_of_tokens, perplexity, tokens_and_bytes_by_source
 from sparknet.model import (
     Preset,
     build_model,
