@@ -106,11 +106,3 @@ def load_model(ref: ModelRef, device: str | None = None) -> tuple[Any, Any, str]
     tokenizer = load_tokenizer(tokenizer_source(ref))
     return model.to(device).eval(), tokenizer, device
 
-
-def model_context(model: Any) -> int:
-    """The longest input the model takes (its position table)."""
-    config = model.config
-    for key in ("n_positions", "max_position_embeddings"):
-        if getattr(config, key, None):
-            return int(getattr(config, key))
-    raise UserError(f"cannot tell the context length of {type(model).__name__}: set CONTEXT")
