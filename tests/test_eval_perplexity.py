@@ -302,7 +302,7 @@ def test_a_damaged_hold_out_file_of_a_streaming_run_is_one_line(how: str, corpus
     from sparknet.config import load_config
     from sparknet.errors import UserError
     from sparknet.eval.data import DataRequest, load_documents
-    from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
+    from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
 
     run = tmp_path / "ckpt" / "streamed"
     shutil.copytree(random_model, run)

@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM
 
 from sparknet.errors import UserError
 from sparknet.export import card_data
+from sparknet.run_files import METADATA
 from sparknet.testing.hub_server import HubServer
-from sparknet.train.folders import METADATA
 from tests.helpers import (
     read_steps,
     run_script,

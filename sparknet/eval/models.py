@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from sparknet.errors import UserError
-from sparknet.train.folders import checkpoint_step
+from sparknet.run_files import checkpoint_step
 
 WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
