@@ -150,10 +150,11 @@ def main() -> None:
     from sparknet import runtime
 
     runtime.setup(0)
+    from sparknet.bpe import train_bpe
     from sparknet.demo.corpus import write_demo_corpus
     from sparknet.runtime import available_cores
     from sparknet.testing.hub_server import HubServer
-    from sparknet.tokenizer import save, train_bpe, wrap
+    from sparknet.tokenizer import save, wrap
 
     started = time.perf_counter()
     load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())

@@ -1,7 +1,7 @@
 """Muon's training step against AdamW's, side by side, on the demo preset (what `make demo` trains).
 
 One plain PyTorch loop (forward, backward, clipping, optimizer step) per optimizer on the same model, batches and
-seed: AdamW as the Trainer builds it (weight-decay groups), SparkNet's Muon (`sparknet.train.muon.MuonAdamW`:
+seed: AdamW as the Trainer builds it (weight-decay groups), SparkNet's Muon (`sparknet.muon.MuonAdamW`:
 Newton–Schulz in fp32 off CUDA) and the same with the iteration in bf16, which is what `torch.optim.Muon` does on
 every device. Rounds are interleaved; each is timed after WARMUP steps. The table gives ms per step, the optimizer's
 share, and each step's ratio to AdamW's. Target: Muon/AdamW <= 1.3 on a CPU without native bf16.
@@ -57,7 +57,7 @@ def make_optimizer(kind: str, model: object) -> object:
     import torch
     from transformers.trainer_pt_utils import get_parameter_names
 
-    from sparknet.train.muon import MuonAdamW
+    from sparknet.muon import MuonAdamW
 
     if kind == "adamw":
         decay = set(get_parameter_names(model, [torch.nn.LayerNorm], ["bias", "layernorm", "rmsnorm"]))

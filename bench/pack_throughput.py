@@ -67,10 +67,10 @@ def main() -> None:
 
     runtime.setup(0)
 
+    from sparknet.bpe import train_tokenizer
     from sparknet.config import load_config
     from sparknet.demo.corpus import write_demo_corpus
     from sparknet.runtime import available_cores
-    from sparknet.tokenizer import train_tokenizer
 
     cores = available_cores()
     work = Path(tempfile.mkdtemp(prefix="sparknet-bench-"))

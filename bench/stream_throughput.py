@@ -32,10 +32,11 @@ def main() -> None:
     runtime.setup(0)
     from tokenizers import Tokenizer
 
+    from sparknet.bpe import train_bpe
     from sparknet.config import load_config
     from sparknet.data.stream.token_stream import TokenStream
     from sparknet.demo.corpus import write_demo_corpus
-    from sparknet.tokenizer import EOT, train_bpe
+    from sparknet.tokenizer import EOT
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     work = Path(tempfile.mkdtemp(prefix="sparknet-stream-bench-"))

@@ -29,7 +29,7 @@ def main() -> None:
     from sparknet.data.source.hub_retries import set_hub_retry_minutes
 
     set_hub_retry_minutes(HUB_RETRY_MINUTES)
-    from sparknet.tokenizer import train_tokenizer
+    from sparknet.bpe import train_tokenizer
 
     out = runtime.project_path(OUTPUT_DIR)
     report = train_tokenizer(config, out, vocab_size=VOCAB_SIZE, max_bytes=MAX_BYTES, min_frequency=MIN_FREQUENCY,

@@ -18,7 +18,7 @@ from typing import Any
 
 from sparknet.errors import UserError
 from sparknet.model import PRESETS  # plain data: no heavy imports
-from sparknet.train.optim import OPTIMIZERS  # names and builders; imports no torch
+from sparknet.optim import OPTIMIZERS  # names and builders; imports no torch
 
 MAX_SEED = 2**32 - 1  # numpy's and the shuffles' seeds are 32-bit
 # the shortest block (BLOCK_SIZE, a config's context_length): checked by the build, the stream and the config
@@ -86,7 +86,7 @@ RULES: dict[str, Rule] = {
     "BATCH_SIZE": POSITIVE,
     "GLOBAL_BATCH_SIZE": POSITIVE,
     "LEARNING_RATE": LR,
-    "OPTIMIZER": choice(*OPTIMIZERS),  # the registry (sparknet.train.optim)
+    "OPTIMIZER": choice(*OPTIMIZERS),  # the registry (sparknet.optim)
     "MUON_LEARNING_RATE": LR,
     "LR_SCHEDULE": choice("cosine", "wsd"),
     "MIN_LR_RATIO": number(0, 1, expected="a fraction in [0, 1]"),

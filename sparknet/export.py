@@ -46,9 +46,9 @@ def export_model(spec: str, output_dir: Path, *, license: str = "", language: li
 def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str] | None, eval_root: str,
             overwrite: bool, repo_id: str, unfinished: bool) -> Path:
     """`export_model`'s work, under its lock."""
+    from sparknet.run_files import RUN_CONFIG
     from sparknet.runtime import replace_folder, writes_to
     from sparknet.tokenizer import save as save_tokenizer
-    from sparknet.train.folders import RUN_CONFIG
 
     spec = ref.spec
     if output_dir.exists() and any(output_dir.iterdir()) and not overwrite:
@@ -118,7 +118,7 @@ def card_path(value: Any) -> str:
 
 def _training_metadata(folder: Path) -> dict[str, Any]:
     """The run's training_metadata.json (a checkpoint-N reads its run's); {} for a folder trained elsewhere."""
-    from sparknet.train.folders import read_metadata
+    from sparknet.run_files import read_metadata
 
     return read_metadata(folder) or {}
 
@@ -256,7 +256,7 @@ def _training_section(metadata: dict[str, Any], settings: dict[str, Any], metric
         out += ["Final metrics (on the dataset's validation split):", "", markdown_table(["metric", "value"], final)]
     per_source = metrics.get("eval_per_source") or {}
     if per_source:
-        from sparknet.eval.metrics import perplexity
+        from sparknet.metrics import perplexity
 
         rows = [[label, figures.get("tokens", "-"), figures["loss"], perplexity(figures["loss"]),
                  figures.get("bits_per_byte", "-")] for label, figures in per_source.items()]

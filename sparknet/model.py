@@ -1,4 +1,4 @@
-"""Model presets, parameter counts and training FLOPs per token.
+"""Model presets, parameter counts and training FLOPs per token; the context a model takes.
 
 `sparknet-70m` is the public reference (GPT-2): 12 layers, width 512, 8 heads, context 1024, tied embeddings:
 64,085,504 parameters at GPT-2's vocabulary of 50257. The `sparknet-llama-*` presets are the Llama architecture
@@ -159,6 +159,15 @@ def set_for_use(model: Any, tokenizer: Any) -> None:
     model.config.pad_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.eos_token_id
     model.config.use_cache = True
+
+
+def model_context(model: Any) -> int:
+    """The longest input the model takes (its position table)."""
+    config = model.config
+    for key in ("n_positions", "max_position_embeddings"):
+        if getattr(config, key, None):
+            return int(getattr(config, key))
+    raise UserError(f"cannot tell the context length of {type(model).__name__}: set CONTEXT")
 
 
 # Dense peak TFLOP/s per GPU (no sparsity) for MFU, keyed by the exact name torch.cuda.get_device_name() reports

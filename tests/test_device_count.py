@@ -184,7 +184,8 @@ def test_a_run_folder_in_another_format_is_refused_in_one_line_and_left_as_it_is
     """A run folder records its format; one from before (no version: format 1, when the recipe was BATCH_SIZE x
     GRAD_ACCUM x devices) is refused naming both versions, never migrated; a fixed key is still checked."""
     from sparknet.errors import UserError
-    from sparknet.train.folders import RUN_CONFIG, RUN_FORMAT, open_run
+    from sparknet.run_files import RUN_CONFIG
+    from sparknet.train.folders import RUN_FORMAT, open_run
 
     run_dir = tmp_path / "ckpt" / "run"
     today = {"model_preset": "sparknet-tiny", "global_batch_size": 16, "data": "stream"}
@@ -213,7 +214,7 @@ def test_a_stream_run_folder_in_another_format_is_refused_before_its_hold_out(co
     import numpy as np
 
     from sparknet.errors import UserError
-    from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
+    from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
 
     run_dir = tmp_path / "ckpt" / "run"
     run_dir.mkdir(parents=True)

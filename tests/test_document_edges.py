@@ -44,7 +44,8 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small byte-level BPE saved as a tokenizer folder (what the build and the stream load)."""
     from transformers import PreTrainedTokenizerFast
 
-    from sparknet.tokenizer import EOT, train_bpe
+    from sparknet.bpe import train_bpe
+    from sparknet.tokenizer import EOT
 
     tok = train_bpe(_texts("a", 200, 1) + _texts("b", 200, 2), vocab_size=400)
     out = tmp_path_factory.mktemp("tok")

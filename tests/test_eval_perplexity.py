@@ -184,7 +184,7 @@ def test_a_mix_config_scores_the_rows_the_streaming_run_held_out(corpus_config: 
     assert blocks.size == 2048
     saved = _saved_on(tmp_path / "eval", "streamed", run / "val_blocks.npy")
     assert saved["kind"] == "blocks"
-    from sparknet.eval.metrics import token_byte_lengths
+    from sparknet.metrics import token_byte_lengths
 
     assert abs(saved["bytes"] - int(token_byte_lengths(tok)[blocks.reshape(-1)].sum())) <= 3  # the last cut character
     assert abs(saved["tokens"] - (blocks.size - int((blocks == tok.eos_token_id).sum()))) < 0.02 * blocks.size
@@ -302,7 +302,7 @@ def test_a_damaged_hold_out_file_of_a_streaming_run_is_one_line(how: str, corpus
     from sparknet.config import load_config
     from sparknet.errors import UserError
     from sparknet.eval.data import DataRequest, load_documents
-    from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
+    from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
 
     run = tmp_path / "ckpt" / "streamed"
     shutil.copytree(random_model, run)

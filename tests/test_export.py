@@ -177,7 +177,7 @@ def test_a_checkpoint_exports_with_the_config_of_the_final_export(finished, tmp_
     export of a checkpoint-N (e.g. while the run still trains) gets the same config and generation config as the
     run's final model: KV cache on, <|endoftext|> as the pad token."""
     from sparknet.export import export_model
-    from sparknet.train.folders import checkpoint_step
+    from sparknet.run_files import checkpoint_step
 
     result, _ = finished
     checkpoint = min(result.run_dir.glob("checkpoint-*"), key=lambda p: checkpoint_step(p) or 0)

@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM
 
 from sparknet.errors import UserError
 from sparknet.export import card_data
+from sparknet.run_files import METADATA
 from sparknet.testing.hub_server import HubServer
-from sparknet.train.folders import METADATA
 from tests.helpers import (
     read_steps,
     run_script,
@@ -190,8 +190,9 @@ def test_an_unfinished_run_folder_is_refused_naming_its_checkpoints(finished, ti
 
 
 def test_another_vocabulary_is_refused_naming_both(corpus_dir: Path, tiny_dataset: Path, tmp_path: Path) -> None:
+    from sparknet.bpe import train_bpe
     from sparknet.model import build_model, get_preset
-    from sparknet.tokenizer import save, train_bpe, wrap
+    from sparknet.tokenizer import save, wrap
 
     texts = [json.loads(line)["text"] for line in (corpus_dir / "prose.train.jsonl").read_text().splitlines()[:200]]
     other = wrap(train_bpe(texts, vocab_size=300), 128)

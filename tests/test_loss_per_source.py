@@ -47,7 +47,8 @@ def mix(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The mix config (two sources, 60/40, context BLOCK) and a small byte-level BPE folder trained on them."""
     from transformers import PreTrainedTokenizerFast
 
-    from sparknet.tokenizer import EOT, train_bpe
+    from sparknet.bpe import train_bpe
+    from sparknet.tokenizer import EOT
 
     tmp = tmp_path_factory.mktemp("mix")
     texts = {tag: _texts(tag, 3000, seed) for tag, seed in (("a", 1), ("b", 2))}

@@ -1,4 +1,4 @@
-"""The OPTIMIZER registry (sparknet.train.optim): the names the rule, --help and the FSDP check read, and what each
+"""The OPTIMIZER registry (sparknet.optim): the names the rule, --help and the FSDP check read, and what each
 builds, checked against the plain transformers Trainer's own optimizer."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from sparknet.checks import RULES, check_values
 from sparknet.errors import UserError
+from sparknet.muon import MuonAdamW, is_hidden_matrix
+from sparknet.optim import OPTIMIZERS
 from sparknet.train.hf_trainer import SparkTrainer
-from sparknet.train.muon import MuonAdamW, is_hidden_matrix
-from sparknet.train.optim import OPTIMIZERS
 from tests.helpers import train_settings
 
 

@@ -65,7 +65,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two tagged sources, a small byte-level BPE saved as a tokenizer folder, and a config in two phases."""
     from transformers import PreTrainedTokenizerFast
 
-    from sparknet.tokenizer import EOT, train_bpe
+    from sparknet.bpe import train_bpe
+    from sparknet.tokenizer import EOT
 
     tmp = tmp_path_factory.mktemp("phases")
     write_jsonl(tmp / "a.jsonl", _texts("a", 3000, 1))

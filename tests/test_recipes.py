@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sparknet.model import build_model, flops_per_token, get_preset, parameter_count
-from sparknet.train.muon import is_hidden_matrix
+from sparknet.muon import is_hidden_matrix
 from tests.helpers import kill_when, read_steps, start_script, train_args, train_packed, train_settings
 
 

@@ -45,7 +45,7 @@ def test_one_reader_of_a_runs_metadata_for_run_and_checkpoint_folders(tmp_path: 
     import pytest
 
     from sparknet.errors import UserError
-    from sparknet.train.folders import METADATA, RUN_CONFIG, read_metadata, run_of
+    from sparknet.run_files import METADATA, RUN_CONFIG, read_metadata, run_of
 
     run = tmp_path / "run"
     (run / "checkpoint-20").mkdir(parents=True)
@@ -63,7 +63,8 @@ def test_damaged_state_files_are_named_before_training(tmp_path: Path, caplog) -
     import pytest
 
     from sparknet.errors import UserError
-    from sparknet.train.folders import EVAL_START, RUN_CONFIG, open_run
+    from sparknet.run_files import RUN_CONFIG
+    from sparknet.train.folders import EVAL_START, open_run
 
     run = tmp_path / "ckpt" / "run"
     run.mkdir(parents=True)

@@ -85,7 +85,7 @@ def test_a_stream_from_each_kind_is_the_jsonl_stream(kind: str, files: dict, tok
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_tokenizer_from_each_kind_is_the_jsonl_tokenizer(kind: str, files: dict, tmp_path: Path) -> None:
-    from sparknet.tokenizer import train_tokenizer
+    from sparknet.bpe import train_tokenizer
 
     for name in ("json", kind):
         train_tokenizer(load_config(_config(name, files, tmp_path)), tmp_path / f"tok-{name}", vocab_size=400,
@@ -194,8 +194,8 @@ def test_a_pre_tokenized_stream_is_the_stream_of_its_text(files: dict, token_fil
 
 def test_ids_beyond_the_vocabulary_another_tokenizer_or_a_tokenizer_training_are_one_line(
         files: dict, token_files: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
+    from sparknet.bpe import train_tokenizer
     from sparknet.data.packed.build import BuildSpec, build_dataset
-    from sparknet.tokenizer import train_tokenizer
 
     rows = [{"input_ids": [5, 6, 7]}, {"input_ids": [8, 5000]}]
     (tmp_path / "big.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

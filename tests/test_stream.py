@@ -53,7 +53,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tokenizer(data: Path) -> tuple[str, int]:
-    from sparknet.tokenizer import EOT, train_bpe
+    from sparknet.bpe import train_bpe
+    from sparknet.tokenizer import EOT
 
     tok = train_bpe(read_texts("s", 300, (1, 3), 4) + read_texts("L", 30, (180, 320), 5), vocab_size=400)
     return tok.to_str(), tok.token_to_id(EOT)

@@ -353,7 +353,7 @@ def test_a_damaged_hold_out_file_is_held_out_again_on_resume_or_refused_in_one_l
     file."""
     import numpy as np
 
-    from sparknet.train.folders import METADATA, VAL_BLOCKS, VAL_REPORT, VAL_SOURCES
+    from sparknet.run_files import METADATA, VAL_BLOCKS, VAL_REPORT, VAL_SOURCES
 
     run_dir = tmp_path / "ckpt" / "run"
     settings = dict(target_tokens=8 * 4 * 128, save_steps=8, num_workers=0)

@@ -249,12 +249,12 @@ def test_replacing_a_tokenizer_never_leaves_a_half_deleted_one(
     """A crash while the old tokenizer is being deleted leaves a whole tokenizer at OUTPUT_DIR (the new one)."""
     import shutil
 
-    import sparknet.tokenizer as tokenizer_module
+    import sparknet.bpe as bpe
     from sparknet.config import load_config
 
     out = tmp_path / "tok"
     config = load_config(corpus_config)
-    tokenizer_module.train_tokenizer(config, out, vocab_size=300, max_bytes=30_000, heldout_docs=0)
+    bpe.train_tokenizer(config, out, vocab_size=300, max_bytes=30_000, heldout_docs=0)
     real_rmtree = shutil.rmtree
 
     def crash_midway(path: object, *args: object, **kwargs: object) -> None:
@@ -263,9 +263,9 @@ def test_replacing_a_tokenizer_never_leaves_a_half_deleted_one(
             raise KeyboardInterrupt
         real_rmtree(path, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(tokenizer_module.shutil, "rmtree", crash_midway)
+    monkeypatch.setattr(bpe.shutil, "rmtree", crash_midway)
     with pytest.raises(KeyboardInterrupt):
-        tokenizer_module.train_tokenizer(config, out, vocab_size=310, max_bytes=30_000, heldout_docs=0,
+        bpe.train_tokenizer(config, out, vocab_size=310, max_bytes=30_000, heldout_docs=0,
                                            overwrite=True)
     assert load_tokenizer(str(out)).eos_token == EOT
     assert json.loads((out / "training_report.json").read_text())["vocab_size_requested"] == 310

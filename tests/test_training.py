@@ -437,7 +437,7 @@ def test_a_checkpoint_damaged_in_place_is_skipped_naming_the_file(finished, name
     data[len(data) // 2: len(data) // 2 + 64] = bytes(64)  # zeroed in place: the same size
     path.write_bytes(bytes(data))
     fallback = latest_complete_checkpoint(run_dir, verify=True)
-    from sparknet.train.folders import checkpoint_step
+    from sparknet.run_files import checkpoint_step
 
     assert fallback is not None and checkpoint_step(fallback) < checkpoint_step(latest)  # the one before
     assert f"skipping {latest}: its {name} is not the file that was saved" in caplog.text
@@ -471,7 +471,8 @@ def test_a_checkpoint_that_lost_a_file_since_it_was_saved_is_skipped_naming_the_
     say the process died while saving; only a checkpoint without its marker is said to be half-written."""
     import shutil
 
-    from sparknet.train.folders import COMPLETE_MARKER, checkpoint_step
+    from sparknet.run_files import checkpoint_step
+    from sparknet.train.folders import COMPLETE_MARKER
 
     result, _ = finished
     run_dir = tmp_path / "run"

@@ -98,8 +98,9 @@ def demo_state(run_name: str, dataset_dir: str, export_dir: str) -> tuple[DemoSt
     """How the previous demo ended, and a line saying what this one does about it: "new" (no demo here),
     "finished" (trained and exported: this one starts over) or "interrupted" (a run, or a dataset build, left
     unfinished: this one resumes it)."""
+    from sparknet.run_files import METADATA, RUN_CONFIG
     from sparknet.runtime import project_path
-    from sparknet.train.folders import METADATA, RUN_CONFIG, latest_complete_checkpoint
+    from sparknet.train.folders import latest_complete_checkpoint
 
     run_dir = project_path("checkpoints") / run_name
     dataset = project_path(dataset_dir)
@@ -143,9 +144,9 @@ def report(run_name: str, dataset_dir: str, export_dir: str) -> None:
     import numpy as np
 
     from sparknet.data.packed.dataset import PackedDataset
-    from sparknet.eval.metrics import unigram_entropy
+    from sparknet.metrics import unigram_entropy
+    from sparknet.run_files import read_metadata
     from sparknet.runtime import project_path
-    from sparknet.train.folders import read_metadata
 
     run_dir = project_path("checkpoints") / run_name
     metadata = read_metadata(run_dir)

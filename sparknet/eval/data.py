@@ -27,8 +27,8 @@ import numpy as np
 
 from sparknet.config import LOCAL_KINDS, SourceSpec, local_kind_of_file
 from sparknet.errors import UserError
+from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, read_val_blocks, read_val_report
 from sparknet.runtime import read_json_object
-from sparknet.train.folders import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, read_val_blocks, read_val_report
 
 log = logging.getLogger("sparknet.eval")
 
@@ -110,8 +110,8 @@ def trained_on(folder: Path | None, spec: str) -> str:
     """The held-out data of a SparkNet run, as DATA would name it: its packed dataset (whose val split is scored),
     or (streaming) its validation blocks in the run folder, from its training_metadata.json. UserError for a model
     without one (a Hub id, an export)."""
+    from sparknet.run_files import read_metadata, run_of
     from sparknet.runtime import PROJECT_ROOT
-    from sparknet.train.folders import read_metadata, run_of
 
     metadata = read_metadata(folder) if folder is not None else None
     if metadata is not None:
@@ -129,8 +129,8 @@ def check_unchanged(folder: Path | None, source: str) -> None:
     folder rebuilt since with other inputs holds another validation split (and other training data)."""
     from sparknet.data.packed.dataset import read_manifest
     from sparknet.identity import describe_changes
+    from sparknet.run_files import read_metadata
     from sparknet.runtime import project_path
-    from sparknet.train.folders import read_metadata
 
     metadata = read_metadata(folder) if folder is not None else None
     recorded = (metadata or {}).get("dataset", {})

@@ -39,36 +39,6 @@ def load_prompts(prompts: list[str], prompts_file: str = "") -> list[str]:
     return prompts
 
 
-def continuations(model: Any, tokenizer: Any, prompt: str, *, skip_special_tokens: bool = True,
-                  **options: Any) -> list[str]:
-    """The continuations `model.generate(**options)` writes after `prompt` (the generated text only), the one place
-    SparkNet generates text (the evaluation script and the trainer's samples). An empty prompt starts from
-    <|endoftext|>. A prompt longer than the model's context leaves room for `max_new_tokens`: its end is kept, with
-    a warning (a position table has no row past the context)."""
-    import logging
-
-    import torch
-
-    from sparknet.eval.models import model_context
-
-    device = next(model.parameters()).device
-    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
-    if ids.shape[1] == 0:
-        ids = torch.tensor([[tokenizer.eos_token_id]])
-    context, new = model_context(model), int(options.get("max_new_tokens", 0))
-    if new >= context:
-        raise UserError(f"MAX_NEW_TOKENS={new} leaves no room for a prompt in the model's context of {context} tokens")
-    if ids.shape[1] + new > context:
-        logging.getLogger("sparknet.eval").warning(
-            "prompt %r is %d tokens: only its last %d are used (the model's context is %d, %d of them for new "
-            "tokens)", prompt[:40] + ("..." if len(prompt) > 40 else ""), ids.shape[1], context - new, context, new)
-        ids = ids[:, ids.shape[1] - (context - new):]
-    ids = ids.to(device)
-    with torch.no_grad():
-        generated = model.generate(ids, attention_mask=torch.ones_like(ids), **options)
-    return [tokenizer.decode(row[ids.shape[1]:], skip_special_tokens=skip_special_tokens) for row in generated]
-
-
 def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
     """The seed of one sample: derived from SEED, the prompt's place in the list and the sample's number, so that no
     two samples share their random draws (one seed per prompt gave two prompts the same draws, and often the same
@@ -82,6 +52,8 @@ def generate_samples(model: Any, tokenizer: Any, prompts: list[str], settings: S
     """`num_samples` continuations per prompt (the generated text only), each generated after setting its own seed
     (`sample_seed`): the samples depend only on the model, the prompts and the settings, not on what ran before."""
     from transformers import set_seed
+
+    from sparknet.continuations import continuations
 
     sample = settings.temperature > 0
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from sparknet.errors import UserError
-from sparknet.train.folders import checkpoint_step
+from sparknet.run_files import checkpoint_step
 
 WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -106,11 +106,3 @@ def load_model(ref: ModelRef, device: str | None = None) -> tuple[Any, Any, str]
     tokenizer = load_tokenizer(tokenizer_source(ref))
     return model.to(device).eval(), tokenizer, device
 
-
-def model_context(model: Any) -> int:
-    """The longest input the model takes (its position table)."""
-    config = model.config
-    for key in ("n_positions", "max_position_embeddings"):
-        if getattr(config, key, None):
-            return int(getattr(config, key))
-    raise UserError(f"cannot tell the context length of {type(model).__name__}: set CONTEXT")

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparknet.errors import UserError
-from sparknet.eval.metrics import bits_per_byte, perplexity
-from sparknet.eval.models import ModelRef, load_model, model_context, resolve_model, tokenizer_source
+from sparknet.eval.models import ModelRef, load_model, resolve_model, tokenizer_source
+from sparknet.metrics import bits_per_byte, perplexity
+from sparknet.model import model_context
 
 if TYPE_CHECKING:
     from sparknet.eval.data import DataRequest

@@ -15,7 +15,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from sparknet.eval.metrics import bits_per_byte, perplexity
+from sparknet.metrics import bits_per_byte, perplexity
 from sparknet.runtime import write_json_atomic
 
 log = logging.getLogger("sparknet.train")
@@ -260,7 +260,7 @@ class SamplingCallback(TrainerCallback):
             self.sample(kw["model"], state)
 
     def _generate(self, model: Any, prompt: str) -> str:
-        from sparknet.eval.generation import continuations
+        from sparknet.continuations import continuations
 
         text = continuations(model, self.tokenizer, prompt, skip_special_tokens=False, do_sample=True,
                              temperature=self.temperature, top_k=self.top_k, max_new_tokens=self.max_new_tokens,

@@ -48,7 +48,7 @@ def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: 
         adam_beta1=settings.adam_betas[0],
         adam_beta2=settings.adam_betas[1],
         max_grad_norm=settings.max_grad_norm,
-        optim="adamw_torch_fused" if cuda else "adamw_torch",  # read by OPTIMIZER=adamw only (sparknet.train.optim)
+        optim="adamw_torch_fused" if cuda else "adamw_torch",  # read by OPTIMIZER=adamw only (sparknet.optim)
         bf16=bool(device["bf16"]),
         tf32=bool(device["tf32"]) or None,
         torch_compile=compiles(settings, device),
@@ -116,7 +116,7 @@ def check_launch(settings: TrainSettings, device: dict[str, Any]) -> None:
         raise UserError(f"an FSDP launch (accelerate config distributed_type: FSDP) on a machine without CUDA GPUs "
                         f"({device['name']}): accelerate would run plain data parallelism instead. Launch with "
                         "`torchrun --nproc_per_node N` or `accelerate launch --multi_gpu --num_processes N` here")
-    from sparknet.train.optim import OPTIMIZERS
+    from sparknet.optim import OPTIMIZERS
 
     if why := OPTIMIZERS[settings.optimizer].not_under_fsdp:
         raise UserError(f"OPTIMIZER={settings.optimizer} under FSDP: {why}. Use OPTIMIZER=adamw with FSDP, or "
@@ -171,7 +171,7 @@ class SparkTrainer(Trainer):
         self.add_callback(_SamplerEpoch(self))
         self.add_callback(StepSpeed())
         self._counted = CountedParameters()
-        self.settings = settings  # its OPTIMIZER is built by sparknet.train.optim (None: the Trainer's own AdamW)
+        self.settings = settings  # its OPTIMIZER is built by sparknet.optim (None: the Trainer's own AdamW)
         self.nonfinite = nonfinite
         self.grad_norms: list[tuple[int, Any]] = []
         self._first_bad: torch.Tensor | None = None
@@ -194,11 +194,11 @@ class SparkTrainer(Trainer):
         return step if step >= 0 else None
 
     def create_optimizer(self, model: Any = None) -> Any:
-        """The settings' OPTIMIZER, from the registry (sparknet.train.optim)."""
+        """The settings' OPTIMIZER, from the registry (sparknet.optim)."""
         if self.settings is None:
             return super().create_optimizer(model)
         if self.optimizer is None:
-            from sparknet.train.optim import OPTIMIZERS
+            from sparknet.optim import OPTIMIZERS
 
             model = self.model if model is None else model
             self.optimizer = OPTIMIZERS[self.settings.optimizer].build(self, model)

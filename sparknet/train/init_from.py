@@ -19,7 +19,8 @@ from typing import Any
 
 from sparknet.errors import UserError
 from sparknet.model import PRESETS, Preset
-from sparknet.train.folders import METADATA, checkpoint_step, incomplete, read_metadata
+from sparknet.run_files import METADATA, checkpoint_step, read_metadata
+from sparknet.train.folders import incomplete
 
 log = logging.getLogger("sparknet.train")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",

@@ -25,8 +25,8 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from sparknet.checks import RULES
 from sparknet.errors import UserError
-from sparknet.eval.metrics import bytes_of_tokens, perplexity, tokens_and_bytes_by_source
 from sparknet.locks import exclusive
+from sparknet.metrics import bytes_of_tokens, perplexity, tokens_and_bytes_by_source
 from sparknet.model import (
     Preset,
     build_model,
@@ -36,19 +36,13 @@ from sparknet.model import (
     peak_flops,
     set_for_use,
 )
+from sparknet.run_files import METADATA
 from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic, writes_to
 from sparknet.tokenizer import portable_config
 from sparknet.train.batch import BatchPlan, TokenCount, budget, check_enough_blocks, plan_batch
 from sparknet.train.callbacks import MetricsCallback, SamplingCallback
 from sparknet.train.data_plan import DataPlan
-from sparknet.train.folders import (
-    EVAL_START,
-    METADATA,
-    RunFolder,
-    checkpoint_context,
-    latest_complete_checkpoint,
-    open_run,
-)
+from sparknet.train.folders import EVAL_START, RunFolder, checkpoint_context, latest_complete_checkpoint, open_run
 from sparknet.train.fused_loss import fuse_head
 from sparknet.train.hf_trainer import SparkTrainer, check_launch, compiles, training_arguments
 from sparknet.train.init_from import BaseModel, check_base, load_base, resolve_base

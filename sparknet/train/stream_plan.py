@@ -16,17 +16,10 @@ from transformers import TrainerCallback
 
 from sparknet.config import MixConfig
 from sparknet.errors import UserError
+from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, VAL_SOURCES, read_val_blocks, read_val_report
 from sparknet.train.batch import BatchPlan
 from sparknet.train.data_plan import BlockDataset, DataPlan
-from sparknet.train.folders import (
-    RUN_CONFIG,
-    VAL_BLOCKS,
-    VAL_REPORT,
-    VAL_SOURCES,
-    read_identity,
-    read_val_blocks,
-    read_val_report,
-)
+from sparknet.train.folders import read_identity
 
 log = logging.getLogger("sparknet.train")
 

@@ -36,8 +36,8 @@ def _adamw(trainer: Any, model: Any) -> torch.optim.Optimizer:
 
 def _muon(trainer: Any, model: Any) -> torch.optim.Optimizer:
     """Muon (MUON_LEARNING_RATE, no weight decay) for the hidden weight matrices, AdamW for the rest
-    (sparknet.train.muon)."""
-    from sparknet.train.muon import MuonAdamW
+    (sparknet.muon)."""
+    from sparknet.muon import MuonAdamW
 
     args = trainer.args
     return MuonAdamW(list(model.named_parameters()), lr=args.learning_rate, muon_lr=trainer.settings.muon_learning_rate,
