@@ -29,7 +29,7 @@ METADATA = {
 
 
 @pytest.fixture()
-def run(random_model: Path, tmp_path: Path) -> tuple[Path, Path]:  # noqa: F811
+def run(random_model: Path, tmp_path: Path) -> tuple[Path, Path]:
     """A run folder with metadata, an optimizer file that must not be exported, and eval results."""
     folder = tmp_path / "checkpoints" / "myrun"
     shutil.copytree(random_model, folder)

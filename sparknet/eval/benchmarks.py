@@ -97,7 +97,7 @@ def run_benchmarks(model_source: str, tokenizer_source: str, tasks: list[str], i
         raise UserError(f"{model_source}: an answer choice of task(s) {', '.join(tasks)} is longer than the model's "
                         f"context of {_context_of(model_source)} tokens (lm-eval scores each choice whole): evaluate a "
                         "model with a longer context, or tasks with shorter choices") from None
-    except Exception:  # noqa: BLE001 - a Hub task without the network fails deep inside datasets
+    except Exception:  # a Hub task without the network fails deep inside datasets
         offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
         hub_tasks = [t for t in tasks if t != SUITE_TASK]
         if offline and hub_tasks:

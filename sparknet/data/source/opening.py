@@ -52,7 +52,7 @@ def open_source(spec: SourceSpec) -> Any:
             spec.name, spec.subset, split=spec.split, data_files=files, revision=spec.revision, streaming=True,
             **builder_kwargs,
         )
-    except Exception as exc:  # noqa: BLE001 - any failure to open is reported against the user's mix entry
+    except Exception as exc:  # any failure to open is reported against the user's mix entry
         access = hub_access_error(spec, exc)
         if access is not None:
             raise access from None
@@ -134,7 +134,7 @@ def resolve_revisions(config: MixConfig) -> dict[str, str | None]:
         if key not in asked:
             try:
                 asked[key] = api.dataset_info(spec.name, revision=spec.revision, timeout=HUB_TIMEOUT_S).sha
-            except Exception as exc:  # noqa: BLE001 - a missing footnote must not stop a build
+            except Exception as exc:  # a missing footnote must not stop a build
                 access = hub_access_error(spec, exc)
                 if access is not None:
                     raise access from None
@@ -296,7 +296,7 @@ def read_rows(rows: Any, spec: SourceSpec) -> Iterator[dict[str, Any]]:
             return
         except UserError:
             raise
-        except Exception as exc:  # noqa: BLE001 - whatever the reader raises, the user needs the source and file
+        except Exception as exc:  # whatever the reader raises, the user needs the source and file
             raise unreadable(spec, rows, exc) from None
         yield row
 
@@ -372,7 +372,7 @@ def _file_being_read(rows: Any) -> str | None:
             ex_iterable = ex_iterable.ex_iterable
         files = ex_iterable.kwargs.get("original_files") or ex_iterable.kwargs.get("files")
         return str(files[state["shard_idx"]])
-    except Exception:  # noqa: BLE001 - no position known: the caller names the source's files instead
+    except Exception:  # no position known: the caller names the source's files instead
         return None
 
 
