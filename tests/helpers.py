@@ -141,6 +141,34 @@ def read_texts(path: Path) -> list[str]:
     return [json.loads(line)["text"] for line in path.read_text().splitlines()]
 
 
+# -- documents tagged with their source: who owns each token, read from the text alone ---------------------------------
+
+def tagged_segments(tokens: Any, eos: int, decode: Callable[[list[int]], str]) -> list[tuple[int, int, str]]:
+    """`tokens` (any shape, read flat) cut after each eos: (start, end, decoded text) of every segment, the last one
+    running to the end (empty segments left out)."""
+    import numpy as np
+
+    flat = np.asarray(tokens).reshape(-1)
+    ends = [*(np.flatnonzero(flat == eos) + 1).tolist(), len(flat)]
+    starts = [0, *ends[:-1]]
+    return [(start, end, decode(flat[start:end].tolist())) for start, end in zip(starts, ends, strict=True)
+            if end > start]
+
+
+def tagged_owners(tokens: Any, eos: int, decode: Callable[[list[int]], str], tags: dict[str, int],
+                  untagged: int = -1) -> Any:
+    """Who owns each token of `tokens` (an int array of the same shape), independently of what SparkNet recorded,
+    for test documents that start with their source's tag ("a00012 ", "b00345 "): each segment up to and with an
+    eos is one document, owned by `tags[its text's first character]`; a segment that starts with no tag (a piece of
+    a long document, or the tail of one begun before `tokens`) is owned by `untagged`."""
+    import numpy as np
+
+    owner = np.full(np.asarray(tokens).size, untagged, dtype=np.int64)
+    for start, end, text in tagged_segments(tokens, eos, decode):
+        owner[start:end] = tags.get(text[:1], untagged)
+    return owner.reshape(np.shape(tokens))
+
+
 def random_run_folder(tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
     """A randomly initialised 2-layer GPT-2 (context 32) with the test tokenizer, saved at `out` as a run folder."""
     import shutil
