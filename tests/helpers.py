@@ -30,9 +30,10 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_
 # -- running the scripts ----------------------------------------------------------------------------------------------
 
 def run_script(script: str, *args: object, cwd: Path | None = None, timeout: int = 300,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+               env: dict[str, str] | None = None,
+               preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
     """Runs scripts/<script> as a user would, offline (or with `env`'s variables: the Hub server's online ones),
-    capturing its output."""
+    capturing its output; `preexec_fn` runs in the child before the script (e.g. to give up a privilege)."""
     env = {**os.environ, **OFFLINE_ENV, **(env or {})}
     return subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "scripts" / script), *(str(a) for a in args)],
@@ -41,6 +42,7 @@ def run_script(script: str, *args: object, cwd: Path | None = None, timeout: int
         capture_output=True,
         text=True,
         timeout=timeout,
+        preexec_fn=preexec_fn,
     )
 
 
