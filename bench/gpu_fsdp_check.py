@@ -77,7 +77,7 @@ def check(work: Path, preset: str) -> list[str]:
         return [*problems, f"the export holds no model.safetensors: {sorted(p.name for p in run_dir.iterdir())}"]
     model = AutoModelForCausalLM.from_pretrained(str(run_dir))
     with safe_open(str(weights), "pt") as f:
-        saved = {key: f.get_slice(key).get_shape() for key in f.keys()}  # noqa: SIM118 - safe_open has no iterator
+        saved = {key: f.get_slice(key).get_shape() for key in f.keys()}  # safe_open has no iterator
     expected = {name: list(p.shape) for name, p in model.named_parameters()}
     short = {k: (saved.get(k), v) for k, v in expected.items() if k in saved and list(saved[k]) != v}
     if short:

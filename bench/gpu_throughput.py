@@ -255,7 +255,7 @@ def main() -> None:
             row.status = "" if rc == 0 else f"exit {rc}"
             try:
                 read_events(work / "logs" / run_name, row, batch * block, fpt, peak)
-            except Exception as exc:  # noqa: BLE001 - a broken event file is a finding, not a reason to lose the table
+            except Exception as exc:  # a broken event file is a finding, not a reason to lose the table
                 row.status += f"{'; ' if row.status else ''}events unreadable: {type(exc).__name__}: {exc}"
             if row.own_tps is None:
                 row.status += f"{'; ' if row.status else ''}no throughput figure"

@@ -34,10 +34,11 @@ def main() -> None:
     from sparknet.eval.data import load_documents
     from sparknet.eval.models import check_loadable, tokenizer_source
     from sparknet.eval.reports import check_results, comparison_name, console_table, eval_dir, markdown_table
+    from sparknet.eval.results import check_benchmarks
 
     for ref in refs:
         check_loadable(ref)
-    check_results([eval_dir(ref.name, EVAL_DIR) / "benchmarks.json" for ref in refs])
+    check_results([eval_dir(ref.name, EVAL_DIR) / "benchmarks.json" for ref in refs], check_benchmarks)
     include = None
     if SUITE_TASK in TASKS:
         include = write_offline_suite(load_documents(SUITE_DATA), runtime.project_path(SUITE_DIR), SUITE_ITEMS, SEED)

@@ -46,6 +46,7 @@ def export_model(spec: str, output_dir: Path, *, license: str = "", language: li
 def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str] | None, eval_root: str,
             overwrite: bool, repo_id: str, unfinished: bool) -> Path:
     """`export_model`'s work, under its lock."""
+    from sparknet.eval.results import check_benchmarks, check_perplexities
     from sparknet.run_files import RUN_CONFIG
     from sparknet.runtime import replace_folder, writes_to
     from sparknet.tokenizer import save as save_tokenizer
@@ -63,6 +64,8 @@ def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str
     set_for_use(model, tokenizer)
     results = eval_dir(ref.name, eval_root)
     perplexities, benchmarks = _read_json(results / "perplexity.json"), _read_json(results / BENCHMARKS)
+    check_perplexities(results / "perplexity.json", perplexities)
+    check_benchmarks(results / BENCHMARKS, benchmarks)
     writes_to(output_dir.parent)
     building = output_dir.with_name(f".{output_dir.name}.building")
     shutil.rmtree(building, ignore_errors=True)

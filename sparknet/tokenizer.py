@@ -92,7 +92,7 @@ def load_tokenizer(name_or_path: str) -> Any:
     try:
         with _quiet_hub_retries():
             tok = AutoTokenizer.from_pretrained(source)
-    except Exception as exc:  # noqa: BLE001 - reported against the user's value with the library's reason
+    except Exception as exc:  # reported against the user's value with the library's reason
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if folder is not None:
             raise UserError(f"the tokenizer in {folder} cannot be read ({reason}): a file of it is damaged or "

@@ -30,9 +30,10 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_
 # -- running the scripts ----------------------------------------------------------------------------------------------
 
 def run_script(script: str, *args: object, cwd: Path | None = None, timeout: int = 300,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+               env: dict[str, str] | None = None,
+               preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
     """Runs scripts/<script> as a user would, offline (or with `env`'s variables: the Hub server's online ones),
-    capturing its output."""
+    capturing its output; `preexec_fn` runs in the child before the script (e.g. to give up a privilege)."""
     env = {**os.environ, **OFFLINE_ENV, **(env or {})}
     return subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "scripts" / script), *(str(a) for a in args)],
@@ -41,6 +42,7 @@ def run_script(script: str, *args: object, cwd: Path | None = None, timeout: int
         capture_output=True,
         text=True,
         timeout=timeout,
+        preexec_fn=preexec_fn,
     )
 
 
@@ -139,6 +141,34 @@ def write_config(path: Path, mix: list[dict], **top: object) -> Path:
 
 def read_texts(path: Path) -> list[str]:
     return [json.loads(line)["text"] for line in path.read_text().splitlines()]
+
+
+# -- documents tagged with their source: who owns each token, read from the text alone ---------------------------------
+
+def tagged_segments(tokens: Any, eos: int, decode: Callable[[list[int]], str]) -> list[tuple[int, int, str]]:
+    """`tokens` (any shape, read flat) cut after each eos: (start, end, decoded text) of every segment, the last one
+    running to the end (empty segments left out)."""
+    import numpy as np
+
+    flat = np.asarray(tokens).reshape(-1)
+    ends = [*(np.flatnonzero(flat == eos) + 1).tolist(), len(flat)]
+    starts = [0, *ends[:-1]]
+    return [(start, end, decode(flat[start:end].tolist())) for start, end in zip(starts, ends, strict=True)
+            if end > start]
+
+
+def tagged_owners(tokens: Any, eos: int, decode: Callable[[list[int]], str], tags: dict[str, int],
+                  untagged: int = -1) -> Any:
+    """Who owns each token of `tokens` (an int array of the same shape), independently of what SparkNet recorded,
+    for test documents that start with their source's tag ("a00012 ", "b00345 "): each segment up to and with an
+    eos is one document, owned by `tags[its text's first character]`; a segment that starts with no tag (a piece of
+    a long document, or the tail of one begun before `tokens`) is owned by `untagged`."""
+    import numpy as np
+
+    owner = np.full(np.asarray(tokens).size, untagged, dtype=np.int64)
+    for start, end, text in tagged_segments(tokens, eos, decode):
+        owner[start:end] = tags.get(text[:1], untagged)
+    return owner.reshape(np.shape(tokens))
 
 
 def random_run_folder(tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:

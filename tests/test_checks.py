@@ -11,7 +11,7 @@ import pytest
 from sparknet.checks import RULES, problems
 from sparknet.cli import annotated_types, is_path_constant, script_constants
 from sparknet.runtime import PROJECT_ROOT
-from tests.helpers import OFFLINE_ENV
+from tests.helpers import OFFLINE_ENV, run_script
 
 SCRIPTS = sorted(p.name for p in (PROJECT_ROOT / "scripts").glob("*.py"))
 # constants whose values are free text or names checked where they are used (a split, a column, a licence id, the
@@ -35,7 +35,8 @@ def test_every_numeric_and_choice_constant_has_a_rule(script: str) -> None:
 
 
 @pytest.mark.parametrize(("script", "args", "message"), [
-    ("train_sparknet_v5.py", ["--optimizer", "sgd"], "OPTIMIZER='sgd': expected adamw or muon"),
+    # the names the registry holds (sparknet.optim.OPTIMIZERS, tests/test_optim.py)
+    ("train_sparknet_v5.py", ["--optimizer", "sgd"], f"OPTIMIZER='sgd': expected {RULES['OPTIMIZER'].expected}"),
     ("train_sparknet_v5.py", ["--model_preset", "sparknet-small"], "(did you mean sparknet-"),
     ("train_sparknet.py", ["--warmup_ratio", "1.5"], "WARMUP_RATIO=1.5: expected a fraction in [0, 1)"),
     ("eval_perplexity.py", ["--batch_size", "-4"], "BATCH_SIZE=-4: expected a positive integer"),
@@ -60,3 +61,16 @@ def test_a_bad_value_stops_the_script_before_imports_and_data(script: str, args:
     assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
     assert not imported & {"torch", "transformers", "datasets", "numpy"}, imported & {"torch", "transformers"}
+
+
+def test_the_documented_example_is_what_a_script_prints() -> None:
+    """docs/scripts.md shows a refused command's line (the optimizers named in it from the registry): it is the
+    line the script prints."""
+    import re
+
+    doc = (PROJECT_ROOT / "docs" / "scripts.md").read_text()
+    example = re.search(r"`(error: OPTIMIZER='sgd': [^`]*)`", doc)
+    assert example, "docs/scripts.md: no example error line"
+    proc = run_script("train_sparknet_v5.py", "--optimizer", "sgd", "--warmup_ratio", 1.5, "--dataset_dir",
+                      "datasets/no-such-dataset")
+    assert example.group(1) in proc.stderr.splitlines(), proc.stderr[-2000:]

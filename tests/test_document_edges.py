@@ -24,7 +24,7 @@ from sparknet.data.packed.build import BuildSpec, build_dataset
 from sparknet.data.packed.dataset import PackedDataset
 from sparknet.data.stream.token_stream import TokenStream
 from sparknet.errors import UserError
-from tests.helpers import run_script, write_config, write_jsonl
+from tests.helpers import run_script, tagged_owners, tagged_segments, write_config, write_jsonl
 
 BLOCK = 64
 WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud green quick "
@@ -54,17 +54,10 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _sources(tokens: np.ndarray, eos: int, tok: Tokenizer) -> tuple[np.ndarray, list[tuple[str, int]]]:
-    """Per token, 1 for source a (its documents and the huge one's pieces) and 0 for b; and the segments' texts and
-    token counts."""
-    owner = np.zeros(len(tokens), dtype=np.int8)
-    texts = []
-    start = 0
-    for end in [*(np.flatnonzero(tokens == eos) + 1), len(tokens)]:
-        text = tok.decode(tokens[start:end].tolist())
-        owner[start:end] = 0 if text.startswith("b") else 1
-        texts.append((text, end - start))
-        start = end
-    return owner, texts
+    """Per token, 1 for source a (its documents and the huge one's pieces, which start with no tag) and 0 for b; and
+    the segments' texts and token counts."""
+    owner = tagged_owners(tokens, eos, tok.decode, {"a": 1, "b": 0}, untagged=1)
+    return owner, [(text, end - start) for start, end, text in tagged_segments(tokens, eos, tok.decode)]
 
 
 def _assert_every_prefix_mixed(owner: np.ndarray, share: float = 0.5) -> None:

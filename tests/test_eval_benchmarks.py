@@ -75,7 +75,7 @@ def test_suite_items_are_valid_and_reproducible(tmp_path: Path) -> None:
         write_offline_suite(TEXTS[:2], tmp_path / "c")
 
 
-def test_offline_suite_through_lm_eval(random_model: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_offline_suite_through_lm_eval(random_model: Path, tmp_path: Path) -> None:
     """The script scores the suite's items with lm-eval and reports acc and acc_norm: each the accuracy that the
     model's own log-likelihoods of the choices give (computed here with plain transformers), with its standard
     error, and only SparkNet's lines on the console."""
@@ -117,7 +117,7 @@ def test_offline_suite_through_lm_eval(random_model: Path, tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_unknown_and_hub_tasks(random_model: Path) -> None:  # noqa: F811
+def test_unknown_and_hub_tasks(random_model: Path) -> None:
     """An unknown task name, and a Hub task offline, are one line each; the Hub task's line is said because the
     task's data could not be fetched offline (the error it stands for), not for any failure of lm-eval's run."""
     with pytest.raises(UserError, match="unknown task.*no_such_task"):
@@ -131,7 +131,7 @@ def test_unknown_and_hub_tasks(random_model: Path) -> None:  # noqa: F811
 
 @pytest.mark.parametrize("script", ["eval_benchmarks.py", pytest.param("eval_perplexity.py", marks=pytest.mark.slow),
                                     pytest.param("eval_generation.py", marks=pytest.mark.slow)])
-def test_a_mistyped_model_folder_or_an_unreachable_hub_model_is_one_line(script: str, random_model: Path,  # noqa: F811
+def test_a_mistyped_model_folder_or_an_unreachable_hub_model_is_one_line(script: str, random_model: Path,
                                                                          tmp_path: Path) -> None:
     import shutil
     import uuid
@@ -160,7 +160,7 @@ def test_a_mistyped_model_folder_or_an_unreachable_hub_model_is_one_line(script:
         assert "Hub ids need network access or a cached copy" in lines[-1]
 
 
-def test_a_choice_longer_than_the_model_context_is_one_line(random_model: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_choice_longer_than_the_model_context_is_one_line(random_model: Path, tmp_path: Path) -> None:
     """lm-eval asserts that each answer choice fits the model's context: a choice of 8 long made-up words is more
     than the random model's 32 tokens, which is one line naming the model, the task and its context (no traceback,
     nothing written)."""
@@ -178,7 +178,7 @@ def test_a_choice_longer_than_the_model_context_is_one_line(random_model: Path, 
 
 
 @pytest.mark.slow
-def test_a_limited_run_is_kept_beside_the_full_one_and_the_card_shows_the_full_one(random_model: Path,  # noqa: F811
+def test_a_limited_run_is_kept_beside_the_full_one_and_the_card_shows_the_full_one(random_model: Path,
                                                                                   tmp_path: Path) -> None:
     """`--limit 4` after the whole suite (12 items): both results are kept, `results` (the model-index) stays the
     12-item one, and the exported card shows it with its item count."""

@@ -66,7 +66,7 @@ def _report_samples(report: str, prompts: list[str], models: int) -> list[list[l
     return out
 
 
-def test_fixed_seed_gives_the_same_text(random_model: Path) -> None:  # noqa: F811
+def test_fixed_seed_gives_the_same_text(random_model: Path) -> None:
     import torch
 
     model, tok, _ = load_model(resolve_model(str(random_model)), device="cpu")
@@ -79,7 +79,7 @@ def test_fixed_seed_gives_the_same_text(random_model: Path) -> None:  # noqa: F8
     assert other_seed[1] != first[1]
 
 
-def test_samples_of_different_prompts_are_different_draws_and_repeat_run_to_run(random_model: Path) -> None:  # noqa: F811
+def test_samples_of_different_prompts_are_different_draws_and_repeat_run_to_run(random_model: Path) -> None:
     """Each sample has a seed of its own (from SEED, its prompt's index and its number): two prompts never share
     their random draws (with the seed set again per prompt, the second sample of two prompts was the same
     continuation; here one prompt given twice shows it), and the same call gives the same text."""
@@ -95,7 +95,7 @@ def test_samples_of_different_prompts_are_different_draws_and_repeat_run_to_run(
     assert generate_samples(model, tok, ["The ", "The "], SETTINGS) == twice
 
 
-def test_script_report_side_by_side(random_model: Path, tokenizer_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_script_report_side_by_side(random_model: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
     """Two models with different weights, one column each: each column holds what its own model generates with
     the report's settings (plain transformers, the same seed), so the columns differ."""
     prompts = tmp_path / "prompts.txt"
@@ -121,14 +121,14 @@ def test_script_report_side_by_side(random_model: Path, tokenizer_dir: Path, tmp
 
 @pytest.mark.parametrize(("flag", "value"), [("temperature", -1), ("top_p", 5), ("num_samples", 0),
                                              ("max_new_tokens", 0)])
-def test_out_of_range_sampling_settings_are_one_line(flag: str, value: float, random_model: Path) -> None:  # noqa: F811
+def test_out_of_range_sampling_settings_are_one_line(flag: str, value: float, random_model: Path) -> None:
     proc = run_script("eval_generation.py", "--models", json.dumps([str(random_model)]), f"--{flag}", value)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert f"{flag.upper()}={value}" in proc.stderr and ": expected" in proc.stderr
 
 
 @pytest.mark.slow
-def test_a_prompt_longer_than_the_context_keeps_its_end(random_model: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_prompt_longer_than_the_context_keeps_its_end(random_model: Path, tmp_path: Path) -> None:
     """The model sees the prompt's last tokens (its context less MAX_NEW_TOKENS), not its first: the greedy
     continuation is plain transformers' after those last tokens, which is not its continuation of the first."""
     prompt = " ".join(str(n) for n in range(100, 160)) + " and the end of the prompt"  # far more than 32 tokens

@@ -253,6 +253,13 @@ def test_a_damaged_results_file_stops_before_the_work_and_results_are_never_drop
     merge_json(results, "new", {"nll": 2.0})
     assert json.loads(results.read_text()) == {"new": {"nll": 2.0}}
     assert (results.parent / "perplexity.json.damaged").read_text() == '{"earlier": {"nll": 1.0'
+    # a file from before results were kept per setting (keyed by data, no documents): refused before the work
+    results.write_text(json.dumps({"val.jsonl": {"data": "val.jsonl", "nll": 1.0, "tokens": 10}}))
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", data,
+                      "--context", 16, "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"{results}: the result 'val.jsonl' does not record its documents" in proc.stderr
+    assert "windows" not in proc.stderr
 
 
 @pytest.mark.slow

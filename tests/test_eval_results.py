@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from sparknet.errors import UserError
 from sparknet.eval.benchmarks import save_results
 from sparknet.eval.reports import merge_json
-from sparknet.eval.results import fullest_perplexities, perplexity_setting
+from sparknet.eval.results import check_benchmarks, check_perplexities, fullest_perplexities, perplexity_setting
 
 
 def _row(documents: int, tokens: int, nll: float, data: str = "val.jsonl", context: int = 16) -> dict:
@@ -28,8 +31,11 @@ def test_a_partial_perplexity_is_kept_beside_the_full_one_which_stands(tmp_path:
     again = _row(40, 40_011, 2.31, context=32)  # as full, another window: the last written stands
     merge_json(path, perplexity_setting(again), again)
     assert fullest_perplexities(json.loads(path.read_text())) == [again, other]
-    # a file from before settings were kept (keyed by data, no documents) reads too
-    assert fullest_perplexities({"val.jsonl": {"data": "val.jsonl", "tokens": 10}, **kept}) == [full, other]
+    # a file from before settings were kept (keyed by data, no documents) is refused in one line, never read
+    with pytest.raises(UserError, match=r"perplexity.json: the result 'val.jsonl' does not record its documents "
+                                        r"\(written by an older SparkNet\): the file is not read; move it away"):
+        check_perplexities(path, {"val.jsonl": {"data": "val.jsonl", "tokens": 10}, **kept})
+    check_perplexities(path, kept)
 
 
 def test_a_limited_benchmark_is_kept_beside_the_full_one_which_stands(tmp_path: Path) -> None:
@@ -42,13 +48,27 @@ def test_a_limited_benchmark_is_kept_beside_the_full_one_which_stands(tmp_path: 
     assert saved["results"] == {"hellaswag": full, "piqa": {"acc": 0.6, "items": 20, "shots": 0}}
     assert sorted((e["task"], e["items"]) for e in saved["settings"].values()) == [("hellaswag", 50),
                                                                                   ("hellaswag", 100), ("piqa", 20)]
-    # a file from before settings were kept: its results are kept, as of unknown size (a recorded one stands)
-    old = tmp_path / "old.json"
-    old.write_text(json.dumps({"results": {"hellaswag": {"acc": 0.3}}}))
-    save_results(old, {"hellaswag": limited})
-    saved = json.loads(old.read_text())
-    assert saved["results"] == {"hellaswag": limited}
-    assert {"task": "hellaswag", "acc": 0.3} in saved["settings"].values()
+    check_benchmarks(path, saved)
+    # a file from before settings were kept, or a result in it without its items: refused in one line, never read
+    with pytest.raises(UserError, match=r"keeps results without the settings .* move it away and evaluate again"):
+        check_benchmarks(path, {"results": {"hellaswag": {"acc": 0.3}}})
+    with pytest.raises(UserError, match=r"the result 'hellaswag, 100 items, 0-shot' does not record its items"):
+        check_benchmarks(path, {**saved, "settings": {"hellaswag, 100 items, 0-shot": {"task": "hellaswag",
+                                                                                       "shots": 0}}})
+
+
+def test_what_a_benchmark_was_computed_on_as_lm_eval_reports_it() -> None:
+    """The items and shots of a task, and of a group (its subtasks' items together; its shots where they agree),
+    from the parts of lm-eval's output that say so (as lm_eval.evaluator_utils writes them)."""
+    from sparknet.eval.benchmarks import computed_on
+
+    output = {"n-samples": {"a": {"original": 80, "effective": 50}, "b": {"original": 30, "effective": 30},
+                            "c": {"original": 9, "effective": 9}},
+              "n-shot": {"a": 0, "b": 0, "c": 5, "ab": 0},
+              "group_subtasks": {"ab": ["a", "b"], "abc": ["ab", "c"], "a": [], "b": [], "c": []}}
+    assert computed_on(output, "a") == {"items": 50, "shots": 0}
+    assert computed_on(output, "ab") == {"items": 80, "shots": 0}
+    assert computed_on(output, "abc") == {"items": 89, "shots": "mixed"}
 
 
 def _add_results(path: str, writer: int, n: int) -> None:

@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 from sparknet.errors import UserError
+from sparknet.eval.benchmarks import save_results
+from sparknet.eval.reports import merge_json
+from sparknet.eval.results import perplexity_setting
 from sparknet.testing.hub_server import HubServer
 from tests.helpers import run_script
 
@@ -29,7 +32,7 @@ METADATA = {
 
 
 @pytest.fixture()
-def run(random_model: Path, tmp_path: Path) -> tuple[Path, Path]:  # noqa: F811
+def run(random_model: Path, tmp_path: Path) -> tuple[Path, Path]:
     """A run folder with metadata, an optimizer file that must not be exported, and eval results."""
     folder = tmp_path / "checkpoints" / "myrun"
     shutil.copytree(random_model, folder)
@@ -39,10 +42,11 @@ def run(random_model: Path, tmp_path: Path) -> tuple[Path, Path]:  # noqa: F811
     evals = tmp_path / "eval" / "myrun"
     (evals / "plots").mkdir(parents=True)
     (evals / "plots" / "loss.png").write_bytes(b"\x89PNG fake")
-    (evals / "perplexity.json").write_text(json.dumps({"val.jsonl": {
-        "data": "val.jsonl", "tokens": 1234, "context": 32, "stride": 16, "nll": 3.5, "perplexity": 33.1,
-        "bits_per_byte": 1.7}}))
-    (evals / "benchmarks.json").write_text(json.dumps({"results": {"arc_easy": {"acc": 0.41, "acc_stderr": 0.01}}}))
+    # written as the evaluation scripts write them
+    row = {"model": str(folder), "data": "val.jsonl", "split": None, "documents": 12, "tokens": 1234, "context": 32,
+           "stride": 16, "nll": 3.5, "perplexity": 33.1, "bits_per_byte": 1.7}
+    merge_json(evals / "perplexity.json", perplexity_setting(row), row)
+    save_results(evals / "benchmarks.json", {"arc_easy": {"acc": 0.41, "acc_stderr": 0.01, "items": 100, "shots": 0}})
     return folder, tmp_path
 
 
@@ -170,6 +174,34 @@ def test_a_run_that_did_not_finish_is_not_exported_unless_asked(run: tuple[Path,
     proc = run_script("export_model.py", "--model", folder, "--output_dir", tmp / "a", "--eval_dir", tmp / "eval",
                       "--unfinished", "true")
     assert proc.returncode == 0, proc.stderr[-2000:]
+    _assert_exported_as_it_is(folder, tmp / "a")
+
+
+def _assert_exported_as_it_is(folder: Path, out: Path) -> None:
+    """`out` holds the folder's model, weight for weight, with its tokenizer, and a card that says the training
+    record is missing while it keeps the evaluation's results."""
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "generation_config.json", "loss.png",
+                                                      "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    saved, exported = load_file(folder / "model.safetensors"), load_file(out / "model.safetensors")
+    assert saved.keys() == exported.keys() and all((saved[k] == exported[k]).all() for k in saved)
+    assert (out / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+    AutoModelForCausalLM.from_pretrained(str(out))
+    card = (out / "README.md").read_text()
+    assert "No training_metadata.json was found for this model." in card
+    assert "33.1000" in card and "arc_easy" in card  # the evaluations of the run folder
+
+
+def test_results_written_before_they_were_kept_per_setting_are_refused_in_one_line(run: tuple[Path, Path]) -> None:
+    folder, tmp = run
+    old = tmp / "eval" / "myrun" / "benchmarks.json"
+    old.write_text(json.dumps({"results": {"arc_easy": {"acc": 0.41, "acc_stderr": 0.01}}}))
+    proc = run_script("export_model.py", "--model", folder, "--output_dir", tmp / "a", "--eval_dir", tmp / "eval")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"{old} keeps results without the settings they were computed with" in proc.stderr
+    assert not (tmp / "a").exists()
 
 
 def test_a_checkpoint_exports_with_the_config_of_the_final_export(finished, tmp_path: Path) -> None:

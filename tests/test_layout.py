@@ -1,6 +1,7 @@
-"""The package's shape: no import circle between SparkNet's modules (type-only imports and imports inside
-functions included), no two names in a folder that a reader cannot tell apart, and every training setting declared
-once with its doc, identity flag and rule."""
+"""The package's shape: no import circle between SparkNet's modules, nor between the folders and modules of any
+folder (type-only imports and imports inside functions included); the top level in floors that import only
+downward; no two names in a folder that a reader cannot tell apart; and every training setting declared once with
+its doc, identity flag and rule."""
 
 from __future__ import annotations
 
@@ -59,22 +60,83 @@ def test_no_two_names_in_a_folder_differ_by_a_suffix() -> None:
     assert not alike, f"name these by what each holds: {alike}"
 
 
-def test_no_import_circle() -> None:
-    modules = _modules()
-    graph = {name: _imports(path, modules) - {name} for name, path in modules.items()}
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """An import circle in `graph` (name -> the names it imports), from a name back to it; None when none."""
     state: dict[str, str] = {}
 
-    def visit(name: str, trail: list[str]) -> None:
+    def visit(name: str, trail: list[str]) -> list[str] | None:
         state[name] = "open"
         for target in sorted(graph[name]):
-            assert state.get(target) != "open", "import circle: " + " -> ".join([*trail, target])
-            if target not in state:
-                visit(target, [*trail, target])
+            if state.get(target) == "open":
+                return [*trail[trail.index(target):], target]
+            if target not in state and (found := visit(target, [*trail, target])):
+                return found
         state[name] = "done"
+        return None
 
     for name in sorted(graph):
-        if name not in state:
-            visit(name, [name])
+        if name not in state and (found := visit(name, [name])):
+            return found
+    return None
+
+
+def _folder_graph(package: str) -> dict[str, set[str]]:
+    """The imports between the children of `package` (its modules, and its folders each taken whole; "__init__"
+    for the package's own file): child -> the children it imports from."""
+    modules = _modules()
+
+    def child(module: str) -> str | None:
+        if module == package:
+            return "__init__"
+        return module[len(package) + 1:].split(".")[0] if module.startswith(package + ".") else None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        if (source := child(name)) is not None:
+            graph.setdefault(source, set()).update(
+                target for imported in _imports(path, modules) if (target := child(imported)) not in (None, source))
+    return graph
+
+
+def test_no_import_circle() -> None:
+    modules = _modules()
+    circle = _circle({name: _imports(path, modules) - {name} for name, path in modules.items()})
+    assert circle is None, "import circle: " + " -> ".join(circle or [])
+
+
+def test_no_import_circle_between_folders() -> None:
+    """Modules may avoid a circle while their folders close one (train -> eval.metrics, eval.data ->
+    train.folders): at every level, the folders and modules of a folder, each folder taken whole, import one way."""
+    packages = ["sparknet", *(".".join(("sparknet", *p.relative_to(PACKAGE).parts)) for p in PACKAGE.rglob("*")
+                              if p.is_dir() and (p / "__init__.py").is_file())]
+    for package in packages:
+        circle = _circle(_folder_graph(package))
+        assert circle is None, f"import circle between the parts of {package}: " + " -> ".join(circle or [])
+
+
+# The top level of sparknet/ in floors, lowest first. A module or folder imports only from its own floor or below
+# (on one floor without a circle: the test above), so what sits on a floor never needs what reads it. A new module or
+# folder at the top level takes its place here.
+FLOORS: list[tuple[str, set[str]]] = [
+    ("ground", {"__init__", "errors", "runtime", "progress", "locks", "folder_or_hub"}),
+    # what the rules, the trainer and evaluation share: plain tables and functions of a model, a loss, a run folder
+    ("leaves", {"model", "optim", "muon", "metrics", "continuations", "run_files"}),
+    ("settings", {"cli", "checks", "outputs", "config", "identity"}),
+    ("tokenizer loading", {"tokenizer"}),  # below data/: the build and the stream load the tokenizer
+    ("data", {"data"}),
+    ("readers of the data", {"bpe", "train"}),  # tokenizer training and the trainers read the mix
+    ("evaluation", {"eval"}),  # reads what a run wrote (run_files), never the trainer
+    ("the chain's ends", {"export", "demo", "testing"}),
+]
+
+
+def test_the_top_level_imports_only_downward() -> None:
+    floor = {unit: number for number, (_name, units) in enumerate(FLOORS) for unit in units}
+    graph = _folder_graph("sparknet")
+    assert set(graph) == set(floor), f"give each a floor in FLOORS: {sorted(set(graph) ^ set(floor))}"
+    upward = [f"{unit} ({FLOORS[floor[unit]][0]}) imports {target} ({FLOORS[floor[target]][0]})"
+              for unit, targets in sorted(graph.items()) for target in sorted(targets) if floor[target] > floor[unit]]
+    assert not upward, f"imports that run up a floor: {upward}; move or split what sits on the wrong floor"
 
 
 def test_every_training_setting_is_declared_once_with_doc_identity_and_rule() -> None:

@@ -23,6 +23,7 @@ from tests.helpers import (
     run_script,
     start_script,
     stream_args,
+    tagged_owners,
     train_args,
     write_config,
     write_jsonl,
@@ -66,17 +67,10 @@ def _sources_from_text(blocks: np.ndarray, tokenizer: object) -> np.ndarray:
     """Each token's source index (into LABELS), from the text: the tokens up to and with each eos are one document,
     whose decoded text starts with its tag. The blocks start with a whole document (the hold-out and the packed
     validation split both start at the mix's start); tokens after the last eos are the last document's."""
-    flat = blocks.reshape(-1)
-    eos = tokenizer.eos_token_id
-    owner = np.full(len(flat), -1)
-    start = 0
-    for end in [*(np.flatnonzero(flat == eos) + 1).tolist(), len(flat)]:
-        if end > start:
-            text = tokenizer.decode(flat[start:end].tolist())
-            owner[start:end] = LABELS.index(TAGS[text[0]])
-        start = end
+    owner = tagged_owners(blocks, tokenizer.eos_token_id, tokenizer.decode,
+                          {tag: LABELS.index(label) for tag, label in TAGS.items()})
     assert (owner >= 0).all()
-    return owner.reshape(blocks.shape)
+    return owner
 
 
 def independent_figures(model_dir: Path, blocks: np.ndarray) -> dict[str, dict[str, float]]:

@@ -30,7 +30,7 @@ def test_counted_parameters_match_the_built_model(name: str) -> None:
 
 
 def test_flops_per_token_against_a_hand_count() -> None:
-    L, d, V, T = 12, 512, 50257, 1024  # noqa: N806
+    L, d, V, T = 12, 512, 50257, 1024
     matmuls = L * (d * 3 * d + d * d + d * 4 * d + 4 * d * d) + d * V  # weights used in matmuls, lm_head once
     small = L * (3 * d + d + 4 * d + d + 4 * d) + 2 * d  # biases and LayerNorms: one multiply-add per parameter
     attention = L * (2 * T * d + 2 * T * d)  # QK^T and AV, forward FLOPs per token

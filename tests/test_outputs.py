@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -122,37 +123,39 @@ def test_an_output_folder_that_is_a_file_is_one_line_before_any_work(case: Case,
     assert blocker.read_text() == "the user's own file"
 
 
+PR_CAPBSET_DROP, CAP_DAC_OVERRIDE = 24, 1  # <linux/prctl.h>, <linux/capability.h>
+
+
+def _without_root_override() -> None:
+    """Run in the child before it executes the script: root gives up CAP_DAC_OVERRIDE (dropped from its bounding
+    set, which caps what the executed program may hold), the one capability that lets it write where the permission
+    bits say no, so that a folder's chmod binds it as it binds any user."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP, CAP_DAC_OVERRIDE)")
+
+
 @contextmanager
-def read_only(folder: Path) -> Iterator[None]:
-    """`folder` made read-only for this process. A user's chmod does it, but root ignores permission bits: for root
-    the folder is made immutable (chattr +i, which root obeys, on ext4, xfs and btrfs). Skipped where neither
-    works (root on a tmpfs, no chattr)."""
-    if os.geteuid() != 0:
-        folder.chmod(0o555)
-
-        def undo() -> None:
-            folder.chmod(0o755)
-    else:
-        try:
-            made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
-        except FileNotFoundError:
-            pytest.skip("root ignores chmod and there is no chattr to make a folder read-only")
-        if made.returncode != 0:
-            pytest.skip(f"root ignores chmod and chattr +i failed here: {made.stderr.strip()}")
-
-        def undo() -> None:
-            subprocess.run(["chattr", "-i", str(folder)], check=True)
+def read_only(folder: Path) -> Iterator[Callable[[], None] | None]:
+    """`folder` made read-only (chmod 555) for the scripts run with the `preexec_fn` this yields: a user's chmod binds
+    a user, and root runs the script without the capability that overrides it (_without_root_override), which works
+    on any file system, tmpfs and overlayfs included. A probe process checks that it cannot write there; where it
+    can (root without CAP_SETPCAP to give the capability up), the test is skipped saying why, which -ra prints."""
+    folder.chmod(0o555)
+    preexec = _without_root_override if os.geteuid() == 0 else None
     try:
-        probe = folder / "probe"
         try:
-            probe.touch()
-        except OSError:
-            yield
-        else:
-            probe.unlink()
-            pytest.skip(f"{folder} could not be made read-only")
+            probe = subprocess.run([sys.executable, "-c", f"open({str(folder / 'probe')!r}, 'w')"],
+                                   capture_output=True, text=True, preexec_fn=preexec)
+        except subprocess.SubprocessError as exc:
+            pytest.skip(f"the read-only case did not run: root could not give up CAP_DAC_OVERRIDE ({exc})")
+        if probe.returncode == 0:
+            pytest.skip(f"the read-only case did not run: {folder} stayed writable after chmod 555")
+        assert "PermissionError" in probe.stderr, probe.stderr[-2000:]
+        yield preexec
     finally:
-        undo()
+        folder.chmod(0o755)
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
@@ -160,8 +163,8 @@ def test_a_read_only_output_folder_is_one_line_before_any_work(case: Case, input
     locked = inputs.tmp / "read-only"
     locked.mkdir()
     where = locked / "out"
-    with read_only(locked):
-        proc = run_script(case.script, *case.argv(inputs, where), timeout=120)
+    with read_only(locked) as preexec:
+        proc = run_script(case.script, *case.argv(inputs, where), timeout=120, preexec_fn=preexec)
     line = _refused(proc, case.constant, where, locked)
     assert "cannot write in" in line
     assert list(locked.iterdir()) == []

@@ -31,6 +31,7 @@ from tests.helpers import (
     stop_build_after_saves,
     stopped_checkpoint,
     stream_args,
+    tagged_owners,
     train_args,
     train_packed,
     train_settings,
@@ -77,20 +78,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _owner(tokens: np.ndarray, tokenizer: Path) -> np.ndarray:
-    """Per token of `tokens` (flat), 1 when it belongs to a document of source a, else 0 (from the decoded text)."""
+    """Per token of `tokens` (flat), 1 when it belongs to a document of source a, 0 for b (from the decoded text);
+    -1 for the first segment when it is the tail of a document begun before (no tag: its owner unknown)."""
     tok = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
-    eos = tok.token_to_id("<|endoftext|>")
-    owner = np.zeros(len(tokens), dtype=np.int8)
-    start = 0
-    ends = [*(np.flatnonzero(tokens == eos) + 1), len(tokens)]
-    first = True
-    for end in ends:
-        text = tok.decode(tokens[start:end].tolist())
-        # the first segment may be the tail of a document begun before: no tag, its owner unknown (not checked)
-        owner[start:end] = -1 if first and text[:1] not in "ab" else (1 if text.startswith("a") else 0)
-        first = False
-        start = end
-    return owner
+    return tagged_owners(tokens, tok.token_to_id("<|endoftext|>"), tok.decode, {"a": 1, "b": 0})
 
 
 def _assert_every_prefix_mixed(owner: np.ndarray, share: float, skip: int = 32) -> None:

@@ -33,10 +33,22 @@ def test_a_checkpoint_that_lost_a_listed_file_is_skipped(tmp_path: Path) -> None
         "model.safetensors", "rng_state_0.pth", "rng_state_1.pth"}
 
 
-def test_an_old_style_marker_without_a_file_list_is_not_trusted(tmp_path: Path) -> None:
+def test_a_marker_that_does_not_list_every_file_with_its_checksum_is_not_trusted(tmp_path: Path) -> None:
+    """A marker without a file list, or listing sizes without sha256s, vouches for nothing (damaged): the checkpoint
+    is skipped, saying why."""
+    from sparknet.train.folders import incomplete
+
     folder = _checkpoint(tmp_path, 5)
     (folder / COMPLETE_MARKER).write_text("5\n")
     assert latest_complete_checkpoint(tmp_path) is None
+    mark_complete(folder, 5)
+    assert latest_complete_checkpoint(tmp_path) == folder
+    marker = json.loads((folder / COMPLETE_MARKER).read_text())
+    sizes = {name: entry["size"] for name, entry in marker["files"].items()}
+    (folder / COMPLETE_MARKER).write_text(json.dumps({"step": 5, "files": sizes}))
+    assert latest_complete_checkpoint(tmp_path, verify=True) is None
+    assert incomplete(folder) == f"its {COMPLETE_MARKER} marker does not list the files with their sizes and " \
+                                 "sha256s (damaged)"
 
 
 def test_one_reader_of_a_runs_metadata_for_run_and_checkpoint_folders(tmp_path: Path) -> None:

@@ -115,6 +115,20 @@ def test_perplexity_of_each_kind_is_that_of_the_jsonl(files: dict, token_files: 
         assert saved[kind]["nll"] == saved["json"]["nll"], kind
 
 
+@pytest.mark.parametrize("kind", ["json", *KINDS])
+def test_a_sources_rows_are_known_before_reading_it_and_are_its_documents(kind: str, files: dict,
+                                                                          tmp_path: Path) -> None:
+    """The rows a source's size gives (what scales the stream's SHUFFLE_BUFFER) are the documents its reader yields,
+    for every kind: a document's newlines (inside a CSV's quoted field, in a Parquet file's bytes) are no rows."""
+    from sparknet.data.source.hub_retries import iter_texts
+    from sparknet.data.source.sizes import source_size
+
+    spec = load_config(_config(kind, files, tmp_path)).mix[0]
+    documents = list(iter_texts(spec))
+    assert len(documents) == 150 and sum(text.count("\n") for text in documents) > 150  # many lines per document
+    assert source_size(spec).rows == 150 and source_size(spec, row_limit=40).rows == 40
+
+
 def test_a_local_kind_needs_its_files_and_takes_no_subset_or_revision(tmp_path: Path) -> None:
     for kind, files in (("parquet", "Parquet"), ("csv", "CSV"), ("text", "plain-text")):
         with pytest.raises(UserError, match=f'mix\\[0\\].data_files: a "{kind}" source needs "data_files": the local '

@@ -97,7 +97,7 @@ def run_benchmarks(model_source: str, tokenizer_source: str, tasks: list[str], i
         raise UserError(f"{model_source}: an answer choice of task(s) {', '.join(tasks)} is longer than the model's "
                         f"context of {_context_of(model_source)} tokens (lm-eval scores each choice whole): evaluate a "
                         "model with a longer context, or tasks with shorter choices") from None
-    except Exception:  # noqa: BLE001 - a Hub task without the network fails deep inside datasets
+    except Exception:  # a Hub task without the network fails deep inside datasets
         offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
         hub_tasks = [t for t in tasks if t != SUITE_TASK]
         if offline and hub_tasks:
@@ -110,12 +110,20 @@ def run_benchmarks(model_source: str, tokenizer_source: str, tasks: list[str], i
         raw = output["results"][task]
         results[task] = {key: float(raw[f"{key},none"]) for m in METRICS for key in (m, f"{m}_stderr")
                          if isinstance(raw.get(f"{key},none"), (int, float))}
-        # what the scores were computed on: the items scored (after LIMIT) and the few-shot examples per item
-        items = output.get("n-samples", {}).get(task, {}).get("effective")
-        shots = output.get("n-shot", {}).get(task)
-        results[task].update({key: int(value) for key, value in (("items", items), ("shots", shots))
-                              if isinstance(value, int)})
+        results[task].update(computed_on(output, task))
     return results
+
+
+def computed_on(output: dict[str, Any], task: str) -> dict[str, Any]:
+    """What `task`'s scores in lm-eval's `output` were computed on: the items scored (after LIMIT; a group's, such
+    as mmlu's, are its subtasks' together) and the few-shot examples per item ("mixed" for a group whose subtasks
+    take different numbers)."""
+    def items(name: str) -> int:
+        if name in output["n-samples"]:
+            return int(output["n-samples"][name]["effective"])
+        return sum(items(sub) for sub in output["group_subtasks"][name])
+
+    return {"items": items(task), "shots": output["n-shot"].get(task, "mixed")}
 
 
 def _context_of(model_source: str) -> int | str:
@@ -149,11 +157,7 @@ def save_results(path: Path, scores: dict[str, dict[str, Any]]) -> None:
     from sparknet.eval.results import benchmark_setting, fullest_benchmarks
 
     def add(data: dict[str, Any]) -> None:
-        settings = data.get("settings")
-        if not isinstance(settings, dict):  # a file written before results were kept per setting: its results kept
-            legacy = data.get("results")
-            settings = {benchmark_setting(task, old): {"task": task, **old}
-                        for task, old in (legacy.items() if isinstance(legacy, dict) else ()) if isinstance(old, dict)}
+        settings = data.get("settings", {})  # a file from before settings were kept: refused by check_benchmarks
         for task, new in scores.items():
             key = benchmark_setting(task, new)
             settings.pop(key, None)  # the same setting again: the new result, written last
@@ -165,7 +169,7 @@ def save_results(path: Path, scores: dict[str, dict[str, Any]]) -> None:
             if standing != new:
                 logging.getLogger("sparknet.eval").info(
                     "%s: this result (%s items) is kept beside a fuller one (%s items) in %s: the card shows the "
-                    "fuller result", task, new.get("items", "?"), standing.get("items", "?"), path)
+                    "fuller result", task, new["items"], standing["items"], path)
 
     update_json(path, add)
 

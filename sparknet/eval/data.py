@@ -168,7 +168,8 @@ def _file_documents(request: DataRequest) -> list[str]:
     for kind, group in itertools.groupby(files, key=lambda path: local_kind_of_file(path.name) or "text"):
         paths = [str(path) for path in group]
         texts += _source_documents(SourceSpec(name=kind, prob=1.0, data_files=paths, label=Path(paths[0]).name,
-                                              text_field=None if kind == "text" else _text_field(request)), request)
+                                              text_field=None if LOCAL_KINDS[kind].whole_files
+                                              else _text_field(request)), request)
     return texts
 
 

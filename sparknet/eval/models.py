@@ -84,7 +84,7 @@ def check_loadable(ref: ModelRef) -> None:
 
     try:
         AutoConfig.from_pretrained(ref.source)
-    except Exception as exc:  # noqa: BLE001 - reported against the user's value with the library's reason
+    except Exception as exc:  # reported against the user's value with the library's reason
         raise _cannot_load(ref, exc) from None
 
 
@@ -101,7 +101,7 @@ def load_model(ref: ModelRef, device: str | None = None) -> tuple[Any, Any, str]
     dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
     try:
         model = AutoModelForCausalLM.from_pretrained(ref.source, dtype=dtype)
-    except Exception as exc:  # noqa: BLE001 - reported against the user's value with the library's reason
+    except Exception as exc:  # reported against the user's value with the library's reason
         raise _cannot_load(ref, exc) from None
     tokenizer = load_tokenizer(tokenizer_source(ref))
     return model.to(device).eval(), tokenizer, device

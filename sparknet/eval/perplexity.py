@@ -148,13 +148,13 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
 
     from sparknet.eval.data import check_unchanged, data_kind, load_labelled_documents, trained_on
     from sparknet.eval.reports import check_results, eval_dir, merge_json
-    from sparknet.eval.results import perplexity_setting
+    from sparknet.eval.results import check_perplexities, perplexity_setting
 
     if not models:
         raise UserError("no models: set MODELS to a list of checkpoint folders or Hub ids")
     refs = [resolve_model(spec) for spec in models]  # every name checked before any is loaded
     runs = [ref.folder for ref in refs if ref.folder is not None]
-    check_results([eval_dir(ref.name, eval_root) / "perplexity.json" for ref in refs])
+    check_results([eval_dir(ref.name, eval_root) / "perplexity.json" for ref in refs], check_perplexities)
     sources, line = data_for_models(refs, request.data)
     for ref, source in zip(refs, sources, strict=True):
         check_unchanged(ref.folder, source)

@@ -42,11 +42,12 @@ def read_results(path: Path) -> dict[str, Any]:
                                   "it anew")
 
 
-def check_results(paths: list[Path]) -> None:
-    """Reads every results file an evaluation will add to, before the evaluation runs: a damaged one stops it at
-    once, not after the work."""
+def check_results(paths: list[Path], check: Callable[[Path, dict[str, Any]], None]) -> None:
+    """Reads every results file an evaluation will add to, before the evaluation runs: a damaged one, or one that
+    `check` refuses (sparknet.eval.results: a file from before results were kept per setting), stops it at once,
+    not after the work."""
     for path in paths:
-        read_results(path)
+        check(path, read_results(path))
 
 
 def merge_json(path: Path, key: str, value: Any) -> dict[str, Any]:

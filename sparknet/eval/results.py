@@ -9,7 +9,15 @@ ones, the last written (results files keep their entries in the order they were 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from sparknet.errors import UserError
+
+# What every result records of what it was computed on, and what no results file from before settings were kept
+# holds: such a file is refused in one line, never read (older SparkNet versions read it; nothing migrates it).
+PERPLEXITY_KEYS = ("data", "documents", "tokens")
+BENCHMARK_KEYS = ("task", "items", "shots")
 
 
 def perplexity_setting(row: dict[str, Any]) -> str:
@@ -19,43 +27,51 @@ def perplexity_setting(row: dict[str, Any]) -> str:
 
 
 def fullest_perplexities(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One result per data (and split): the fullest. Older files (keyed by data, without `documents`) read too."""
+    """One result per data (and split): the fullest."""
     fullest: dict[tuple[str, str | None], dict[str, Any]] = {}
-    for key, row in results.items():
-        if not isinstance(row, dict):
-            continue
-        data = (str(row.get("data", key)), row.get("split"))
+    for row in results.values():
+        data = (row["data"], row.get("split"))
         if data not in fullest or _extent(row) >= _extent(fullest[data]):
             fullest[data] = row
     return list(fullest.values())
 
 
 def _extent(row: dict[str, Any]) -> tuple[int, int]:
-    return int(row.get("tokens") or 0), int(row.get("documents") or 0)
+    return row["tokens"], row["documents"]
 
 
 def benchmark_setting(task: str, scores: dict[str, Any]) -> str:
     """The key of a task's result in benchmarks.json's `settings`: the task, the items scored, the shots."""
-    items = scores.get("items")
-    shots = scores.get("shots")
-    return (f"{task}, {items if items is not None else 'unrecorded'} items, "
-            f"{shots if shots is not None else 'default'}-shot")
+    return f"{task}, {scores['items']} items, {scores['shots']}-shot"
 
 
 def fullest_benchmarks(settings: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """{task: scores} of the fullest result of each task (the most items; a result whose items were not recorded,
-    from an older file, counts as fewer than any recorded one)."""
+    """{task: scores} of the fullest result of each task: the most items."""
     fullest: dict[str, dict[str, Any]] = {}
     for entry in settings.values():
-        task = entry.get("task")
-        if not isinstance(task, str):
-            continue
         scores = {key: value for key, value in entry.items() if key != "task"}
-        if task not in fullest or _items(scores) >= _items(fullest[task]):
-            fullest[task] = scores
+        if entry["task"] not in fullest or scores["items"] >= fullest[entry["task"]]["items"]:
+            fullest[entry["task"]] = scores
     return fullest
 
 
-def _items(scores: dict[str, Any]) -> int:
-    items = scores.get("items")
-    return items if isinstance(items, int) else -1
+def check_perplexities(path: Path, results: dict[str, Any]) -> None:
+    """One line when perplexity.json at `path` holds a result that does not say what it was computed on."""
+    for key, row in results.items():
+        _check_recorded(path, key, row, PERPLEXITY_KEYS)
+
+
+def check_benchmarks(path: Path, data: dict[str, Any]) -> None:
+    """One line when benchmarks.json at `path` keeps its results without their settings (items and shots)."""
+    if data and not isinstance(data.get("settings"), dict):
+        raise UserError(f"{path} keeps results without the settings they were computed with (written by an older "
+                        "SparkNet): it is not read; move it away and evaluate again")
+    for key, entry in (data.get("settings") or {}).items():
+        _check_recorded(path, key, entry, BENCHMARK_KEYS)
+
+
+def _check_recorded(path: Path, key: str, result: Any, keys: tuple[str, ...]) -> None:
+    missing = [name for name in keys if not isinstance(result, dict) or name not in result]
+    if missing:
+        raise UserError(f"{path}: the result {key!r} does not record its {', '.join(missing)} (written by an older "
+                        "SparkNet): the file is not read; move it away and evaluate again")

@@ -44,16 +44,17 @@ def mark_complete(folder: Path, step: int) -> None:
     write_json_atomic(folder / COMPLETE_MARKER, {"step": step, "files": files})
 
 
-def _marker_files(folder: Path) -> dict[str, Any] | None:
+def _marker_files(folder: Path) -> dict[str, dict[str, Any]] | None:
+    """The files the checkpoint's marker lists, each with its size and sha256; None without a marker, or with one
+    that does not list them so (damaged)."""
     try:
         files = json.loads((folder / COMPLETE_MARKER).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return files if isinstance(files, dict) else None
-
-
-def _size(entry: Any) -> Any:
-    return entry.get("size") if isinstance(entry, dict) else entry  # markers before checksums held sizes only
+    listed = isinstance(files, dict) and all(
+        isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("sha256"), str)
+        for entry in files.values())
+    return files if listed else None
 
 
 def is_complete(folder: Path) -> bool:
@@ -65,29 +66,28 @@ def incomplete(folder: Path) -> str | None:
     """Why the checkpoint does not count (cheap: sizes only), or None when its marker vouches for every file: no
     marker (the process died while saving), or a file it lists that is gone or has another size since."""
     files = _marker_files(folder)
-    if files is None and (folder / COMPLETE_MARKER).exists():  # written atomically: damaged since, or older
-        return f"its {COMPLETE_MARKER} marker lists no files (damaged, or written by an older SparkNet)"
+    if files is None and (folder / COMPLETE_MARKER).exists():  # written atomically: damaged since
+        return f"its {COMPLETE_MARKER} marker does not list the files with their sizes and sha256s (damaged)"
     if files is None:
         return "it was not completely written (the process died while saving)"
     for name, entry in files.items():
         path = folder / name
         if not path.is_file():
             return f"its {name} is missing (deleted since the checkpoint was saved)"
-        if path.stat().st_size != _size(entry):
-            return f"its {name} holds {path.stat().st_size:,} bytes, {_size(entry):,} were saved (cut short since)"
+        if path.stat().st_size != entry["size"]:
+            return f"its {name} holds {path.stat().st_size:,} bytes, {entry['size']:,} were saved (cut short since)"
     return None
 
 
 def damaged_file(folder: Path) -> str | None:
     """The first file of a complete checkpoint whose bytes are not those its marker recorded (same size, other
-    content: a bad disk, a stray write), or None when all are (markers without checksums are taken as they are)."""
+    content: a bad disk, a stray write), or None when all are."""
     for name, entry in (_marker_files(folder) or {}).items():
-        if isinstance(entry, dict) and entry.get("sha256"):
-            try:
-                if file_sha256(folder / name) != entry["sha256"]:
-                    return name
-            except OSError:
+        try:
+            if file_sha256(folder / name) != entry["sha256"]:
                 return name
+        except OSError:
+            return name
     return None
 
 

@@ -335,7 +335,7 @@ class SparkTrainer(Trainer):
         sources, blocks = inputs.pop("source_ids", None), inputs.pop("block_index", None)
         if sources is None or model.training or not self.source_labels:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        import torch.nn.functional as F  # noqa: N812 - the usual name
+        import torch.nn.functional as F  # the usual name
 
         outputs = model(**{key: value for key, value in inputs.items() if key != "labels"})
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]

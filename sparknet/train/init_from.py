@@ -103,7 +103,7 @@ def _hub_commit(spec: str) -> str | None:
 
     try:
         path = Path(hf_hub_download(spec, "config.json"))
-    except Exception:  # noqa: BLE001 - reported by _config, which reads the same file, with the library's reason
+    except Exception:  # reported by _config, which reads the same file, with the library's reason
         return None
     return path.parent.name if path.parent.parent.name == "snapshots" else None
 
@@ -113,7 +113,7 @@ def _config(spec: str, source: str, revision: str | None = None) -> Any:
 
     try:
         return AutoConfig.from_pretrained(source, revision=revision)
-    except Exception as exc:  # noqa: BLE001 - reported against the user's value with the library's reason
+    except Exception as exc:  # reported against the user's value with the library's reason
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise UserError(f"INIT_FROM={spec}: cannot read its config ({type(exc).__name__}: {first}); a Hub id needs "
                         "network access or a cached copy") from None

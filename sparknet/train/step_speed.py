@@ -31,7 +31,7 @@ from types import MethodType
 from typing import Any
 
 import torch
-import torch.nn.functional as F  # noqa: N812 - the usual name
+import torch.nn.functional as F  # the usual name
 from transformers import TrainerCallback
 
 HEAD_MULTIPLE = 64

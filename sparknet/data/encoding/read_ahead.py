@@ -227,7 +227,7 @@ class _ReadAhead:
             for item in items:
                 if not self._put((None, item)):
                     return
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it as its own
+        except BaseException as exc:  # handed to the consumer, which raises it as its own
             self._put((self._END, exc))
             return
         self._put((self._END, None))

@@ -8,7 +8,6 @@ pinned to a `revision` (branch, tag or commit); `resolve_revisions` finds the co
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -52,7 +51,7 @@ def open_source(spec: SourceSpec) -> Any:
             spec.name, spec.subset, split=spec.split, data_files=files, revision=spec.revision, streaming=True,
             **builder_kwargs,
         )
-    except Exception as exc:  # noqa: BLE001 - any failure to open is reported against the user's mix entry
+    except Exception as exc:  # any failure to open is reported against the user's mix entry
         access = hub_access_error(spec, exc)
         if access is not None:
             raise access from None
@@ -134,7 +133,7 @@ def resolve_revisions(config: MixConfig) -> dict[str, str | None]:
         if key not in asked:
             try:
                 asked[key] = api.dataset_info(spec.name, revision=spec.revision, timeout=HUB_TIMEOUT_S).sha
-            except Exception as exc:  # noqa: BLE001 - a missing footnote must not stop a build
+            except Exception as exc:  # a missing footnote must not stop a build
                 access = hub_access_error(spec, exc)
                 if access is not None:
                     raise access from None
@@ -296,7 +295,7 @@ def read_rows(rows: Any, spec: SourceSpec) -> Iterator[dict[str, Any]]:
             return
         except UserError:
             raise
-        except Exception as exc:  # noqa: BLE001 - whatever the reader raises, the user needs the source and file
+        except Exception as exc:  # whatever the reader raises, the user needs the source and file
             raise unreadable(spec, rows, exc) from None
         yield row
 
@@ -314,17 +313,14 @@ def unreadable(spec: SourceSpec, rows: Any, exc: BaseException) -> UserError:
     it is known, the reader's own words (pyarrow's name the row within the block it parsed), and what to do."""
     where = _file_being_read(rows) or ", ".join(_data_file_names(spec)) or spec.name
     message = " ".join(str(exc).split()) or type(exc).__name__
-    if spec.name == "json":  # pyarrow names a row within the block it parsed ("Trailing data at position 5")
+    if spec.local is not None and spec.local.first_bad_row is not None:  # the kind can name the row by its line
         files = [where] if _file_being_read(rows) else [str(p) for f in _data_file_names(spec) for p in
                                                          expand_pattern(f)]
         for path in files:
-            bad = first_bad_json_line(path)
+            bad = spec.local.first_bad_row(path, spec.text_field or "text")
             if bad is not None:
-                field = spec.text_field or "text"
-                return UnreadableSource(
-                    f"cannot read source {spec.label!r} ({path}): line {bad[0]} {bad[1]}: a JSONL file holds one "
-                    f"JSON object per line, with its text in {field!r} (the mix entry's \"text_field\", TEXT_FIELD "
-                    "in evaluation); fix or remove the line", exc)
+                return UnreadableSource(f"cannot read source {spec.label!r} ({path}): {bad}; fix or remove the line",
+                                        exc)
     if spec.local:
         fix = "fix or remove the file"
     else:  # a network failure after the retries of `datasets`: often passing
@@ -332,33 +328,6 @@ def unreadable(spec: SourceSpec, rows: Any, exc: BaseException) -> UserError:
                "position)")
     return UnreadableSource(f"cannot read source {spec.label!r} ({where}): {type(exc).__name__}: {message}; {fix}",
                             exc)
-
-
-def first_bad_json_line(path: str) -> tuple[int, str] | None:
-    """The first line of a JSON Lines file that is not a JSON object, as (its number from 1, what it is), or None
-    (all are, or the file is one JSON document rather than lines). Read only once the reader has failed: it names
-    the line, where pyarrow names a row within the block it was parsing. Blank and `null` lines are read as no row,
-    as pyarrow reads them."""
-    import gzip
-
-    opener = gzip.open if path.endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    value = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    if number == 1 and not path.endswith((".jsonl", ".jsonl.gz")):
-                        return None  # a .json file may be one (indented) document: not lines at all
-                    return number, f"is not valid JSON ({exc.msg}, column {exc.colno})"
-                if value is not None and not isinstance(value, dict):
-                    shown = json.dumps(value)
-                    return number, f"is {shown if len(shown) <= 40 else shown[:37] + '...'}, not a JSON object"
-    except (OSError, UnicodeDecodeError, EOFError):
-        return None  # the reader's own message says what is wrong with the file
-    return None
 
 
 def _file_being_read(rows: Any) -> str | None:
@@ -372,7 +341,7 @@ def _file_being_read(rows: Any) -> str | None:
             ex_iterable = ex_iterable.ex_iterable
         files = ex_iterable.kwargs.get("original_files") or ex_iterable.kwargs.get("files")
         return str(files[state["shard_idx"]])
-    except Exception:  # noqa: BLE001 - no position known: the caller names the source's files instead
+    except Exception:  # no position known: the caller names the source's files instead
         return None
 
 

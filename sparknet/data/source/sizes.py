@@ -1,11 +1,11 @@
 """What a mix entry holds, known before it is read, and cheaply: the bytes of its local files (their sizes on disk)
-and its rows (a line count for JSONL and CSV, Parquet's metadata, one per plain-text file). A Hub source's size is
-not known without reading it: None. Both follow from the files alone (whose sha256 is part of every run's and
-dataset's inputs), so what is derived from them is the same on every attempt at the same files."""
+and its rows (as its kind counts them, sparknet.config.LOCAL_KINDS: JSONL's lines, CSV's records, Parquet's
+metadata, one per plain-text file). A Hub source's size is not known without reading it: None. Both follow from the
+files alone (whose sha256 is part of every run's and dataset's inputs), so what is derived from them is the same on
+every attempt at the same files."""
 
 from __future__ import annotations
 
-import gzip
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +41,7 @@ def source_size(spec: SourceSpec, row_limit: int | None = None) -> SourceSize:
     rows: int | None = 0
     for path in files:
         left = None if row_limit is None else row_limit - rows
-        counted = _rows(spec.name, path, left)
+        counted = spec.local.count_rows(path, left)
         if counted is None:
             rows = None
             break
@@ -51,22 +51,3 @@ def source_size(spec: SourceSpec, row_limit: int | None = None) -> SourceSize:
             break
     return SourceSize(total_bytes, rows)
 
-
-def _rows(kind: str, path: Path, limit: int | None) -> int | None:
-    if kind == "text":
-        return 1  # one document per file
-    if kind == "parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_metadata(path).num_rows
-    opener = gzip.open if path.name.lower().endswith(".gz") else open
-    with opener(path, "rb") as f:
-        if kind == "json" and f.read(4096).lstrip()[:1] == b"[":
-            return None  # one JSON array: its rows are not its lines
-        f.seek(0)
-        rows = 0
-        for line in f:
-            rows += bool(line.strip())
-            if limit is not None and rows > limit + 1:
-                break
-    return max(0, rows - 1) if kind == "csv" else rows  # a CSV's header row is no document
