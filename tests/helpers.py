@@ -145,30 +145,36 @@ def read_texts(path: Path) -> list[str]:
 
 # -- documents tagged with their source: who owns each token, read from the text alone ---------------------------------
 
-def tagged_segments(tokens: Any, eos: int, decode: Callable[[list[int]], str]) -> list[tuple[int, int, str]]:
-    """`tokens` (any shape, read flat) cut after each eos: (start, end, decoded text) of every segment, the last one
-    running to the end (empty segments left out)."""
-    import numpy as np
-
-    flat = np.asarray(tokens).reshape(-1)
-    ends = [*(np.flatnonzero(flat == eos) + 1).tolist(), len(flat)]
-    starts = [0, *ends[:-1]]
-    return [(start, end, decode(flat[start:end].tolist())) for start, end in zip(starts, ends, strict=True)
-            if end > start]
-
-
 def tagged_owners(tokens: Any, eos: int, decode: Callable[[list[int]], str], tags: dict[str, int],
-                  untagged: int = -1) -> Any:
-    """Who owns each token of `tokens` (an int array of the same shape), independently of what SparkNet recorded,
-    for test documents that start with their source's tag ("a00012 ", "b00345 "): each segment up to and with an
-    eos is one document, owned by `tags[its text's first character]`; a segment that starts with no tag (a piece of
-    a long document, or the tail of one begun before `tokens`) is owned by `untagged`."""
+                  untagged: int = -1, block_size: int | None = None, rests: dict[str, str] | None = None) -> Any:
+    """Who owns each token of `tokens` (an int array of the same shape; flat ones need `block_size`, blocks give
+    theirs), independently of what SparkNet recorded, for test documents that start with their source's tag and a
+    five-digit number ("a00012 ", "b00345 "): `tags[the tag's letter]`, read back by `tagged_documents` (a long
+    document's pieces, each ending with its block, its owner's; `rests`, by tag, the rest of each document whose
+    start the validation split took: `held_out_rests`); `untagged` for a document begun before `tokens`."""
     import numpy as np
 
-    owner = np.full(np.asarray(tokens).size, untagged, dtype=np.int64)
-    for start, end, text in tagged_segments(tokens, eos, decode):
-        owner[start:end] = tags.get(text[:1], untagged)
-    return owner.reshape(np.shape(tokens))
+    shape = np.shape(tokens)
+    flat = np.asarray(tokens).reshape(-1)
+    size = block_size or shape[-1]
+    index, docs = tagged_documents(flat, size, eos, decode,
+                                   lambda text: match.group(0) if (match := re.match(r"\w\d{5}", text)) and
+                                   text[0] in tags else None, rests)
+    source = np.array([tags[doc["tag"][0]] for doc in docs] + [untagged], dtype=np.int64)
+    return source[index].reshape(shape)  # (index -1 is the last entry: `untagged`)
+
+
+def held_out_rests(rows: dict[str, Any], texts: dict[str, list[str]], encode: Callable[[str], list[int]],
+                   decode: Callable[[list[int]], str]) -> dict[str, str]:
+    """The text of the rest of each document the hold-out cut (which training takes first, with no tag of its
+    own), by the tag ("a00012") the document starts with; `rows`: per source, `HeldOutRows.to_dict()` (as a
+    dataset's position.json records them under "held_out"), `texts`: each source's documents."""
+    out = {}
+    for label, held in rows.items():
+        for row, token in dict(held["rests"]).items():
+            text = texts[label][int(row)]
+            out[text.split(" ", 1)[0]] = decode(encode(text)[int(token):])
+    return out
 
 
 def random_run_folder(tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
@@ -282,9 +288,8 @@ def build_until(argv: list[str], building: Path, stop: Callable[[dict], bool], s
 FAST = dict(model_preset="sparknet-tiny", target_tokens=40 * 4 * 128, global_batch_size=4, batch_size=4,
             learning_rate=3e-3, eval_steps=4, save_steps=8, sample_steps=8, logging_steps=2,
             sample_prompts=["def ", "The "], sample_max_new_tokens=8, seed=0)
-# the streaming trainer's additions for the tests: a small hold-out and shuffle buffer, two encoder processes (and the
-# script's SHUFFLE_WINDOW)
-STREAM = dict(val_tokens=2048, shuffle_buffer=50, num_workers=2, sample_steps=0, shuffle_window=None)
+# the streaming trainer's additions for the tests: a small hold-out and shuffle buffer, two encoder processes
+STREAM = dict(val_tokens=2048, shuffle_buffer=50, num_workers=2, sample_steps=0)
 
 
 def train_settings(tmp_path: Path, **kw: object) -> TrainSettings:
@@ -314,9 +319,8 @@ def train_streamed(tmp_path: Path, config: Path, tokenizer_dir: Path, **kw: obje
     from sparknet.train.settings import TrainSettings
     from sparknet.train.stream_plan import StreamSpec, stream_plan
 
+    window = kw.pop("shuffle_window", script_constants("train_sparknet.py")["SHUFFLE_WINDOW"])
     data = {**STREAM, **{k: v for k, v in kw.items() if k in STREAM}}
-    window = script_constants("train_sparknet.py")["SHUFFLE_WINDOW"] if data["shuffle_window"] is None \
-        else data["shuffle_window"]
     values = {**FAST, "run_name": "run", "checkpoints_dir": str(tmp_path / "ckpt"), "logs_dir": str(tmp_path / "logs"),
               **{k: v for k, v in kw.items() if k not in STREAM}, "sample_steps": data["sample_steps"]}
     settings = TrainSettings.from_constants(script_constants("train_sparknet.py"), **values)
@@ -462,12 +466,16 @@ def tagged_documents(tokens: Any, block_size: int, eos_id: int, decode: Callable
     for k, (start, end, opens, runs_on) in enumerate(segments):
         text = decode(tokens[start:end].tolist())
         tag = tag_of(text)
-        if tag is None and runs_on and k + 1 < len(segments) and segments[k + 1][2]:  # a tag cut by the block end
-            tag = tag_of(decode(tokens[start:segments[k + 1][1]].tolist()))
-        probe = text.rstrip("\ufffd")[:60]  # (a segment may end inside a character)
+        # a document that runs into the next block may have its tag (or the rest's start) cut by the block end
+        joined = decode(tokens[start:segments[k + 1][1]].tolist()) \
+            if runs_on and k + 1 < len(segments) and segments[k + 1][2] else text
+        if tag is None:
+            tag = tag_of(joined)
+        probe = joined.rstrip("\ufffd")[:60]  # (a segment may end inside a character)
+        # a rest is known by its first 20+ characters (or all of a shorter one): a chance match is then out of reach
         rest = None if tag is not None else next(
-            (name for name, rest_text in unseen.items() if rest_text.startswith(probe) and
-             (probe or not rest_text)), None)
+            (name for name, rest_text in unseen.items()
+             if rest_text.startswith(probe) and (len(probe) >= 20 or probe == rest_text)), None)
         if tag is not None or rest is not None:
             index = len(docs)
             docs.append({"tag": tag or rest, "ids": [], "tokens": 0, "pieces": 1, "rest": rest is not None})

@@ -221,7 +221,10 @@ def test_a_stream_run_folder_in_another_format_is_refused_before_its_hold_out(co
     (run_dir / RUN_CONFIG).write_text(json.dumps({"data": "stream", "batch_size": 4, "grad_accum": 1}))
     (run_dir / VAL_REPORT).write_text(json.dumps({"rows_held_out": {}}))  # before commits were recorded
     np.save(run_dir / VAL_BLOCKS, np.zeros((2, 128), dtype=np.int64))
-    with pytest.raises(UserError, match="run run is in run folder format 1, and this SparkNet reads format 2"):
+    from sparknet.train.folders import RUN_FORMAT
+
+    with pytest.raises(UserError, match=f"run run is in run folder format 1, and this SparkNet reads format "
+                                        f"{RUN_FORMAT}"):
         train_streamed(tmp_path, corpus_config, tokenizer_dir)
 
 

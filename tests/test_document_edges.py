@@ -2,15 +2,16 @@
 prefix its share, in the packed build and in the stream; the same content under another file name is refused; no
 validation document is trained on verbatim, in the build and the stream.
 
-Every document starts with its source's tag ("a00012 ", "b00345 "); the huge one with "a-huge". Blocks split at eos
-say, independently of SparkNet's own counts, which source each token came from: a segment that starts with no tag
-is a piece of the huge document."""
+Every document starts with its source's tag ("a00012 ", "b00345 "); the huge one with "a-huge". The text alone
+says, independently of SparkNet's own counts, which source each token came from (tests/helpers.py
+`tagged_documents`): a document's pieces end with their blocks and carry no <|endoftext|> but the document's own."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -19,12 +20,12 @@ import pytest
 from tokenizers import Tokenizer
 
 from sparknet.config import load_config
-from sparknet.data.holdout import hold_out_validation
+from sparknet.data.holdout import hold_out
 from sparknet.data.packed.build import BuildSpec, build_dataset
 from sparknet.data.packed.dataset import PackedDataset
-from sparknet.data.stream.token_stream import TokenStream
+from sparknet.data.spec import DataSpec
 from sparknet.errors import UserError
-from tests.helpers import run_script, tagged_owners, tagged_segments, write_config, write_jsonl
+from tests.helpers import run_script, stream_of, tagged_documents, write_config, write_jsonl
 
 BLOCK = 64
 WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud green quick "
@@ -53,11 +54,30 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _sources(tokens: np.ndarray, eos: int, tok: Tokenizer) -> tuple[np.ndarray, list[tuple[str, int]]]:
-    """Per token, 1 for source a (its documents and the huge one's pieces, which start with no tag) and 0 for b; and
-    the segments' texts and token counts."""
-    owner = tagged_owners(tokens, eos, tok.decode, {"a": 1, "b": 0}, untagged=1)
-    return owner, [(text, end - start) for start, end, text in tagged_segments(tokens, eos, tok.decode)]
+def _tag(text: str) -> str | None:
+    return match.group(0) if (match := re.match(r"a-huge|[ab]\d{5}", text)) else None
+
+
+def _sources(tokens: np.ndarray, eos: int, tok: Tokenizer,
+             rests: dict[str, str] | None = None) -> tuple[np.ndarray, list[dict]]:
+    """Per token (flat, whole blocks), 1 for source a (its documents and the huge one) and 0 for b, and the documents
+    (`tagged_documents`, with the `rests` training starts with); tokens of a document begun before `tokens` count
+    as a's (the huge one's)."""
+    index, docs = tagged_documents(tokens, BLOCK, eos, tok.decode, _tag, rests)
+    source = np.array([int(doc["tag"].startswith("a")) for doc in docs] + [1], dtype=np.int8)
+    return source[index], docs
+
+
+def _rests(held: object, tok: Tokenizer, texts: dict[str, list[str]]) -> dict[str, str]:
+    """The text of the rest of each document the hold-out `held` cut (which training starts with, untagged), by
+    tag; `texts`: each source's documents, by label."""
+    return {_tag(texts[label][row]): tok.decode(tok.encode(texts[label][row], add_special_tokens=False).ids[token:])
+            for label, rows in held.rows.items() for row, token in rows.rests.items()}
+
+
+def _data(cfg: Path, tok: Tokenizer, **kw: object) -> DataSpec:
+    return DataSpec(config=load_config(cfg), tokenizer_json=tok.to_str(), eos_id=tok.token_to_id("<|endoftext|>"),
+                    block_size=BLOCK, seed=1, **kw)
 
 
 def _assert_every_prefix_mixed(owner: np.ndarray, share: float = 0.5) -> None:
@@ -84,24 +104,30 @@ def test_one_huge_document_anywhere_keeps_every_prefix_of_the_build_and_the_stre
             {"name": "json", "prob": 0.5, "data_files": str(tmp_path / "a.jsonl")},
             {"name": "json", "prob": 0.5, "data_files": str(tmp_path / "b.jsonl")}], context_length=BLOCK)
 
-    # the build's validation split takes a's first rows (a huge document there is cut to its cap): "first" is the
-    # first document after them (one after, so that the validation split's choices stay those without it)
-    _, rows, _ = hold_out_validation(config=load_config(config(len(normal))), tokenizer_json=tok.to_str(), eos_id=eos,
-                                     block_size=BLOCK, val_tokens=4_000, seed=1)
-    cfg = config({"first": rows["a"] + 1, "middle": 60, "last": len(normal)}[where])
+    # the hold-out takes a's first rows (a huge document there gives it its first tokens): "first" is the first
+    # document after them (one after, so that the hold-out's choices stay those without it)
+    rows = hold_out(_data(config(len(normal)), tok, val_tokens=4_000)).rows
+    cfg = config({"first": rows["a"].rows + 1, "middle": 60, "last": len(normal)}[where])
     out = tmp_path / "ds"
     manifest = build_dataset(BuildSpec(config=load_config(cfg), tokenizer=str(tokenizer), output_dir=out,
                                        target_tokens=60_000, val_tokens=4_000, block_size=BLOCK, seed=1))
-    owner, texts = _sources(np.asarray(PackedDataset(out, "train").tokens).reshape(-1), eos, tok)
+    tokens = np.asarray(PackedDataset(out, "train").tokens).reshape(-1)
+    texts = {"a": [json.loads(line)["text"] for line in (tmp_path / "a.jsonl").read_text().splitlines()],
+             "b": _texts("b", 1500, 4)}
+    owner, docs = _sources(tokens, eos, tok, _rests(hold_out(_data(cfg, tok, val_tokens=4_000)), tok, texts))
     _assert_every_prefix_mixed(owner)
     assert manifest["complete"] and manifest["shares_missed"] == {}
     assert abs(manifest["splits"]["train"]["sources"]["a"]["share"] - owner.mean()) < 1e-9  # its count is ours
-    # the huge document went in as pieces of 8 blocks, each ending with eos (the last piece may be cut by the end)
-    pieces = [n for t, n in texts[:-1] if not t.startswith(("a0", "b0"))]
-    assert len(pieces) > 5 and set(pieces) == {8 * BLOCK}, pieces
+    # the huge document went in as pieces (8 blocks at most, each but its last ending with a block) with no eos
+    huge = next(doc for doc in docs if doc["tag"] == "a-huge")
+    assert huge["pieces"] > 5 and HUGE.startswith(huge["text"])
+    index, _ = tagged_documents(tokens, BLOCK, eos, tok.decode, _tag,
+                                _rests(hold_out(_data(cfg, tok, val_tokens=4_000)), tok, texts))
+    huge_tokens = np.flatnonzero(index == docs.index(huge))
+    assert not (tokens[huge_tokens[:-1]] == eos).any()  # none forged where its pieces end
 
     cfg = config({"first": 0, "middle": 60, "last": len(normal)}[where])  # the stream: no hold-out here
-    stream = TokenStream(config=load_config(cfg), tokenizer_json=tok.to_str(), eos_id=eos, block_size=BLOCK, seed=1)
+    stream = stream_of(load_config(cfg), tok.to_str(), eos, block_size=BLOCK, seed=1)
     blocks = []
     for item in stream:
         blocks.append(item["input_ids"].numpy())
@@ -110,6 +136,47 @@ def test_one_huge_document_anywhere_keeps_every_prefix_of_the_build_and_the_stre
     stream.close()
     owner, _ = _sources(np.concatenate(blocks), eos, tok)
     _assert_every_prefix_mixed(owner)
+
+
+@pytest.mark.parametrize("where", ["build", "stream"])
+def test_a_long_first_document_gives_the_hold_out_its_start_and_training_the_rest(
+        where: str, tokenizer: Path, tmp_path: Path) -> None:
+    """A huge document first in a source asked at 0.4: the hold-out takes its first tokens (up to the source's
+    cap), training the rest, whole, in pieces; so the source keeps its share of the training split (before, the
+    rest was dropped: 98% of the source lost and 20.5% / 79.5% for 40 / 60)."""
+    write_jsonl(tmp_path / "a.jsonl", [HUGE, *_texts("a", 40, 3)])
+    write_jsonl(tmp_path / "b.jsonl", _texts("b", 2000, 4))
+    cfg = write_config(tmp_path / "mix.json", [
+        {"name": "json", "prob": 0.4, "data_files": str(tmp_path / "a.jsonl")},
+        {"name": "json", "prob": 0.6, "data_files": str(tmp_path / "b.jsonl")}], context_length=BLOCK)
+    tok = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
+    eos = tok.token_to_id("<|endoftext|>")
+    held = hold_out(_data(cfg, tok, val_tokens=2_000))
+    _, val_docs = _sources(held.blocks.reshape(-1), eos, tok)
+    start = next(doc for doc in val_docs if doc["tag"] == "a-huge")["tokens"]
+    assert held.rows["a"].rests[0] == start and start < 2_000 * 0.4 / 20 + BLOCK
+    blocks = 100_000 // BLOCK
+    if where == "build":
+        manifest = build_dataset(BuildSpec(config=load_config(cfg), tokenizer=str(tokenizer),
+                                           output_dir=tmp_path / "ds", target_tokens=blocks * BLOCK,
+                                           val_tokens=2_000, block_size=BLOCK, seed=1))
+        assert manifest["complete"] and not manifest["exhausted_sources"]
+        tokens = np.asarray(PackedDataset(tmp_path / "ds", "train").tokens).reshape(-1)
+    else:
+        stream = stream_of(load_config(cfg), tok.to_str(), eos, block_size=BLOCK, seed=1, held_out=held.rows,
+                           exclude=held.hashes)
+        tokens = np.concatenate([item["input_ids"].numpy() for _, item in zip(range(blocks), stream, strict=False)])
+        stream.close()
+    rests = _rests(held, tok, {"a": [HUGE, *_texts("a", 40, 3)], "b": _texts("b", 2000, 4)})
+    owner, docs = tagged_documents(tokens, BLOCK, eos, tok.decode, _tag, rests)
+    rest = rests["a-huge"]
+    huge = next(doc for doc in docs if doc["rest"] and doc["tag"] == "a-huge")
+    assert rest.startswith(huge["text"]) and huge["pieces"] > 5  # training starts with the rest, in pieces
+    source = np.array([int(doc["tag"].startswith("a")) for doc in docs] + [-1])[owner]
+    assert (source >= 0).all() and abs(source.mean() - 0.4) <= 0.02  # the source keeps its share
+    for k in range(len(docs)):  # an eos only where a document ends: none forged where a piece of the rest ends
+        ends = np.flatnonzero((owner == k) & (tokens == eos))
+        assert len(ends) <= 1 and (not len(ends) or ends[0] == np.flatnonzero(owner == k)[-1]), docs[k]["tag"]
 
 
 def test_the_same_content_under_another_name_is_refused(tmp_path: Path) -> None:
@@ -151,18 +218,14 @@ def _repeats_config(tmp_path: Path) -> tuple[Path, list[str], list[str]]:
 
 
 def _whole_documents(tokens: np.ndarray, eos: int, tok: Tokenizer, known: set[str]) -> list[str]:
-    """The documents among the segments between eos (cut validation documents are matched by prefix)."""
+    """The documents of `tokens` (flat, whole blocks) that start in them, read back from their tags; one cut (by
+    the hold-out's cap, or the end of the split) matched to the one document it starts."""
+    _, docs = tagged_documents(tokens, BLOCK, eos, tok.decode, _tag)
     out = []
-    start = 0
-    for end in np.flatnonzero(tokens == eos) + 1:
-        text = tok.decode(tokens[start:end - 1].tolist())
-        start = end
-        if text in known:
-            out.append(text)
-        else:
-            prefixed = [k for k in known if k.startswith(text)]
-            assert len(prefixed) == 1, text[:40]
-            out.append(prefixed[0])
+    for doc in docs:
+        prefixed = [doc["text"]] if doc["text"] in known else [k for k in known if k.startswith(doc["text"])]
+        assert len(set(prefixed)) == 1, doc["text"][:40]
+        out.append(prefixed[0])
     return out
 
 
@@ -186,19 +249,18 @@ def test_no_validation_document_is_trained_on_in_the_build_or_the_stream(tokeniz
         got = manifest["splits"]["train"]["sources"][label]["validation_repeats_removed"]
         assert got == expected and got > 0, (label, got, expected)
 
-    config = load_config(cfg)
-    val_blocks, rows, report = hold_out_validation(config=config, tokenizer_json=tok.to_str(), eos_id=eos,
-                                                   block_size=BLOCK, val_tokens=3_000, seed=1)
-    val = set(_whole_documents(val_blocks.reshape(-1), eos, tok, known))
-    assert report["document_hashes"] and len(report["document_hashes"]) >= len(val)
-    stream = TokenStream(config=config, tokenizer_json=tok.to_str(), eos_id=eos, block_size=BLOCK, seed=1,
-                         skip_documents=rows, exclude_documents=report["document_hashes"])
+    held = hold_out(_data(cfg, tok, val_tokens=3_000))
+    val = set(_whole_documents(held.blocks.reshape(-1), eos, tok, known))
+    assert held.hashes and len(held.hashes) >= len(val)
+    stream = stream_of(load_config(cfg), tok.to_str(), eos, block_size=BLOCK, seed=1, held_out=held.rows,
+                       exclude=held.hashes)
     blocks = [item["input_ids"].numpy() for item in stream]
     stats = stream.stats()
     stream.close()
     trained = _whole_documents(np.concatenate(blocks), eos, tok, known)
     assert trained and not val & set(trained)
     removed = stats["validation_repeats_removed"]
+    rows = {label: held.rows[label].rows for label in ("a", "b")}
     assert removed["b"] == sum(1 for i, t in enumerate(b) if i >= rows["b"] and t in val)
     assert removed["a"] == sum(1 for i, t in enumerate(a) if i >= rows["a"] and t in val) and removed["b"] > 0
     assert json.dumps(stats)  # plain data, as the metadata takes it
@@ -217,3 +279,39 @@ def test_the_streaming_trainer_drops_repeats_of_its_hold_out_and_reports_them(to
     removed = metadata["stream"]["training"]["validation_repeats_removed"]
     assert removed["b"] >= 1 and "document_hashes" not in metadata["stream"]["validation"]
     assert len(report["document_hashes"]) >= report["sources"]["a"]["documents"]
+
+
+def test_a_single_document_builds_its_start_held_out_and_its_rest_trained(tokenizer: Path, tmp_path: Path) -> None:
+    """A source of one 40-56 KB document never built, at any VAL_TOKENS, and the error's advice did not help: the
+    validation split takes its first piece, training the rest, and the two are the document."""
+    text = "a00000 " + " ".join(random.Random(11).choices(WORDS, k=7000))
+    write_jsonl(tmp_path / "one.jsonl", [text])
+    assert 40_000 < len(text) < 56_000
+    mix = [{"name": "json", "prob": 1.0, "data_files": str(tmp_path / "one.jsonl")}]
+    cfg = write_config(tmp_path / "mix.json", mix, context_length=BLOCK, target_tokens=4_000)
+    out = tmp_path / "ds"
+    proc = run_script("build_dataset_v5.py", "--config", cfg, "--tokenizer_dir", tokenizer, "--output_dir", out,
+                      "--num_workers", 0)
+    assert proc.returncode == 0, proc.stderr
+    tok = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
+    val, train = (np.asarray(PackedDataset(out, split).tokens).reshape(-1) for split in ("val", "train"))
+    ids = tok.encode(text, add_special_tokens=False).ids
+    assert len(val) > 0 and val.tolist() == ids[:len(val)]  # its start
+    assert train.tolist() == ids[len(val):len(val) + len(train)]  # and what follows, from the next token on
+
+
+def test_too_few_training_tokens_after_removing_repeats_of_validation_says_how_many(tokenizer: Path,
+                                                                                    tmp_path: Path) -> None:
+    """5,000 identical one-token documents: all but the hold-out's are repeats of a validation document, dropped;
+    the message counts them (it said 'read: 32 documents' and advised a lower VAL_TOKENS)."""
+    write_jsonl(tmp_path / "same.jsonl", ["alpha"] * 5000)
+    mix = [{"name": "json", "prob": 1.0, "data_files": str(tmp_path / "same.jsonl")}]
+    cfg = write_config(tmp_path / "mix.json", mix, context_length=BLOCK)
+    proc = run_script("build_dataset_v5.py", "--config", cfg, "--tokenizer_dir", tokenizer, "--output_dir",
+                      tmp_path / "ds", "--num_workers", 0, "--val_tokens", BLOCK)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "dropped as repeats of validation documents): remove the repeated documents" in line, line
+    held, dropped = (int(n.replace(",", "")) for n in re.search(
+        r"after (\d+) rows held out for validation, ([\d,]+) document\(s\) dropped", line).groups())
+    assert held + dropped == 5000 and dropped > 4900  # every row either held out or dropped, all counted

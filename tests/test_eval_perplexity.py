@@ -316,7 +316,9 @@ def test_a_damaged_hold_out_file_of_a_streaming_run_is_one_line(how: str, corpus
     (run / RUN_CONFIG).write_text(json.dumps({"format_version": 2, "data": "stream",
                                               "mix": load_config(corpus_config).to_dict()["mix"]}))
     np.save(run / VAL_BLOCKS, np.arange(256, dtype=np.uint16).reshape(2, 128))
-    (run / VAL_REPORT).write_text(json.dumps({"blocks": 2, "rows_held_out": {"prose": 3, "code": 3}, "commits": {}}))
+    held = {"prose": {"rows": 3, "rests": {}}, "code": {"rows": 3, "rests": {"1": 5}}}
+    (run / VAL_REPORT).write_text(json.dumps({"blocks": 2, "rows_held_out": {"prose": 3, "code": 3}, "held_out": held,
+                                              "commits": {}, "source_labels": ["prose", "code"]}))
     assert load_documents(DataRequest(str(run / VAL_BLOCKS))) and load_documents(
         DataRequest(str(corpus_config), runs=[run], max_documents=2))  # whole, both read
     for name in (VAL_BLOCKS, VAL_REPORT):

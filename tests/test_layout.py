@@ -161,10 +161,11 @@ def test_every_training_setting_is_declared_once_with_doc_identity_and_rule() ->
 
 def test_what_the_data_package_hands_on_resolves() -> None:
     import sparknet.data
-    from sparknet.data.holdout import hold_out_validation
+    from sparknet.data.holdout import hold_out
     from sparknet.data.packed.dataset import PackedDataset
+    from sparknet.data.spec import DataSpec, Part
     from sparknet.data.stream.token_stream import TokenStream
 
-    assert sparknet.data.__all__ == ["PackedDataset", "TokenStream", "hold_out_validation"]
-    assert (sparknet.data.PackedDataset, sparknet.data.TokenStream, sparknet.data.hold_out_validation) == (
-        PackedDataset, TokenStream, hold_out_validation)
+    assert sparknet.data.__all__ == ["DataSpec", "PackedDataset", "Part", "TokenStream", "hold_out"]
+    assert (sparknet.data.DataSpec, sparknet.data.PackedDataset, sparknet.data.Part, sparknet.data.TokenStream,
+            sparknet.data.hold_out) == (DataSpec, PackedDataset, Part, TokenStream, hold_out)

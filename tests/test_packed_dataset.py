@@ -108,6 +108,22 @@ def _documents(folder: Path, split: str, tokenizer_dir: Path,
     return tokens, owner, docs
 
 
+def _rests(folder: Path, sources: dict, tokenizer_dir: Path) -> tuple[list[dict], dict[str, str]]:
+    """The validation split's documents, and the text of the rest of each one it cut (by tag), which the training
+    split starts with (untagged)."""
+    from sparknet.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(tokenizer_dir))
+    full = {_tag(text): text for name in ("short", "long") for text in sources[name]}
+    _, _, val_docs = _documents(folder, "val", tokenizer_dir)
+    rests = {}
+    for doc in val_docs:
+        ids = tok.encode(full[doc["tag"]], add_special_tokens=False) + [tok.eos_token_id]
+        if doc["tokens"] < len(ids):
+            rests[doc["tag"]] = tok.decode(ids[doc["tokens"]:], skip_special_tokens=True)
+    return val_docs, rests
+
+
 @pytest.fixture(scope="module")
 def built(sources: dict, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("built")
@@ -162,11 +178,8 @@ def test_an_eos_only_where_a_document_ends_none_missing_and_no_token_in_both_spl
 
     tok = load_tokenizer(str(tokenizer_dir))
     full = {_tag(text): text for name in ("short", "long") for text in sources[name]}
-    _, _, val_docs = _documents(built, "val", tokenizer_dir)
+    val_docs, cut = _rests(built, sources, tokenizer_dir)
     val = {doc["tag"]: doc for doc in val_docs}
-    ids = {tag: tok.encode(full[tag], add_special_tokens=False) + [tok.eos_token_id] for tag in val}
-    cut = {tag: tok.decode(ids[tag][doc["tokens"]:], skip_special_tokens=True) for tag, doc in val.items()
-           if doc["tokens"] < len(ids[tag])}
     held = json.loads((built / "manifest.json").read_text())["splits"]["val"]["sources"]
     assert sum(source["documents_cut"] for source in held.values()) == len(cut) > 5
     tokens, owner, train_docs = _documents(built, "train", tokenizer_dir, rests=cut)
@@ -470,9 +483,9 @@ def test_the_validation_split_carries_the_mix_and_the_manifest_says_so(
 def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
     sources: dict, tokenizer_dir: Path, tmp_path: Path
 ) -> None:
-    """kill -9 just after the first save, Ctrl-C later in the training split, each followed by the same command: the files
-    and manifest equal an uninterrupted build's (which reads on demand), with a shuffle buffer, encoder processes
-    and sources read ahead on threads."""
+    """kill -9 just after the first save, Ctrl-C later in the training split, each followed by the same command:
+    the files and manifest equal an uninterrupted build's (which reads on demand), with a shuffle buffer, encoder
+    processes and sources read ahead on threads."""
     cfg = _config(sources, tmp_path)
     extra = ("--target_tokens", 600_000, "--shuffle_buffer", 64, "--num_workers", 2, "--checkpoint_seconds", 0.05,
              "--read_ahead", 4)
@@ -587,8 +600,8 @@ def test_a_validation_split_too_small_for_whole_long_documents_still_carries_the
     assert max(doc["tokens"] for doc in val_docs[:-1]) < 350 + 128
     long_ones = [doc for doc in val_docs[:-1] if doc["tag"].startswith("long-")]
     assert len(long_ones) >= 12 and max(doc["tokens"] for doc in long_ones) < 150 + 128
-    _, _, train_docs = _documents(out, "train", tokenizer_dir)
-    assert max(doc["tokens"] for doc in train_docs[:-1]) > 600
+    _, _, train_docs = _documents(out, "train", tokenizer_dir, _rests(out, sources, tokenizer_dir)[1])
+    assert max(doc["tokens"] for doc in train_docs[:-1]) > 600  # a long document's rest, whole
 
 
 def test_a_ctrl_c_while_the_build_closes_still_stops_its_encoders(tokenizer_dir: Path) -> None:
@@ -621,7 +634,7 @@ def test_a_ctrl_c_while_the_build_closes_still_stops_its_encoders(tokenizer_dir:
 def test_the_token_dtype_follows_the_vocabulary_and_the_dtype_rule() -> None:
     import numpy as np
 
-    from sparknet.data.encoding.packer import token_dtype
+    from sparknet.data.spec import token_dtype
 
     assert token_dtype(50257) == np.uint16 and token_dtype(2**16 + 1) == np.uint32
     assert token_dtype(2**16, "uint32") == np.uint32

@@ -24,6 +24,7 @@ from tests.helpers import (
     checkpoint_step,
     finish,
     finish_ok,
+    held_out_rests,
     read_events,
     run_script,
     start_script,
@@ -31,6 +32,7 @@ from tests.helpers import (
     stop_build_after_saves,
     stopped_checkpoint,
     stream_args,
+    stream_of,
     tagged_owners,
     train_args,
     train_packed,
@@ -77,11 +79,18 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"dir": tmp, "tokenizer": tmp / "tok", "config": _phases_config(tmp / "phases.json", tmp)}
 
 
-def _owner(tokens: np.ndarray, tokenizer: Path) -> np.ndarray:
-    """Per token of `tokens` (flat), 1 when it belongs to a document of source a, 0 for b (from the decoded text);
-    -1 for the first segment when it is the tail of a document begun before (no tag: its owner unknown)."""
+def _owner(tokens: np.ndarray, tokenizer: Path, dataset: Path | None = None) -> np.ndarray:
+    """Per token of `tokens` (flat, blocks of BLOCK), 1 when it belongs to a document of source a, 0 for b (from the
+    decoded text; a packed `dataset`'s training split starts with the rests of the documents its hold-out cut);
+    -1 for the tail of a document begun before (no tag: its owner unknown)."""
     tok = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
-    return tagged_owners(tokens, tok.token_to_id("<|endoftext|>"), tok.decode, {"a": 1, "b": 0})
+    rests = None
+    if dataset is not None:
+        rows = json.loads((dataset / "position.json").read_text())["held_out"]["rows"]
+        rests = held_out_rests(rows, {"a": _texts("a", 3000, 1), "b": _texts("b", 3000, 2)},
+                               lambda text: tok.encode(text, add_special_tokens=False).ids, tok.decode)
+    return tagged_owners(tokens, tok.token_to_id("<|endoftext|>"), tok.decode, {"a": 1, "b": 0},
+                         block_size=BLOCK, rests=rests)
 
 
 def _assert_every_prefix_mixed(owner: np.ndarray, share: float, skip: int = 32) -> None:
@@ -196,7 +205,7 @@ def test_the_build_writes_the_phases_in_order_each_mixed_in_every_prefix(setup: 
     assert manifest["complete"] and all(p["complete"] and not p["shares_missed"] for p in train["phases"])
     assert manifest["inputs"]["phases"] == load_config(setup["config"]).to_dict()["phases"]
     tokens = np.fromfile(dataset / "train.bin", dtype=manifest["dtype"]).astype(np.int64)
-    owner = _owner(tokens, setup["tokenizer"])
+    owner = _owner(tokens, setup["tokenizer"], dataset)
     for phase, asked in zip(train["phases"], (MAIN, ANNEAL), strict=True):
         start, end = (b * BLOCK for b in phase["blocks"])
         # the manifest's counts are the decoded text's, token for token
@@ -222,8 +231,7 @@ def test_a_build_interrupted_before_and_after_the_boundary_writes_the_same_datas
     # a clock that ticks once per reading: the build saves its position every ten documents or so, however fast
     ticks = itertools.count()
     monkeypatch.setattr(build_module, "time", types.SimpleNamespace(time=time.time, monotonic=lambda: next(ticks)))
-    stops = [lambda split, writers: split == "train" and 100 < writers["train"].blocks < 234,
-             lambda split, writers: split == "train" and writers["train"].blocks > 260]
+    stops = [lambda state: 100 < state["written"]["train"] < 234, lambda state: state["written"]["train"] > 260]
     stop_build_after_saves(monkeypatch, stops)
     out = tmp_path / "ds"
     spec = BuildSpec(config=load_config(setup["config"]), tokenizer=str(setup["tokenizer"]), output_dir=out,
@@ -231,7 +239,7 @@ def test_a_build_interrupted_before_and_after_the_boundary_writes_the_same_datas
     for phase in (0, 1):
         with pytest.raises(KeyboardInterrupt):
             build_dataset(spec)
-        assert build_position(tmp_path / ".ds.building").get("phase") == phase
+        assert build_position(tmp_path / ".ds.building")["position"].get("phase", 0) == phase
     manifest = build_dataset(spec)
     assert not stops
     for name in ("train.bin", "val.bin"):
@@ -325,12 +333,10 @@ def test_a_packed_run_in_phases_trains_each_phase_on_its_blocks_and_resumes_exac
 # -- the stream ---------------------------------------------------------------------------------------------------
 
 def _stream(setup: dict[str, Path], ends: list[int]):
-    from sparknet.data.stream.token_stream import TokenStream
-
     tok = Tokenizer.from_file(str(setup["tokenizer"] / "tokenizer.json"))
-    stream = TokenStream(config=load_config(setup["config"]), tokenizer_json=tok.to_str(),
-                         eos_id=tok.token_to_id("<|endoftext|>"), block_size=BLOCK, seed=1, shuffle_buffer=20)
-    stream.set_phase_ends(ends)
+    stream = stream_of(load_config(setup["config"]), tok.to_str(), tok.token_to_id("<|endoftext|>"),
+                       block_size=BLOCK, seed=1, shuffle_buffer=20)
+    stream.plan(phase_ends=ends)
     return stream
 
 

@@ -76,14 +76,14 @@ def test_damaged_state_files_are_named_before_training(tmp_path: Path, caplog) -
 
     from sparknet.errors import UserError
     from sparknet.run_files import RUN_CONFIG
-    from sparknet.train.folders import EVAL_START, open_run
+    from sparknet.train.folders import EVAL_START, RUN_FORMAT, open_run
 
     run = tmp_path / "ckpt" / "run"
     run.mkdir(parents=True)
     (run / RUN_CONFIG).write_text('{"seed": 4')  # cut short by a full disk
     with pytest.raises(UserError, match=r"run_config.json is damaged .*another RUN_NAME"):
         open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), {"seed": 4}, False, True)
-    (run / RUN_CONFIG).write_text('{"format_version": 2, "seed": 4}')
+    (run / RUN_CONFIG).write_text(f'{{"format_version": {RUN_FORMAT}, "seed": 4}}')
     (run / EVAL_START).write_text("\x00\x00\x00")  # same size as before, garbage
     folder = open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), {"seed": 4}, False, True)
     assert "eval_start.json is damaged" in caplog.text

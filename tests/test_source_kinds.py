@@ -14,7 +14,7 @@ import pytest
 
 from sparknet.config import LOCAL_KINDS, load_config
 from sparknet.errors import UserError
-from tests.helpers import read_texts, run_script, write_config, write_jsonl
+from tests.helpers import read_texts, run_script, stream_of, write_config, write_jsonl
 
 KINDS = ["parquet", "csv", "text"]
 
@@ -69,15 +69,13 @@ def test_a_build_from_each_kind_is_the_jsonl_build_byte_for_byte(kind: str, file
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_stream_from_each_kind_is_the_jsonl_stream(kind: str, files: dict, tokenizer_dir: Path,
                                                      tmp_path: Path) -> None:
-    from sparknet.data import TokenStream
     from sparknet.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(tokenizer_dir))
     blocks = {}
     for name in ("json", kind):
-        stream = TokenStream(config=load_config(_config(name, files, tmp_path)),
-                             tokenizer_json=(tokenizer_dir / "tokenizer.json").read_text(), eos_id=tok.eos_token_id,
-                             block_size=128, seed=0, shuffle_buffer=20)
+        stream = stream_of(load_config(_config(name, files, tmp_path)),
+                           (tokenizer_dir / "tokenizer.json").read_text(), tok.eos_token_id, shuffle_buffer=20)
         blocks[name] = [item["input_ids"].tolist() for _, item in zip(range(40), stream, strict=False)]
         stream.close()
     assert len(blocks[kind]) == 40 and blocks[kind] == blocks["json"]
@@ -191,7 +189,6 @@ def test_a_pre_tokenized_source_is_mixed_as_its_text_would_be(files: dict, token
 
 def test_a_pre_tokenized_stream_is_the_stream_of_its_text(files: dict, token_files: Path, tokenizer_dir: Path,
                                                           tmp_path: Path) -> None:
-    from sparknet.data import TokenStream
     from sparknet.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(tokenizer_dir))
@@ -199,8 +196,8 @@ def test_a_pre_tokenized_stream_is_the_stream_of_its_text(files: dict, token_fil
     for name, entry in (("text", {"name": "json", "data_files": files["json"][0]}),
                         ("ids", {"name": "parquet", "data_files": str(token_files)})):
         config = load_config(write_config(tmp_path / f"{name}.json", [{**entry, "prob": 1}], context_length=128))
-        stream = TokenStream(config=config, tokenizer_json=(tokenizer_dir / "tokenizer.json").read_text(),
-                             eos_id=tok.eos_token_id, block_size=128, seed=0, shuffle_buffer=20)
+        stream = stream_of(config, (tokenizer_dir / "tokenizer.json").read_text(), tok.eos_token_id,
+                           shuffle_buffer=20)
         blocks[name] = [item["input_ids"].tolist() for _, item in zip(range(40), stream, strict=False)]
         stream.close()
     assert len(blocks["ids"]) == 40 and blocks["ids"] == blocks["text"]

@@ -251,14 +251,17 @@ class StreamBlocks:
     def _finish(self, reason: str) -> None:
         if self.blocks_yielded == 0:
             part = self.part
+            removed = self.pipeline.removed()
             counts = ", ".join(f"{label}: {c.documents} pieces" + (
                 f" after {part.held_out[label].rows} rows held out for validation" if label in part.held_out and
-                part.held_out[label].rows else "") for label, c in self.mixer.counts.items())
+                part.held_out[label].rows else "") + (
+                f", {removed[label]:,} document(s) dropped as repeats of validation documents" if removed[label]
+                else "") for label, c in self.mixer.counts.items())
             rank = f" for rank {part.rank} of {part.world_size}" if part.world_size > 1 else ""
-            raise UserError(
-                f"{reason} before one block of {self.block_size} tokens could be made{rank} ({counts}): "
-                "add data, or lower BLOCK_SIZE or VAL_TOKENS"
-            )
+            fix = ("remove the repeated documents or add others" if any(removed.values())
+                   else "add data, or lower BLOCK_SIZE or VAL_TOKENS")
+            raise UserError(f"{reason} before one block of {self.block_size} tokens could be made{rank} ({counts}): "
+                            f"{fix}")
         log.warning("the stream ended after %d blocks: %s", self.blocks_yielded, reason)
         self.end = reason
         self._current = None

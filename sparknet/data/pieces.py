@@ -8,11 +8,12 @@
   where a block ends and gives the rest back (`give_back`), so that the document is never followed inside a block by
   another one without its <|endoftext|>, and the next piece starts a new block: blocks never attend across each
   other, so the model sees a long document as it sees one that spans blocks.
-- **The hold-out's share of a document.** In the validation part a document gives at most its source's `cap`
-  tokens (its first ones; data/spec.py `document_caps`), so that a short validation split still holds ~20 items of
-  each source, rounded to end with a block (`extend`: past the cap by less than a block where the cap ends before
-  the block does); the rest of it is training's (`cut`: where the hold-out stopped in each document it did not take
-  whole, which data/holdout.py hands to training as `HeldOutRows.rests`).
+- **The hold-out's share of a document.** In the validation part a document gives one piece: its first tokens, at
+  most its source's `cap` (data/spec.py `document_caps`, so that a short validation split still holds ~20 items of
+  each source), ended with a block like any piece (short of the cap where the cap runs past a block's end, past it
+  by less than a block where the cap ends before its block does: `extend`); the rest of it is training's
+  (`used_documents`: where the hold-out stopped in each document, which data/holdout.py hands to training as
+  `HeldOutRows.rests`).
 - **No validation text in training.** In the training part, documents whose tokens hash (BLAKE2b, 8 bytes) to one
   of `exclude` (the hold-out's documents) are dropped and counted (`removed`): a copied document in another file or
   source, a repeated boilerplate page, never reaches the training split verbatim. The rest of a document the
@@ -52,6 +53,7 @@ class _Handed:
     starts: list[int] = field(default_factory=list)  # the token each of its pieces handed out starts at
     stop: int = 0  # the token after the last piece handed out (after what was given back)
     hash: str = ""  # the validation part: its document_hash
+    mark: tuple[int, int] | None = None  # the validation part: EncodedDocuments' mark, taken while it is known
 
 
 class SourcePieces:
@@ -70,7 +72,8 @@ class SourcePieces:
         self.handed_out = 0  # items handed out
         self.continues = False
         self._skip_tokens = offset
-        self._history: deque[_Handed] = deque(maxlen=1 << 14)
+        # the hold-out keeps every document (it reports them all at its end); training the last 16k
+        self._history: deque[_Handed] = deque(maxlen=None if cap is not None else 1 << 14)
         self._doc_index = documents.handed_out  # index of the next document to take from `documents`
         self._doc: np.ndarray | None = None
         self._at = self._end = 0
@@ -90,8 +93,10 @@ class SourcePieces:
             self._doc, self._at = doc, start
             self._end = len(doc) if self.cap is None else min(len(doc), self.cap)
             if self._at < self._end:  # (the rest of a document may be empty: the data changed)
+                held = self.cap is not None  # the hold-out asks these of every document at its end
                 self._history.append(_Handed(self.handed_out, index, len(doc), self.removed,
-                                             hash=document_hash(doc) if self.cap is not None else ""))
+                                             hash=document_hash(doc) if held else "",
+                                             mark=self.documents.mark(index + 1) if held else None))
         assert self._doc is not None
         piece = self._doc[self._at: min(self._at + self.piece_tokens, self._end)]
         entry = self._history[-1]
@@ -114,8 +119,11 @@ class SourcePieces:
         return more
 
     def give_back(self, tokens: int) -> None:
-        """The last `tokens` tokens of the last piece handed out were not used: the next piece starts with them."""
+        """The last `tokens` tokens of the last piece handed out were not used: the next piece starts with them (in
+        the validation part, the document's share ends there: the rest is training's)."""
         self._at -= tokens
+        if self.cap is not None:
+            self._end = self._at
         self._history[-1].stop = self._at
         self.continues = True
 
@@ -150,9 +158,8 @@ class SourcePieces:
             else:
                 stop = entry.stop
             if stop > entry.starts[0]:
-                mark = self.documents.mark(entry.doc + 1)
-                assert mark is not None
-                out.append((entry.hash, mark, stop, entry.length))
+                assert entry.mark is not None
+                out.append((entry.hash, entry.mark, stop, entry.length))
         return out
 
     def _entry(self, index: int) -> _Handed:

@@ -30,6 +30,23 @@ PIECE_BLOCKS = 8
 VAL_DOCUMENTS_PER_SOURCE = 20  # documents of each source a validation split can always hold (`document_caps`)
 
 
+def token_dtype(vocab_size: int, requested: str = "auto") -> np.dtype:
+    """uint16 when every id fits, else uint32; a requested dtype too small for the vocabulary is refused."""
+    from sparknet.checks import check_values
+    from sparknet.errors import UserError
+
+    check_values({"DTYPE": requested})  # the choices are the DTYPE rule's
+    if requested == "auto":
+        return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+    dtype = np.dtype(requested)
+    if vocab_size > np.iinfo(dtype).max + 1:
+        raise UserError(
+            f"a vocabulary of {vocab_size} tokens overflows {requested} (ids up to "
+            f"{np.iinfo(dtype).max}): use DTYPE=uint32 or auto"
+        )
+    return dtype
+
+
 @dataclass(frozen=True)
 class HeldOutRows:
     """One source's rows that the validation hold-out used: the first `rows`, of which those in `rests` only up to
@@ -123,8 +140,6 @@ class DataSpec:
 
     @property
     def token_dtype(self) -> np.dtype:
-        from sparknet.data.encoding.packer import token_dtype
-
         return token_dtype(self.vocab_size, self.dtype)
 
     def document_caps(self) -> dict[str, int]:

@@ -276,7 +276,7 @@ def _config_documents(request: DataRequest) -> list[str]:
     from sparknet.data.source.rank_reader import SourceReader
 
     config = load_config(request.data)
-    rows = _held_out_rows(config, request)
+    rows, cut = _held_out_rows(config, request)
     per_source = []
     for spec in config.mix:
         texts = []
@@ -285,17 +285,19 @@ def _config_documents(request: DataRequest) -> list[str]:
         for text, read in SourceReader(spec, vocab_size=vocab):
             if read > rows[spec.label]:
                 break
-            texts.append(decoded(text, tokenizer))
+            if read - 1 not in cut[spec.label]:  # a document the hold-out cut: its rest was trained on
+                texts.append(decoded(text, tokenizer))
         per_source.append(texts)
     return [t for group in itertools.zip_longest(*per_source) for t in group if t is not None]
 
 
-def _held_out_rows(config: Any, request: DataRequest) -> dict[str, int]:
-    """Rows per source from the start: `holdout_rows` for every source, else the fewest that any streaming run
-    among the models held out (so no model scores a document it was trained on)."""
+def _held_out_rows(config: Any, request: DataRequest) -> tuple[dict[str, int], dict[str, set[int]]]:
+    """Rows per source from the start, and among them those of documents the hold-out took only the start of (their
+    rest was trained on): `holdout_rows` for every source, else the fewest that any streaming run among the models
+    held out, and every run's cut rows (so no model scores a document it was trained on)."""
     labels = [s.label for s in config.mix]
     if request.holdout_rows > 0:
-        return {label: request.holdout_rows for label in labels}
+        return {label: request.holdout_rows for label in labels}, {label: set() for label in labels}
     mix = config.to_dict()["mix"]
     recorded = []
     for folder in request.runs:
@@ -305,7 +307,7 @@ def _held_out_rows(config: Any, request: DataRequest) -> dict[str, int]:
                 fix = "run the run's training command again, which writes it again, or set HOLDOUT_ROWS"
                 if read_json_object(identity, fix).get("mix") == mix:
                     try:
-                        recorded.append(read_val_report(report)["rows_held_out"])
+                        recorded.append(read_val_report(report)["held_out"])
                     except ValueError as exc:
                         raise UserError(f"{report} is damaged ({exc}): {fix}") from None
                 break
@@ -316,4 +318,6 @@ def _held_out_rows(config: Any, request: DataRequest) -> dict[str, int]:
             "start (documents a model may have trained on if it saw this config), or pass the run's packed dataset "
             "folder as DATA"
         )
-    return {label: min(int(r.get(label, 0)) for r in recorded) for label in labels}
+    rows = {label: min(int(r.get(label, {}).get("rows", 0)) for r in recorded) for label in labels}
+    cut = {label: {int(row) for r in recorded for row in r.get(label, {}).get("rests", {})} for label in labels}
+    return rows, cut

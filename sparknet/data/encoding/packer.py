@@ -21,23 +21,6 @@ PIECE_CHARS = 1 << 20  # characters: longer documents are encoded in pieces of a
 CUT_WINDOW = 1 << 16  # characters searched after a piece's end for a space to cut at
 
 
-def token_dtype(vocab_size: int, requested: str = "auto") -> np.dtype:
-    """uint16 when every id fits, else uint32; a requested dtype too small for the vocabulary is refused."""
-    from sparknet.checks import check_values
-    from sparknet.errors import UserError
-
-    check_values({"DTYPE": requested})  # the choices are the DTYPE rule's
-    if requested == "auto":
-        return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
-    dtype = np.dtype(requested)
-    if vocab_size > np.iinfo(dtype).max + 1:
-        raise UserError(
-            f"a vocabulary of {vocab_size} tokens overflows {requested} (ids up to "
-            f"{np.iinfo(dtype).max}): use DTYPE=uint32 or auto"
-        )
-    return dtype
-
-
 class DocumentEncoder:
     """Encodes batches of documents to one flat token array with eos after every document, plus document lengths.
     A document is a text, or the token ids of a pre-tokenized source, taken as they are (a trailing eos of theirs

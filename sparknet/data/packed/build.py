@@ -36,7 +36,6 @@ import numpy as np
 from sparknet.checks import check_values
 from sparknet.config import MixConfig
 from sparknet.data.blocks import StreamBlocks, initial_state
-from sparknet.data.encoding.packer import token_dtype
 from sparknet.data.holdout import HeldOut, hold_out
 from sparknet.data.packed.dataset import (
     FORMAT_VERSION,
@@ -53,7 +52,7 @@ from sparknet.data.packed.dataset import (
 from sparknet.data.packed.manifest import description, missed_shares, phase_report, split_report
 from sparknet.data.pipeline import Encoders, Pipeline, stop
 from sparknet.data.source.opening import at_commits, resolve_revisions
-from sparknet.data.spec import PIECE_BLOCKS, DataSpec, HeldOutRows, Part
+from sparknet.data.spec import PIECE_BLOCKS, DataSpec, HeldOutRows, Part, token_dtype
 from sparknet.errors import UserError
 from sparknet.identity import describe_changes, local_files_fingerprint
 from sparknet.locks import exclusive
@@ -429,10 +428,15 @@ def _splits(spec: BuildSpec, loop: StreamBlocks, writers: dict[str, SplitWriter]
     splits = split_report(spec, held, counts, writers)
     exhausted = counts["exhausted"]
     if writers["train"].blocks == 0:
-        read = ", ".join(f"{label} {n} piece(s)" for label, n in counts["documents"].items())
+        removed = counts["validation_repeats_removed"]
+        read = ", ".join(f"{label} {n} piece(s)" + (f" and {removed[label]:,} document(s) dropped as repeats of "
+                                                     "validation documents" if removed[label] else "")
+                         for label, n in counts["documents"].items())
+        fix = ("remove the repeated documents or add others" if any(removed.values())
+               else "add data, or lower VAL_TOKENS or BLOCK_SIZE")
         raise UserError(
             f"the sources hold too few tokens for even one training block of {block} tokens after "
-            f"{writers['val'].blocks} validation blocks (read: {read}): add data, or lower VAL_TOKENS or BLOCK_SIZE"
+            f"{writers['val'].blocks} validation blocks (training read: {read}): {fix}"
         )
     short = writers["train"].blocks < want["train"] or writers["val"].blocks < want["val"]
     if exhausted:

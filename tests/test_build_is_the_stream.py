@@ -1,0 +1,127 @@
+"""The packed build is the stream at one process written to disk (issue 40): with the same config, tokenizer,
+VAL_TOKENS, SHUFFLE_BUFFER and seed, a streamed run on one process evaluates on exactly the blocks of val.bin and
+trains on the blocks of train.bin, each once (in windows shuffled), with and without phases, with a long document in
+the mix; and a complete dataset built again with a larger TARGET_TOKENS grows into the bytes of a fresh build of
+that size. The scripts run as users run them; the blocks are compared by the digests the trainer records
+(RECORD_BATCHES) against digests computed here from the token files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sparknet.config import load_config
+from sparknet.data.packed.build import BuildSpec, build_dataset
+from sparknet.data.packed.dataset import PackedDataset
+from sparknet.errors import UserError
+from tests.helpers import run_script, step_blocks, stream_args, write_config, write_jsonl
+
+BLOCK = 64
+GLOBAL_BATCH = 4
+STEPS = 40
+VAL_TOKENS = 1_500
+SHUFFLE_BUFFER = 30
+WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud green quick".split()
+
+
+def _texts(tag: str, n: int, seed: int, words: tuple[int, int] = (10, 80)) -> list[str]:
+    rng = random.Random(seed)
+    return [f"{tag}{i:05d} " + " ".join(rng.choices(WORDS, k=rng.randint(*words))) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Source a (its 4th document long: ~25 blocks, in pieces), source b, a tokenizer folder, and two configs of
+    them: one mix, and two phases (0.75 / 0.25 of the run, the second on b alone)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from sparknet.bpe import train_bpe
+    from sparknet.tokenizer import EOT
+
+    tmp = tmp_path_factory.mktemp("build-stream")
+    a = _texts("a", 400, 1)
+    a[3] = "a-long " + " ".join(random.Random(5).choices(WORDS, k=3000))
+    write_jsonl(tmp / "a.jsonl", a)
+    write_jsonl(tmp / "b.jsonl", _texts("b", 600, 2))
+    tok = train_bpe(_texts("a", 100, 3) + _texts("b", 100, 4), vocab_size=300)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOT).save_pretrained(tmp / "tok")
+    mix = [{"name": "json", "prob": 0.5, "data_files": str(tmp / "a.jsonl")},
+           {"name": "json", "prob": 0.5, "data_files": str(tmp / "b.jsonl")}]
+    tokens = STEPS * GLOBAL_BATCH * BLOCK
+    one = write_config(tmp / "one.json", mix, context_length=BLOCK, target_tokens=tokens)
+    phased = json.loads(one.read_text())
+    phased["phases"] = [{"name": "main", "share": 0.75, "mix": mix},
+                        {"name": "b only", "share": 0.25, "mix": [{**mix[1], "prob": 1.0}]}]
+    del phased["mix"]
+    (tmp / "phased.json").write_text(json.dumps(phased))
+    return {"dir": tmp, "tokenizer": tmp / "tok", "one": one, "phased": tmp / "phased.json"}
+
+
+def _digests(blocks: np.ndarray) -> list[str]:
+    """The trainer's block digest (hf_trainer.SparkTrainer.training_step): blake2b of the int64 ids."""
+    return [hashlib.blake2b(row.astype(np.int64).tobytes(), digest_size=8).hexdigest() for row in blocks]
+
+
+@pytest.mark.parametrize("config", ["one", pytest.param("phased", marks=pytest.mark.slow)])
+def test_a_one_process_stream_holds_out_val_bin_and_trains_on_train_bin_each_block_once(
+        config: str, setup: dict[str, Path], tmp_path: Path) -> None:
+    cfg, tokenizer = setup[config], setup["tokenizer"]
+    proc = run_script("build_dataset_v5.py", "--config", cfg, "--tokenizer_dir", tokenizer, "--output_dir",
+                      tmp_path / "ds", "--val_tokens", VAL_TOKENS, "--shuffle_buffer", SHUFFLE_BUFFER,
+                      "--num_workers", 0)
+    assert proc.returncode == 0, proc.stderr
+    train = np.asarray(PackedDataset(tmp_path / "ds", "train").tokens)
+    assert len(train) == STEPS * GLOBAL_BATCH
+    proc = run_script("train_sparknet.py", *stream_args(
+        tmp_path, cfg, tokenizer, target_tokens=STEPS * GLOBAL_BATCH * BLOCK, global_batch_size=GLOBAL_BATCH,
+        batch_size=GLOBAL_BATCH, val_tokens=VAL_TOKENS, shuffle_buffer=SHUFFLE_BUFFER, num_workers=0,
+        record_batches=True, eval_steps=STEPS, save_steps=STEPS))
+    assert proc.returncode == 0, proc.stderr
+    run = tmp_path / "ckpt" / "run"
+    # the hold-out: val.bin's blocks, token for token
+    assert np.array_equal(np.load(run / "val_blocks.npy"), np.asarray(PackedDataset(tmp_path / "ds", "val").tokens))
+    steps = step_blocks(run)
+    assert sorted(steps) == list(range(1, STEPS + 1))
+    trained = [digest for step in sorted(steps) for digest in steps[step][0]]
+    assert sorted(trained) == sorted(_digests(train))  # train.bin's blocks, each once
+    assert trained != sorted(trained)  # (a guard: the comparison is of multisets)
+    order = {digest: index for index, digest in enumerate(_digests(train))}
+    assert [order[d] for d in trained] != list(range(len(train)))  # in another order: the windows shuffle
+    if config == "phased":  # each step's blocks from its phase's range of train.bin
+        manifest = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+        (_, end), _ = (phase["blocks"] for phase in manifest["splits"]["train"]["phases"])
+        for step, (digests, _) in steps.items():
+            assert all((order[d] < end) == (step <= STEPS * 3 // 4) for d in digests), step
+
+
+def test_a_dataset_grows_into_the_bytes_of_a_fresh_build_of_the_larger_size(setup: dict[str, Path],
+                                                                            tmp_path: Path) -> None:
+    def spec(out: Path, tokens: int) -> BuildSpec:
+        return BuildSpec(config=load_config(setup["one"]), tokenizer=str(setup["tokenizer"]), output_dir=out,
+                         target_tokens=tokens, val_tokens=VAL_TOKENS, block_size=BLOCK, seed=1,
+                         shuffle_buffer=SHUFFLE_BUFFER)
+
+    grown, fresh = tmp_path / "grown", tmp_path / "fresh"
+    small = build_dataset(spec(grown, 6_000 * 4))
+    assert small["complete"] and (grown / "position.json").is_file()
+    proc = run_script("build_dataset_v5.py", "--config", setup["one"], "--tokenizer_dir", setup["tokenizer"],
+                      "--output_dir", grown, "--target_tokens", 12_000 * 4, "--val_tokens", VAL_TOKENS,
+                      "--shuffle_buffer", SHUFFLE_BUFFER, "--seed", 1, "--num_workers", 0)
+    assert proc.returncode == 0, proc.stderr
+    assert "growing it to 48,000" in proc.stderr and "resuming the interrupted build" in proc.stderr
+    expected = build_dataset(spec(fresh, 12_000 * 4))
+    for name in ("train.bin", "val.bin", "val_sources.bin", "position.json"):
+        assert (grown / name).read_bytes() == (fresh / name).read_bytes(), name
+    manifest = json.loads((grown / "manifest.json").read_text())
+    for m in (manifest, expected):
+        m.pop("build_seconds")
+    assert manifest == expected and manifest["splits"]["train"]["blocks"] == 2 * small["splits"]["train"]["blocks"]
+    # the same command again: nothing to do; a smaller size is other inputs, refused as for any dataset
+    assert build_dataset(spec(grown, 12_000 * 4)) == json.loads((grown / "manifest.json").read_text())
+    with pytest.raises(UserError, match="other inputs .*target_tokens"):
+        build_dataset(spec(grown, 6_000 * 4))
