@@ -15,6 +15,8 @@ BLOCK_SIZE: int | None = None  # tokens per training block (None: the config's c
 VAL_TOKENS: int | None = None  # validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most 1M)
 # documents shuffled per source (0: each source's order; None: 1/20 of the smallest source's rows, at most 10,000)
 SHUFFLE_BUFFER: int | None = None
+# training blocks handed out in a shuffled order per window, so a step mixes documents (0: the stream's order)
+SHUFFLE_WINDOW = 1024
 ON_EXHAUSTED = "renormalise"  # a source runs dry: renormalise (the others fill in, a warning), stop, or restart it
 NUM_WORKERS: int | None = None  # tokenizer processes per training process (None: the cores / processes on this node)
 DATA_SEED: int | None = None  # seed of the per-source shuffle (None: the config's seed)
@@ -85,7 +87,8 @@ def main() -> None:
                       seed=config.seed if DATA_SEED is None else DATA_SEED,
                       shuffle_buffer=default_shuffle_buffer(config) if SHUFFLE_BUFFER is None else SHUFFLE_BUFFER,
                       on_exhausted=ON_EXHAUSTED, num_workers=workers,
-                      target_tokens=settings.tokens_asked(BLOCK_SIZE or config.context_length))
+                      target_tokens=settings.tokens_asked(BLOCK_SIZE or config.context_length),
+                      window_blocks=SHUFFLE_WINDOW)
     run_dir = runtime.project_path(CHECKPOINTS_DIR) / RUN_NAME
     report_outcome(train(settings, stream_plan(spec, run_dir)), LOGS_DIR)
 

@@ -113,6 +113,7 @@ RULES: dict[str, Rule] = {
     "BLOCK_SIZE": integer(MIN_BLOCK, expected=f"{MIN_BLOCK} or more tokens ({MIN_BLOCK_WHY})", none=True),
     "VAL_TOKENS": integer(1, expected="a positive number (the trainer evaluates on them)", none=True),
     "SHUFFLE_BUFFER": integer(0, expected="0 (each source's order) or a number of documents", none=True),
+    "SHUFFLE_WINDOW": integer(0, expected="0 (the stream's order) or a number of blocks"),
     "ON_EXHAUSTED": choice("renormalise", "stop", "restart"),
     "NUM_WORKERS": integer(0, expected="an integer >= 0 (0: encode in this process)", none=True),
     "DATA_SEED": Rule(SEED.test, SEED.expected, none=True),

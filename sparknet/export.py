@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sparknet.config import LOCAL_KINDS
-from sparknet.data.pieces import PIECE_BLOCKS
+from sparknet.data.spec import PIECE_BLOCKS
 from sparknet.errors import UserError
 from sparknet.eval.models import ModelRef, load_model, resolve_model
 from sparknet.eval.reports import eval_dir, markdown_table

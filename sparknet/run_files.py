@@ -50,8 +50,9 @@ def read_val_report(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(str(exc)) from None
     if not isinstance(report, dict) or not isinstance(report.get("blocks"), int) or not all(
-            isinstance(report.get(key), dict) for key in ("rows_held_out", "commits")):
-        raise ValueError("not a hold-out report: no blocks, rows_held_out and commits")
+            isinstance(report.get(key), dict) for key in ("rows_held_out", "held_out", "commits")) or \
+            not isinstance(report.get("source_labels"), list):
+        raise ValueError("not a hold-out report: no blocks, rows_held_out, held_out, commits and source_labels")
     return report
 
 

@@ -206,20 +206,39 @@ def build_args(cfg: Path, out: Path, tokenizer_dir: Path, *extra: object) -> lis
             "--num_workers", 0, *extra]
 
 
-def stop_build_after_saves(monkeypatch: Any, stops: list[Callable[[str, dict], bool]]) -> None:
+def stop_build_after_saves(monkeypatch: Any, stops: list[Callable[[dict], bool]]) -> None:
     """Makes the packed build raise KeyboardInterrupt (a Ctrl-C) right after a save of its position for which the
-    first of `stops` (split, writers) holds; each stop is used once and removed from the list."""
+    first of `stops` (given the saved state: its "written" blocks per split, its "position") holds; each stop is used
+    once and removed from the list."""
     from sparknet.data.packed import build as build_module
 
-    real_save = build_module.save_state
+    real_save = build_module._Writing.save
 
-    def save_then_stop(folder: Path, **kw: Any) -> None:
-        real_save(folder, **kw)
-        if stops and stops[0](kw["split"], kw["writers"]):
+    def save_then_stop(self: Any, loop: Any) -> None:
+        real_save(self, loop)
+        if stops and stops[0](self.saved):
             stops.pop(0)
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(build_module, "save_state", save_then_stop)
+    monkeypatch.setattr(build_module._Writing, "save", save_then_stop)
+
+
+def stream_of(config: Any, tokenizer_json: str, eos_id: int, **kw: Any) -> Any:
+    """A TokenStream of `config` whose DataSpec and Part take their fields from `kw` (`block_size` and `seed`
+    default to 128 and 0; `held_out`, per source, may give a row count for `HeldOutRows`)."""
+    import dataclasses
+
+    from sparknet.data.spec import DataSpec, HeldOutRows, Part
+    from sparknet.data.stream.token_stream import TokenStream
+
+    data = {f.name for f in dataclasses.fields(DataSpec)}
+    held = {label: rows if isinstance(rows, HeldOutRows) else HeldOutRows(rows)
+            for label, rows in dict(kw.pop("held_out", {})).items()}
+    if "exclude" in kw:
+        kw["exclude"] = frozenset(kw["exclude"])
+    spec = DataSpec(config=config, tokenizer_json=tokenizer_json, eos_id=eos_id,
+                    **{"block_size": 128, "seed": 0, **{k: v for k, v in kw.items() if k in data}})
+    return TokenStream(spec, Part(held_out=held, **{k: v for k, v in kw.items() if k not in data}))
 
 
 def run_where_a_local_folder_is(hub: HubServer, cwd: Path, script: str, *args: object) -> tuple[list[str], float]:
@@ -235,7 +254,7 @@ def run_where_a_local_folder_is(hub: HubServer, cwd: Path, script: str, *args: o
 def build_position(building: Path) -> dict | None:
     """An interrupted build's saved position, or None while there is none (or it is being replaced)."""
     try:
-        return json.loads((building / "build_state.json").read_text())
+        return json.loads((building / "position.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
 
@@ -263,8 +282,9 @@ def build_until(argv: list[str], building: Path, stop: Callable[[dict], bool], s
 FAST = dict(model_preset="sparknet-tiny", target_tokens=40 * 4 * 128, global_batch_size=4, batch_size=4,
             learning_rate=3e-3, eval_steps=4, save_steps=8, sample_steps=8, logging_steps=2,
             sample_prompts=["def ", "The "], sample_max_new_tokens=8, seed=0)
-# the streaming trainer's additions for the tests: a small hold-out and shuffle buffer, two encoder processes
-STREAM = dict(val_tokens=2048, shuffle_buffer=50, num_workers=2, sample_steps=0)
+# the streaming trainer's additions for the tests: a small hold-out and shuffle buffer, two encoder processes (and the
+# script's SHUFFLE_WINDOW)
+STREAM = dict(val_tokens=2048, shuffle_buffer=50, num_workers=2, sample_steps=0, shuffle_window=None)
 
 
 def train_settings(tmp_path: Path, **kw: object) -> TrainSettings:
@@ -295,13 +315,16 @@ def train_streamed(tmp_path: Path, config: Path, tokenizer_dir: Path, **kw: obje
     from sparknet.train.stream_plan import StreamSpec, stream_plan
 
     data = {**STREAM, **{k: v for k, v in kw.items() if k in STREAM}}
+    window = script_constants("train_sparknet.py")["SHUFFLE_WINDOW"] if data["shuffle_window"] is None \
+        else data["shuffle_window"]
     values = {**FAST, "run_name": "run", "checkpoints_dir": str(tmp_path / "ckpt"), "logs_dir": str(tmp_path / "logs"),
               **{k: v for k, v in kw.items() if k not in STREAM}, "sample_steps": data["sample_steps"]}
     settings = TrainSettings.from_constants(script_constants("train_sparknet.py"), **values)
     mix = load_config(config)
     spec = StreamSpec(config=mix, tokenizer_dir=str(tokenizer_dir), block_size=mix.context_length,
                       val_tokens=data["val_tokens"], seed=mix.seed, shuffle_buffer=data["shuffle_buffer"],
-                      on_exhausted="renormalise", num_workers=data["num_workers"], target_tokens=settings.target_tokens)
+                      on_exhausted="renormalise", num_workers=data["num_workers"], target_tokens=settings.target_tokens,
+                      window_blocks=window)
     return train(settings, stream_plan(spec, tmp_path / "ckpt" / "run"))
 
 
@@ -405,3 +428,67 @@ def hub_build(cfg: Path, out: Path, tokenizer_dir: Path, env: dict[str, str] | N
     """A small packed build of `cfg` (60k training tokens) in its own process, with `env` (the Hub server's)."""
     return run_script("build_dataset_v5.py", "--config", cfg, "--tokenizer_dir", tokenizer_dir, "--output_dir", out,
                       "--target_tokens", 60_000, "--val_tokens", 6_000, "--num_workers", 0, *extra, env=env)
+
+
+# -- reading tagged documents back from packed tokens -----------------------------------------------------------------
+
+def tagged_documents(tokens: Any, block_size: int, eos_id: int, decode: Callable[[list[int]], str],
+                     tag_of: Callable[[str], str | None],
+                     rests: dict[str, str] | None = None) -> tuple[Any, list[dict[str, Any]]]:
+    """Who owns each token of `tokens` (flat, whole blocks), read back from the text alone: every test document
+    starts with a tag (`tag_of(text)` gives it, None for text that does not start with one). A document is cut
+    into segments at its <|endoftext|>, at block ends, and where a long document is handed out in pieces (a piece
+    ends with its block; the next piece follows later, after other documents): a segment without a tag is the
+    document that ran into the end of the previous block (when it opens a block), else the last document left
+    unfinished (the tests mix at most one source of long documents, so that one is unambiguous). `rests`: the text
+    of documents whose start the validation split took, by tag (a training split starts with them, untagged).
+    Returns the index of each token's document (-1: a document begun before `tokens`) and the documents: tag,
+    text, tokens, pieces, and whether it is such a rest."""
+    import numpy as np
+
+    segments = []  # (start, end, opens a block, runs into the block's end)
+    for block_start in range(0, len(tokens), block_size):
+        block = tokens[block_start:block_start + block_size]
+        cuts = [0, *(np.flatnonzero(block == eos_id) + 1)]
+        if cuts[-1] != len(block):
+            cuts.append(len(block))
+        segments += [(block_start + a, block_start + b, a == 0, b == len(block) and block[-1] != eos_id)
+                     for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    owner = np.full(len(tokens), -1, dtype=np.int64)
+    docs: list[dict[str, Any]] = []
+    straddling: int | None = None  # the document that ran into the end of the previous block, unfinished
+    suspended: list[int] = []  # documents left unfinished at a block end, continued later
+    unseen = dict(rests or {})
+    for k, (start, end, opens, runs_on) in enumerate(segments):
+        text = decode(tokens[start:end].tolist())
+        tag = tag_of(text)
+        if tag is None and runs_on and k + 1 < len(segments) and segments[k + 1][2]:  # a tag cut by the block end
+            tag = tag_of(decode(tokens[start:segments[k + 1][1]].tolist()))
+        probe = text.rstrip("\ufffd")[:60]  # (a segment may end inside a character)
+        rest = None if tag is not None else next(
+            (name for name, rest_text in unseen.items() if rest_text.startswith(probe) and
+             (probe or not rest_text)), None)
+        if tag is not None or rest is not None:
+            index = len(docs)
+            docs.append({"tag": tag or rest, "ids": [], "tokens": 0, "pieces": 1, "rest": rest is not None})
+            unseen.pop(rest, None)
+        elif opens and straddling is not None:
+            index = straddling
+        elif suspended:
+            index = suspended.pop()
+            docs[index]["pieces"] += 1
+        else:
+            index = -1
+        if opens and straddling is not None and index != straddling:
+            suspended.append(straddling)  # a piece that ended with its block: its document goes on later
+        if opens:
+            straddling = None
+        owner[start:end] = index
+        if index >= 0:
+            docs[index]["ids"] += tokens[start:end].tolist()
+            docs[index]["tokens"] += end - start
+        if runs_on:
+            straddling = index if index >= 0 else None
+    for doc in docs:  # decoded whole: a character may straddle two segments
+        doc["text"] = decode(doc.pop("ids"))
+    return owner, docs

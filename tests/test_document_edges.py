@@ -19,9 +19,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from sparknet.config import load_config
+from sparknet.data.holdout import hold_out_validation
 from sparknet.data.packed.build import BuildSpec, build_dataset
 from sparknet.data.packed.dataset import PackedDataset
-from sparknet.data.stream.holdout import hold_out_validation
 from sparknet.data.stream.token_stream import TokenStream
 from sparknet.errors import UserError
 from tests.helpers import run_script, tagged_owners, tagged_segments, write_config, write_jsonl

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,7 @@ from tests.helpers import (
     encoder_processes,
     run_script,
     stop_build_after_saves,
+    tagged_documents,
     write_config,
     write_jsonl,
 )
@@ -88,6 +90,24 @@ def _segments(tokens: np.ndarray, eos: int) -> list[np.ndarray]:
     return np.split(tokens, cuts)
 
 
+def _tag(text: str) -> str | None:
+    """A document's tag: its source and number ("short-12", "long-3"), when `text` starts one."""
+    return match.group(1) if (match := re.match(r"((?:short|long)-\d+): ", text)) else None
+
+
+def _documents(folder: Path, split: str, tokenizer_dir: Path,
+               rests: dict[str, str] | None = None) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+    """A split's tokens (flat), the document of each token and the documents (tests/helpers.py
+    `tagged_documents`: read back from the tags their texts start with, and the `rests` of cut ones)."""
+    from sparknet.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(tokenizer_dir))
+    tokens = np.asarray(PackedDataset(folder, split).tokens).reshape(-1)
+    owner, docs = tagged_documents(tokens, 128, tok.eos_token_id,
+                                   lambda ids: tok.decode(ids, skip_special_tokens=True), _tag, rests)
+    return tokens, owner, docs
+
+
 @pytest.fixture(scope="module")
 def built(sources: dict, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("built")
@@ -115,67 +135,60 @@ def test_realised_token_shares_match_the_requested_ones(built: Path) -> None:
 
 def test_each_validation_token_is_labelled_with_the_source_its_text_came_from(built: Path, tokenizer_dir: Path) -> None:
     """val_sources.bin against the text: every document of these sources starts with its source's name ("short-",
-    "long-"), so each validation document (up to and with its eos) is decoded and its tokens' recorded ids must all
+    "long-"), so the owner of each validation token is read back from the decoded text, and its recorded id must
     name that source; packing joins documents of both sources in blocks, so blocks of mixed sources are checked."""
-    from sparknet.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(str(tokenizer_dir))
     val = PackedDataset(built, "val")
     assert val.source_labels == ["short", "long"] and val.source_ids is not None
     assert val.source_ids.shape == val.tokens.shape
-    tokens, ids = np.asarray(val.tokens).reshape(-1), val.source_ids.reshape(-1)
-    ends = np.flatnonzero(tokens == tok.eos_token_id) + 1
-    start, mixed_blocks = 0, {int(b) for b in range(len(val)) if len(set(val.source_ids[b].tolist())) > 1}
-    for end in ends:
-        text = tok.decode(tokens[start:end].tolist())
-        source = text.split("-", 1)[0]
-        assert source in ("short", "long"), text[:40]
-        assert set(ids[start:end].tolist()) == {val.source_labels.index(source)}, (start, text[:40])
-        start = end
-    assert len(ends) > 40 and len(mixed_blocks) > 10  # whole documents of both sources, and blocks joining them
+    _, owner, docs = _documents(built, "val", tokenizer_dir)
+    ids = val.source_ids.reshape(-1)
+    source = np.array([val.source_labels.index(doc["tag"].split("-")[0]) for doc in docs])
+    assert (owner >= 0).all() and np.array_equal(source[owner], ids)
+    mixed_blocks = {int(b) for b in range(len(val)) if len(set(val.source_ids[b].tolist())) > 1}
+    assert len(docs) > 40 and len(mixed_blocks) > 10  # documents of both sources, and blocks joining them
     counts = np.bincount(ids, minlength=2)
     manifest = val.manifest["splits"]["val"]["sources"]
     assert counts.tolist() == [manifest["short"]["tokens"], manifest["long"]["tokens"]]
 
 
-def test_eos_after_every_document_none_missing_and_splits_disjoint(
+def test_an_eos_only_where_a_document_ends_none_missing_and_no_token_in_both_splits(
     built: Path, sources: dict, tokenizer_dir: Path
 ) -> None:
-    from transformers import AutoTokenizer
+    """Read back from the text alone: every document of the validation split is its document's start (the whole,
+    or the first tokens of one the hold-out cut), the training split holds the rest of each cut one and every other
+    document, whole (a long one in pieces that end with their blocks), each once and in its source's order; every
+    <|endoftext|> in train.bin ends a document, none is forged inside one."""
+    from sparknet.tokenizer import load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    eos = tok.eos_token_id
-    seen: dict[str, list[int]] = {"short": [], "long": []}
-    index = {text: (name, i) for name in ("short", "long") for i, text in enumerate(sources[name])}
-    # validation documents longer than their source's cap are cut to its first cap - 1 tokens (see the next test)
-    val_sources = json.loads((built / "manifest.json").read_text())["splits"]["val"]["sources"]
-    caps = {name: s["document_cap_tokens"] for name, s in val_sources.items()}
-    starts = {tuple(tok.encode(text, add_special_tokens=False)[: caps[key[0]] - 1]): key for text, key in index.items()}
-    per_split = {}
-    for split in ("val", "train"):
-        tokens = np.asarray(PackedDataset(built, split).tokens).reshape(-1)
-        pieces = _segments(tokens, eos)
-        whole = pieces[:-1]  # the last piece was cut by the final block
-        keys = []
-        partial: list[int] = []  # a long training document's pieces so far (only "long" has documents that long)
-        for p in whole:
-            text = tok.decode(p[:-1].tolist())
-            if split == "val" and len(p) in caps.values() and text not in index:
-                keys.append(starts[tuple(p[:-1].tolist())])
-            elif text not in index and split == "train" and len(p) == 8 * 128:  # a piece of 8 blocks, eos included
-                partial += p[:-1].tolist()
-            else:
-                if text not in index:  # the last piece of a long document completes it
-                    text, partial = tok.decode(partial + p[:-1].tolist()), []
-                assert text in index, "a piece between two eos is not exactly one document or a long one's pieces"
-                keys.append(index[text])
-        per_split[split] = set(keys)
-        for name, i in keys:
-            seen[name].append(i)
-    assert not per_split["val"] & per_split["train"]
-    for name, order in seen.items():  # each source read in order, no document skipped (but the cut ones)
-        gaps = np.diff(order)
-        assert gaps.min() >= 1 and (gaps > 1).sum() <= 1, name  # one gap: the document cut at the end of val
+    tok = load_tokenizer(str(tokenizer_dir))
+    full = {_tag(text): text for name in ("short", "long") for text in sources[name]}
+    _, _, val_docs = _documents(built, "val", tokenizer_dir)
+    val = {doc["tag"]: doc for doc in val_docs}
+    ids = {tag: tok.encode(full[tag], add_special_tokens=False) + [tok.eos_token_id] for tag in val}
+    cut = {tag: tok.decode(ids[tag][doc["tokens"]:], skip_special_tokens=True) for tag, doc in val.items()
+           if doc["tokens"] < len(ids[tag])}
+    held = json.loads((built / "manifest.json").read_text())["splits"]["val"]["sources"]
+    assert sum(source["documents_cut"] for source in held.values()) == len(cut) > 5
+    tokens, owner, train_docs = _documents(built, "train", tokenizer_dir, rests=cut)
+    assert (owner >= 0).all()
+    unfinished = 0
+    for k, doc in enumerate(train_docs):
+        expected = cut[doc["tag"]] if doc["rest"] else full[doc["tag"]]  # the whole rest of a cut one
+        ends = np.flatnonzero((owner == k) & (tokens == tok.eos_token_id))
+        if len(ends):  # its one eos is its last token (none forged where a piece ends), and it is whole
+            assert ends.tolist() == [np.flatnonzero(owner == k)[-1]] and doc["text"] == expected, doc["tag"]
+        else:  # cut by the end of the split (a long one may still have pieces to come)
+            assert expected.startswith(doc["text"]), doc["tag"]
+            unfinished += 1
+    assert unfinished <= 2  # one per source at most
+    assert sum(doc["rest"] for doc in train_docs) == len(cut) and max(doc["pieces"] for doc in train_docs) > 1
+    assert (tokens == tok.eos_token_id).sum() == len(train_docs) - unfinished  # an eos where a document ends only
+    whole_val = {tag for tag in val if tag not in cut}
+    assert not whole_val & {doc["tag"] for doc in train_docs}
+    for name in ("short", "long"):  # each source read in order, none skipped
+        order = [int(tag.split("-")[1]) for tag in [*whole_val, *(doc["tag"] for doc in train_docs)]
+                 if tag.startswith(name)]
+        assert sorted(order) == list(range(len(order))), name
 
 
 def test_literal_end_of_text_inside_a_document_is_not_a_separator(sources: dict, tokenizer_dir: Path) -> None:
@@ -206,22 +219,21 @@ def test_rebuild_is_byte_identical_whatever_the_workers(
 def test_a_build_stopped_after_a_save_resumes_to_the_bytes_of_one_never_stopped(
     built: Path, sources: dict, tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A Ctrl-C (KeyboardInterrupt) just after the build saved its position, once in the validation split and once
-    in training: the same call then resumes, and the files and manifest are those of the build never stopped (the
-    `built` fixture, made with encoder processes). In this process; the end-to-end kill -9 and Ctrl-C of the script
-    are test_an_interrupted_build_resumes_and_writes_the_same_bytes."""
-    stops = [lambda split, writers: split == "val",
-             lambda split, writers: split == "train" and writers["train"].blocks > 500]
+    """A Ctrl-C (KeyboardInterrupt) just after the build saved its position, twice in the training split: the same
+    call then resumes, and the files and manifest are those of the build never stopped (the `built` fixture, made
+    with encoder processes). In this process; the end-to-end kill -9 and Ctrl-C of the script are
+    test_an_interrupted_build_resumes_and_writes_the_same_bytes."""
+    stops = [lambda state: state["written"]["train"] > 100, lambda state: state["written"]["train"] > 1500]
     stop_build_after_saves(monkeypatch, stops)
     out, building = tmp_path / "ds", tmp_path / ".ds.building"
     spec = _spec(_config(sources, built.parent), out, tokenizer_dir, checkpoint_seconds=1e-6)
-    for split in ("val", "train"):
+    for least in (100, 1500):
         with pytest.raises(KeyboardInterrupt):
             build_dataset(spec)
-        assert build_position(building)["split"] == split and not out.exists()
+        assert build_position(building)["written"]["train"] > least and not out.exists()
     manifest = build_dataset(spec)
     assert not stops and not building.exists()
-    for name in ("train.bin", "val.bin", "val_sources.bin"):
+    for name in ("train.bin", "val.bin", "val_sources.bin", "position.json"):
         assert (out / name).read_bytes() == (built / name).read_bytes(), name
     expected = json.loads((built / "manifest.json").read_text())
     for m in (manifest, expected):
@@ -458,7 +470,7 @@ def test_the_validation_split_carries_the_mix_and_the_manifest_says_so(
 def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
     sources: dict, tokenizer_dir: Path, tmp_path: Path
 ) -> None:
-    """kill -9 in the validation split, Ctrl-C in the training split, each followed by the same command: the files
+    """kill -9 just after the first save, Ctrl-C later in the training split, each followed by the same command: the files
     and manifest equal an uninterrupted build's (which reads on demand), with a shuffle buffer, encoder processes
     and sources read ahead on threads."""
     cfg = _config(sources, tmp_path)
@@ -471,9 +483,8 @@ def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
 
     out, building = tmp_path / "ds", tmp_path / ".ds.building"
     argv = [sys.executable, "scripts/build_dataset_v5.py", *map(str, build_args(cfg, out, tokenizer_dir, *extra))]
-    build_until(argv, building, lambda s: s["split"] == "val" and s["written"]["val"] > 0, signal.SIGKILL)
-    err = build_until(argv, building, lambda s: s["split"] == "train" and s["written"]["train"] > 1000,
-                       signal.SIGINT)
+    build_until(argv, building, lambda s: s["written"]["train"] > 0, signal.SIGKILL)
+    err = build_until(argv, building, lambda s: s["written"]["train"] > 1000, signal.SIGINT)
     assert "resuming the interrupted build" in err and "resumes it from its last saved position" in err, err[-3000:]
     assert (building / "train.bin").stat().st_size > 0
     proc = run_script("build_dataset_v5.py", *build_args(cfg, out, tokenizer_dir, *extra))
@@ -484,7 +495,7 @@ def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
     a, b = (json.loads((d / "manifest.json").read_text()) for d in (reference, out))
     for m in (a, b):
         m.pop("build_seconds")
-    assert a == b and "build_state.json" not in os.listdir(out)
+    assert a == b and not [name for name in os.listdir(out) if name.endswith(".tmp")]
 
 
 @pytest.mark.slow
@@ -551,7 +562,7 @@ def test_a_read_error_on_the_read_ahead_thread_is_one_line(tokenizer_dir: Path, 
     # the file being read, named alone (not the source's two files)
     assert f"error: cannot read source 'bad-1' ({broken}): " in proc.stderr, proc.stderr
     # the saved position is kept (for a Hub source a read error is often a passing network failure)
-    assert (tmp_path / ".ds.building" / "build_state.json").is_file() and "resumes it" in proc.stderr
+    assert (tmp_path / ".ds.building" / "position.json").is_file() and "resumes it" in proc.stderr
     proc = run_script("build_dataset_v5.py", *args)
     assert "resuming the interrupted build" in proc.stderr and "bad-2.jsonl" in proc.stderr
 
@@ -559,30 +570,25 @@ def test_a_read_error_on_the_read_ahead_thread_is_one_line(tokenizer_dir: Path, 
 def test_a_validation_split_too_small_for_whole_long_documents_still_carries_the_mix(
     sources: dict, tokenizer_dir: Path, tmp_path: Path
 ) -> None:
-    """10k validation tokens at 30% hold about two whole long documents: their documents are cut at
-    10,000 × 0.3 / 20 = 150 tokens (the short source's at 350) so that each source has its share in 20+ documents;
-    train keeps whole documents."""
-    from sparknet.tokenizer import load_tokenizer
-
+    """10k validation tokens at 30% hold about two whole long documents: it takes the first 10,000 × 0.3 / 20 = 150
+    tokens of each document (the short source's 350), in pieces ended with a block (a block more at most), so that
+    each source has its share in 20+ pieces; training takes the rest of each."""
     out = tmp_path / "ds"
     manifest = build_dataset(_spec(_config(sources, tmp_path), out, tokenizer_dir, target_tokens=100_000,
                                    val_tokens=10_000))
     val, train = manifest["splits"]["val"], manifest["splits"]["train"]
     assert [val["sources"][s]["document_cap_tokens"] for s in ("long", "short")] == [150, 350]
-    assert val["sources"]["long"]["documents_cut"] >= 20 and val["sources"]["long"]["documents"] >= 20
+    assert val["sources"]["long"]["documents_cut"] >= 12 and val["sources"]["long"]["documents"] >= 20
     for label, want in (("short", 0.7), ("long", 0.3)):
-        assert abs(val["sources"][label]["share"] - want) <= 0.02, (label, val["sources"][label])
+        assert abs(val["sources"][label]["share"] - want) <= 0.03, (label, val["sources"][label])
         assert abs(train["sources"][label]["share"] - want) <= 0.01, (label, train["sources"][label])
-    # independently: the validation tokens cut at eos are documents of at most 350 tokens (long ones: 150); the
-    # training split holds whole long documents
-    tok = load_tokenizer(str(tokenizer_dir))
-    eos = tok.eos_token_id
-    val_docs = _segments(np.fromfile(out / "val.bin", dtype=np.uint16), eos)[1:-1]  # whole ones only
-    assert max(len(d) for d in val_docs) <= 350
-    long_ones = [d for d in val_docs if tok.decode(d[:-1].tolist()).startswith("long-")]
-    assert len(long_ones) >= 20 and max(len(d) for d in long_ones) <= 150
-    train_docs = _segments(np.fromfile(out / "train.bin", dtype=np.uint16), eos)[1:-1]
-    assert max(len(d) for d in train_docs) > 600
+    # independently, from the text: the validation documents hold at most their cap and a block (long ones: 150)
+    _, _, val_docs = _documents(out, "val", tokenizer_dir)
+    assert max(doc["tokens"] for doc in val_docs[:-1]) < 350 + 128
+    long_ones = [doc for doc in val_docs[:-1] if doc["tag"].startswith("long-")]
+    assert len(long_ones) >= 12 and max(doc["tokens"] for doc in long_ones) < 150 + 128
+    _, _, train_docs = _documents(out, "train", tokenizer_dir)
+    assert max(doc["tokens"] for doc in train_docs[:-1]) > 600
 
 
 def test_a_ctrl_c_while_the_build_closes_still_stops_its_encoders(tokenizer_dir: Path) -> None:

@@ -24,11 +24,12 @@ import pytest
 import torch
 
 from sparknet.config import MixConfig, load_config
-from sparknet.data.stream.holdout import hold_out_validation
+from sparknet.data.holdout import hold_out
+from sparknet.data.spec import DataSpec, Part
 from sparknet.data.stream.token_stream import TokenStream
 from sparknet.errors import UserError
 from sparknet.runtime import PROJECT_ROOT
-from tests.helpers import OFFLINE_ENV, write_config, write_jsonl
+from tests.helpers import OFFLINE_ENV, stream_of, tagged_documents, write_config, write_jsonl
 
 BLOCK = 128
 WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud green quick "
@@ -67,8 +68,14 @@ def _config(folder: Path, tmp: Path, long: str = "long", long_prob: float = 0.3)
 
 
 def _stream(config: MixConfig, tokenizer: tuple[str, int], **kw: object) -> TokenStream:
-    kw = {"block_size": BLOCK, "seed": 0, **kw}
-    return TokenStream(config=config, tokenizer_json=tokenizer[0], eos_id=tokenizer[1], **kw)
+    return stream_of(config, tokenizer[0], tokenizer[1], **{"block_size": BLOCK, "seed": 0, **kw})
+
+
+def _hold_out(config: MixConfig, tokenizer: tuple[str, int], **kw: object) -> tuple[np.ndarray, Part, dict]:
+    """The hold-out's blocks, the training part after it, and its report."""
+    held = hold_out(DataSpec(config=config, tokenizer_json=tokenizer[0], eos_id=tokenizer[1],
+                             **{"block_size": BLOCK, "seed": 0, **kw}))
+    return held.blocks, Part(held_out=held.rows, exclude=frozenset(held.hashes)), held.report
 
 
 def _take(stream: TokenStream, n: int | None = None) -> np.ndarray:
@@ -81,16 +88,18 @@ def _take(stream: TokenStream, n: int | None = None) -> np.ndarray:
     return np.stack(out) if out else np.empty((0, BLOCK), dtype=np.int64)
 
 
+def _tag(text: str) -> str | None:
+    return match.group(0) if (match := re.match(r"[Ls]\d{5}", text)) else None
+
+
 def _documents(blocks: np.ndarray, tokenizer: tuple[str, int]) -> list[tuple[str, int]]:
-    """(decoded text, tokens with its eos) of each document or piece of one, in order, split at eos."""
+    """(decoded text, tokens with its eos) of each document in order, read back from the tags at their starts (the
+    pieces of a long document joined; tests/helpers.py `tagged_documents`)."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_str(tokenizer[0])
-    flat = blocks.reshape(-1)
-    ends = np.flatnonzero(flat == tokenizer[1])
-    starts = np.concatenate([[0], ends + 1])
-    stops = np.concatenate([ends + 1, [len(flat)]])
-    return [(tok.decode(flat[a:b].tolist()), int(b - a)) for a, b in zip(starts, stops, strict=True) if b > a]
+    _, docs = tagged_documents(blocks.reshape(-1), blocks.shape[1], tokenizer[1], tok.decode, _tag)
+    return [(doc["text"], doc["tokens"]) for doc in docs]
 
 
 def _shares(docs: list[tuple[str, int]]) -> dict[str, float]:
@@ -212,7 +221,7 @@ def test_ranks_read_whole_shards_where_the_files_divide_and_resume_exactly(tmp_p
     config = load_config(write_config(tmp_path / "mix.json", mix, context_length=BLOCK))
     long_label, short_label = (spec.label for spec in config.mix)
     held = {long_label: 70, short_label: 1100}  # into the 2nd file of each source (50 and 1000 rows a file)
-    streams = [_stream(config, tokenizer, rank=r, world_size=2, skip_documents=held) for r in range(2)]
+    streams = [_stream(config, tokenizer, rank=r, world_size=2, held_out=held) for r in range(2)]
     per_rank = [_take(stream) for stream in streams]
     ids = [set(_ids(blocks, tokenizer)) for blocks in per_rank]
     assert not ids[0] & ids[1]
@@ -226,9 +235,9 @@ def test_ranks_read_whole_shards_where_the_files_divide_and_resume_exactly(tmp_p
     for blocks in per_rank:
         assert abs(_shares(_documents(blocks[: len(blocks) // 2], tokenizer))["long"] - 0.3) <= 0.03
 
-    stream = _stream(config, tokenizer, rank=1, world_size=2, skip_documents=held)
+    stream = _stream(config, tokenizer, rank=1, world_size=2, held_out=held)
     first = _take(stream, 37)
-    resumed = _stream(config, tokenizer, rank=1, world_size=2, skip_documents=held)
+    resumed = _stream(config, tokenizer, rank=1, world_size=2, held_out=held)
     resumed.load_state_dict(_round_trip(stream.state_dict()))
     assert np.array_equal(np.concatenate([first, _take(resumed)]), per_rank[1])
     for s in (*streams, stream, resumed):
@@ -312,50 +321,66 @@ def test_settings_are_checked(data: Path, tokenizer, tmp_path: Path) -> None:
     config = _config(data, tmp_path)
     with pytest.raises(UserError, match="ON_EXHAUSTED='loop': expected renormalise, stop or restart"):
         _stream(config, tokenizer, on_exhausted="loop")
-    with pytest.raises(UserError, match="skip_documents names no source of the mix: nope"):
-        _stream(config, tokenizer, skip_documents={"nope": 3})
+    with pytest.raises(UserError, match="the hold-out's rows name no source of the mix: nope"):
+        _stream(config, tokenizer, held_out={"nope": 3})
     state = _stream(config, tokenizer).state_dict()
     with pytest.raises(UserError, match="other data settings .*block_size: 128 -> 64"):
         _stream(config, tokenizer, block_size=64).load_state_dict(state)
 
 
 @pytest.mark.parametrize("shuffle_buffer", [0, 30])
-def test_validation_hold_out(data: Path, tokenizer, tmp_path: Path, shuffle_buffer: int) -> None:
+def test_validation_hold_out_and_training_share_no_token_and_lose_none(data: Path, tokenizer, tmp_path: Path,
+                                                                        shuffle_buffer: int) -> None:
+    """The hold-out: the first blocks of the mix in the sources' order, deterministic, on the mix; training after it
+    (through its shuffle buffer) takes every document the hold-out did not, and the rest of each one it cut: each
+    document's text is its validation part followed by its training part, whole, once."""
     config = _config(data, tmp_path, long="few")
-    kw = {"config": config, "tokenizer_json": tokenizer[0], "eos_id": tokenizer[1], "block_size": BLOCK,
-          "val_tokens": 100 * BLOCK - 5, "seed": 0, "shuffle_buffer": shuffle_buffer}
-    val, skip, report = hold_out_validation(**kw)
+    val, part, report = _hold_out(config, tokenizer, val_tokens=100 * BLOCK - 5, shuffle_buffer=shuffle_buffer)
     assert val.shape == (100, BLOCK) and val.dtype == np.uint16
-    again = hold_out_validation(**kw)
+    again = _hold_out(config, tokenizer, val_tokens=100 * BLOCK - 5, shuffle_buffer=shuffle_buffer)
     np.testing.assert_array_equal(val, again[0])  # deterministic
-    assert skip == again[1] and report == again[2]
+    assert part == again[1] and report == again[2]
     val_docs = _documents(val, tokenizer)
     shares = _shares(val_docs)
     assert abs(shares["long"] - 0.3) <= 0.03 and report["sources"]["few"]["share"] == pytest.approx(shares["long"])
-    train = _take(_stream(config, tokenizer, shuffle_buffer=shuffle_buffer, skip_documents=skip))
-    val_ids, train_ids = set(_ids(val, tokenizer)), set(_ids(train, tokenizer))
-    assert not val_ids & train_ids
-    assert not {text for text, _ in val_docs} & {text for text, _ in _documents(train, tokenizer)}
-    if shuffle_buffer == 0:  # nothing lost but the end of the last validation document and the final partial block
-        every = {f"L{i:05d}" for i in range(60)} | {f"s{i:05d}" for i in range(12000)}
-        # the last document the hold-out took of each source: one of them is the cut one
-        last_held_out = {f"L{skip['few'] - 1:05d}", f"s{skip['short'] - 1:05d}"}
-        missing = every - val_ids - train_ids - last_held_out
-        assert missing <= {f"s{i:05d}" for i in range(12000 - BLOCK // 2, 12000)}, sorted(missing)
+    train = _take(_stream(config, tokenizer, shuffle_buffer=shuffle_buffer, held_out=part.held_out,
+                          exclude=part.exclude))
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(tokenizer[0])
+    every = {text.split(" ", 1)[0]: text for text in [*read_texts("L", 60, (180, 320), seed=3),
+                                                     *read_texts("s", 12000, (1, 3), seed=1)]}
+    val_tokens = {text.split(" ", 1)[0]: n for text, n in val_docs}
+    trained = tok.decode(train.reshape(-1).tolist())
+    rests = {f"{'L' if label == 'few' else 's'}{row:05d}": token
+             for label, rows in part.held_out.items() for row, token in rows.rests.items()}
+    assert len(rests) >= 10
+    for tag, token in rests.items():  # the hold-out's part of each document it cut, then training's, whole
+        ids = tok.encode(every[tag], add_special_tokens=False).ids
+        assert 0 < token <= len(ids) and val_tokens[tag] == token, tag
+        assert tok.decode(ids[token:]) in trained, tag
+    whole = {tag for tag in val_tokens if tag not in rests}
+    train_ids = set(_ids(train, tokenizer))
+    assert not whole & train_ids and not set(rests) & train_ids  # a document's start is in one split only
+    missing = set(every) - whole - set(rests) - train_ids
+    # nothing lost but the documents of the final partial block (a shuffle buffer holds back none of the hold-out's)
+    assert len(missing) <= BLOCK // 2, sorted(missing)[:20]
 
 
-def test_a_small_hold_out_cuts_long_documents_to_carry_the_mix(data: Path, tokenizer, tmp_path: Path) -> None:
-    """10 blocks at 30% would hold about two whole long documents: they are cut at 1280 x 0.3 / 20 = 20 tokens, so
-    the hold-out carries the mix in ~19 pieces of them (384 tokens); no cut document is trained on."""
+def test_a_small_hold_out_takes_the_start_of_long_documents_and_training_the_rest(data: Path, tokenizer,
+                                                                                  tmp_path: Path) -> None:
+    """40 blocks at 30% would hold about seven whole long documents: it takes their first 5120 x 0.3 / 20 = 77
+    tokens or so (ending with a block: at most a block more), so it carries the mix in ~20 pieces of them; training
+    starts with their rests."""
     config = _config(data, tmp_path)
-    val, skip, report = hold_out_validation(config=config, tokenizer_json=tokenizer[0], eos_id=tokenizer[1],
-                                            block_size=BLOCK, val_tokens=10 * BLOCK, seed=0)
+    val, part, report = _hold_out(config, tokenizer, val_tokens=40 * BLOCK)
     long = report["sources"]["long"]
-    assert long["document_cap_tokens"] == 20 and long["documents_cut"] >= 18 and long["documents"] >= 19
+    assert long["document_cap_tokens"] == 77 and long["documents_cut"] >= 10 and long["documents"] >= 12
     docs = _documents(val, tokenizer)
-    assert max(n for text, n in docs[:-1] if text.startswith("L")) <= 20
-    assert abs(_shares(docs)["long"] - 0.3) <= 0.02, _shares(docs)
-    train = _take(_stream(config, tokenizer, skip_documents=skip), 50)
+    assert max(n for text, n in docs[:-1] if text.startswith("L")) < 77 + BLOCK
+    assert abs(_shares(docs)["long"] - 0.3) <= 0.04, _shares(docs)
+    assert all(1 < token < 77 + BLOCK for token in part.held_out["long"].rests.values())
+    train = _take(_stream(config, tokenizer, held_out=part.held_out, exclude=part.exclude), 50)
     assert not set(_ids(val, tokenizer)) & set(_ids(train, tokenizer))
 
 

@@ -2,28 +2,35 @@
 
 The folder reads as the flow, one concept per name:
 
+    spec        one description of the data (DataSpec) and of the part of the stream (Part), passed whole
     source/     a mix entry as a lazy stream of texts: opening it (Hub id or local files, revisions), the Hub's
                 transient failures retried from the row reached, and the reader of one rank with its position
        |
     encoding/   texts to tokens with <|endoftext|> after each document, on encoder processes, a bounded number of
                 batches ahead; the packer that cuts the token stream into fixed blocks
        |
-    mixing      the next document from the source furthest behind its token share: every prefix carries the mix
+    pieces      a long document in pieces, a validation document repeated in training dropped
        |
-    pipeline    the three wired once, from a saved position (the same for the build and the stream)
+    mixing      the next piece from the source furthest behind its token share: every prefix carries the mix
        |
-       +-- packed/   the packed dataset: the build into split files, its resumable state, its manifest, the reader
-       +-- stream/   the blocks cut on the fly for the streaming trainer, its validation hold-out, its position
+    pipeline    the four wired once for one part, from a saved position
+       |
+    blocks      the one packing loop: blocks one at a time, each with its position
+       |
+    holdout     the validation part: the first blocks of the mix, the same for the build and the stream
+       |
+       +-- packed/   the packed dataset: the stream at one process written to split files, its manifest, the reader
+       +-- stream/   the stream for the streaming trainer: blocks shuffled in windows, its position in checkpoints
 
-What the Trainer reads is handed on here (`from sparknet.data import PackedDataset, TokenStream`), imported on
-first use so that importing `sparknet.data` stays cheap.
+What the trainers and the build use is handed on here (`from sparknet.data import DataSpec, Part, hold_out,
+PackedDataset, TokenStream`), imported on first use so that importing `sparknet.data` stays cheap.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PackedDataset", "TokenStream", "hold_out_validation"]
+__all__ = ["DataSpec", "PackedDataset", "Part", "TokenStream", "hold_out"]
 
 
 def __getattr__(name: str) -> Any:
@@ -35,8 +42,12 @@ def __getattr__(name: str) -> Any:
         from sparknet.data.stream.token_stream import TokenStream
 
         return TokenStream
-    if name == "hold_out_validation":
-        from sparknet.data.stream.holdout import hold_out_validation
+    if name in ("DataSpec", "Part"):
+        from sparknet.data import spec
 
-        return hold_out_validation
+        return getattr(spec, name)
+    if name == "hold_out":
+        from sparknet.data.holdout import hold_out
+
+        return hold_out
     raise AttributeError(f"module 'sparknet.data' has no attribute {name!r}")

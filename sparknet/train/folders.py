@@ -24,8 +24,9 @@ from sparknet.runtime import file_sha256, project_path, read_json_object, write_
 
 log = logging.getLogger("sparknet.train")
 # The run folder's format, recorded in its run_config.json: a folder in another format is refused in one line, never
-# migrated (1: before format versions were recorded).
-RUN_FORMAT = 2
+# migrated (1: before format versions were recorded; 3: the stream holds out in the sources' order and trains on the
+# rest of what it cut, its position in a new format).
+RUN_FORMAT = 3
 EVAL_START = "eval_start.json"
 COMPLETE_MARKER = ".complete"
 

@@ -15,6 +15,7 @@ import numpy as np
 from transformers import TrainerCallback
 
 from sparknet.config import MixConfig
+from sparknet.data.spec import DataSpec, HeldOutRows, Part
 from sparknet.errors import UserError
 from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, VAL_SOURCES, read_val_blocks, read_val_report
 from sparknet.train.batch import BatchPlan
@@ -39,6 +40,16 @@ class StreamSpec:
     on_exhausted: str
     num_workers: int
     target_tokens: int | None = None  # the run's budget, for the check that each source can give its share
+    window_blocks: int = 0  # blocks shuffled together (data/stream/token_stream.py)
+
+    def data(self, tokenizer: Any, commits: dict[str, str | None] | None = None) -> DataSpec:
+        """The one description of the data (data/spec.py), its sources read at `commits`."""
+        from sparknet.data.source.opening import at_commits
+
+        return DataSpec(config=at_commits(self.config, commits) if commits is not None else self.config,
+                        tokenizer_json=tokenizer.backend_tokenizer.to_str(), eos_id=int(tokenizer.eos_token_id),
+                        block_size=self.block_size, seed=self.seed, val_tokens=self.val_tokens,
+                        shuffle_buffer=self.shuffle_buffer, num_workers=self.num_workers)
 
 
 @dataclass(kw_only=True)
@@ -69,11 +80,12 @@ class StreamPlan(DataPlan):
         return [StreamCallback(stream=self.stream, writer=writer)]
 
     def plan_phases(self, max_steps: int, batch: BatchPlan) -> list[int] | None:
-        """The phases' steps (the base's), and the stream told where they end in its blocks (this process's share
-        of each step's global batch)."""
+        """The phases' steps (the base's), and the stream told where they and the run end in its blocks (this
+        process's share of each step's global batch)."""
         ends = super().plan_phases(max_steps, batch)
-        if ends is not None:
-            self.stream.set_phase_ends([end * (batch.global_batch // batch.devices) for end in ends])
+        per_step = batch.global_batch // batch.devices
+        self.stream.plan(phase_ends=[end * per_step for end in ends] if ends is not None else None,
+                         end_blocks=max_steps * per_step)
         return ends
 
     def prepare_run(self, run_dir: Path, resume: Path | None) -> None:
@@ -103,7 +115,6 @@ class StreamPlan(DataPlan):
 def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
     """The mix streamed live: validation blocks held out from the start of the mix (computed once, then read from
     the run folder so a resumed run evaluates on the same blocks), and each rank's training stream after them."""
-    from sparknet.data.source.opening import at_commits
     from sparknet.data.stream.token_stream import TokenStream
     from sparknet.runtime import process_rank, world_size
     from sparknet.tokenizer import check_source_tokenizers, load_tokenizer
@@ -112,14 +123,13 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
         read_identity(run_dir)  # a folder in another format is refused before its hold-out is read (or made)
     tokenizer = load_tokenizer(spec.tokenizer_dir)
     check_source_tokenizers(spec.config, spec.tokenizer_dir, tokenizer)
-    common = dict(tokenizer_json=tokenizer.backend_tokenizer.to_str(), eos_id=int(tokenizer.eos_token_id),
-                  block_size=spec.block_size, seed=spec.seed, shuffle_buffer=spec.shuffle_buffer)
-    val_tokens, val_sources, report, commits, write_hold_out = _validation(spec, run_dir, common)
+    val_tokens, val_sources, report, commits, write_hold_out = _validation(spec, tokenizer, run_dir)
     _check_training_left(report, spec)
     log.info("stream: %d encoding process(es) for this training process", spec.num_workers)
-    stream = TokenStream(**common, config=at_commits(spec.config, commits), on_exhausted=spec.on_exhausted,
-                         num_workers=spec.num_workers, rank=process_rank(), world_size=world_size(),
-                         skip_documents=report["rows_held_out"], exclude_documents=report.get("document_hashes"))
+    part = Part(rank=process_rank(), world_size=world_size(), on_exhausted=spec.on_exhausted,
+                held_out={label: HeldOutRows.from_dict(rows) for label, rows in report["held_out"].items()},
+                exclude=frozenset(report.get("document_hashes") or ()), window_blocks=spec.window_blocks)
+    stream = TokenStream(spec.data(tokenizer, commits), part)
     return StreamPlan(
         phases=tuple((phase.name, phase.share) for phase in spec.config.phases) if spec.config.phased else (),
         train=stream,
@@ -146,7 +156,7 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
     )
 
 
-def _validation(spec: StreamSpec, run_dir: Path, common: dict[str, Any]
+def _validation(spec: StreamSpec, tokenizer: Any, run_dir: Path
                 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any], dict[str, str | None], bool]:
     """The validation blocks, their tokens' sources (VAL_SOURCES), their report, the commits read, and whether the
     run folder needs them written: held out now for a new run, read from the run folder on resume.
@@ -155,14 +165,14 @@ def _validation(spec: StreamSpec, run_dir: Path, common: dict[str, Any]
     moves during a run of days does not change its data. A damaged (or lost) VAL_BLOCKS or VAL_REPORT is held out
     again, as it follows from the config, the seed and those commits, when the result is what the other file
     records (the run then trains on exactly what it would have); otherwise the resume is refused naming the file.
-    A lost or damaged VAL_SOURCES (or none: a run begun before they were kept) is held out again the same way."""
+    A lost or damaged VAL_SOURCES is held out again the same way."""
     from sparknet.data.source.opening import is_hub_source, resolve_revisions
 
     blocks_path, report_path, sources_path = run_dir / VAL_BLOCKS, run_dir / VAL_REPORT, run_dir / VAL_SOURCES
     if not blocks_path.is_file() and not report_path.is_file():
         log.info("holding out %s validation tokens from the start of the mix", f"{spec.val_tokens:,}")
         commits = resolve_revisions(spec.config)
-        val_tokens, sources, report = _hold_out(spec, common, commits)
+        val_tokens, sources, report = _hold_out(spec.data(tokenizer, commits), commits)
         return _nonempty(val_tokens), sources, report, commits, True
     report = blocks = sources = None
     problems: dict[Path, str] = {}
@@ -189,8 +199,8 @@ def _validation(spec: StreamSpec, run_dir: Path, common: dict[str, Any]
     log.warning("%s: holding the validation blocks out again (they follow from the config, the seed and the "
                 "recorded commits)", damaged)
     commits = report["commits"] if report is not None else {source.label: None for source in spec.config.mix}
-    val_tokens, sources, again = _hold_out(spec, common, commits)
-    same = ((again["rows_held_out"] == report["rows_held_out"] and again["blocks"] == report["blocks"]
+    val_tokens, sources, again = _hold_out(spec.data(tokenizer, commits), commits)
+    same = ((again["held_out"] == report["held_out"] and again["blocks"] == report["blocks"]
              if report is not None else True) and (blocks is None or np.array_equal(blocks, val_tokens)))
     if not same:
         other = report_path if report is not None else blocks_path
@@ -200,24 +210,23 @@ def _validation(spec: StreamSpec, run_dir: Path, common: dict[str, Any]
     return _nonempty(val_tokens), sources, again, commits, True
 
 
-def _hold_out(spec: StreamSpec, common: dict[str, Any],
-              commits: dict[str, str | None]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """The validation blocks from the start of the mix read at `commits`, their tokens' sources, and their report
-    (VAL_REPORT)."""
-    from sparknet.data.source.opening import at_commits
-    from sparknet.data.stream.holdout import hold_out
+def _hold_out(data: DataSpec, commits: dict[str, str | None]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """The validation blocks from the start of the mix (`data`'s sources read at `commits`), their tokens' sources,
+    and their report (VAL_REPORT): with the rows each source gave them (`held_out`, which training reads after) and
+    the hashes of their documents (training drops any repeat of them)."""
+    from sparknet.data.holdout import hold_out
 
-    held = hold_out(**common, config=at_commits(spec.config, commits), val_tokens=spec.val_tokens,
-                    num_workers=spec.num_workers)
-    return held.blocks, held.source_ids, {**held.report, "rows_held_out": held.rows, "commits": commits}
+    held = hold_out(data)
+    rows = {label: source_rows.to_dict() for label, source_rows in held.rows.items()}
+    report = {**held.report, "rows_held_out": {label: source_rows["rows"] for label, source_rows in rows.items()},
+              "held_out": rows, "document_hashes": held.hashes, "commits": commits}
+    return held.blocks, held.source_ids, report
 
 
 def _read_val_sources(path: Path, block_size: int, report: dict[str, Any]) -> np.ndarray:
     """A streaming run's VAL_SOURCES, checked against its report (one row per block, ids of its source_labels);
-    ValueError saying why when it is damaged or the report names no labels (a run begun before they were kept)."""
-    labels = report.get("source_labels")
-    if not isinstance(labels, list):
-        raise ValueError(f"{VAL_REPORT} names no source_labels")
+    ValueError saying why when it is damaged."""
+    labels = report["source_labels"]
     sources = read_val_blocks(path, block_size, report["blocks"])  # the same shape as the blocks'
     if sources.size and (int(sources.min()) < 0 or int(sources.max()) >= len(labels)):
         raise ValueError(f"holds source ids outside 0..{len(labels) - 1}")
@@ -244,6 +253,7 @@ def _identity(spec: StreamSpec, tokenizer: Any) -> dict[str, Any]:
         "block_size": spec.block_size,
         "data_seed": spec.seed,
         "shuffle_buffer": spec.shuffle_buffer,
+        "shuffle_window": spec.window_blocks,
         "on_exhausted": spec.on_exhausted,
         "val_tokens": spec.val_tokens,
     }

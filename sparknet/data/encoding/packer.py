@@ -7,7 +7,6 @@ exact token budget.
 
 from __future__ import annotations
 
-import math
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,23 +36,6 @@ def token_dtype(vocab_size: int, requested: str = "auto") -> np.dtype:
             f"{np.iinfo(dtype).max}): use DTYPE=uint32 or auto"
         )
     return dtype
-
-
-VAL_DOCUMENTS_PER_SOURCE = 20  # documents of each source a validation split can always hold
-
-
-def val_document_caps(probs: dict[str, float], val_tokens: int) -> dict[str, int]:
-    """The longest document (tokens, eos included) of each source in a validation split: `VAL_TOKENS × its prob /
-    20`. Mixing by tokens carries the mix to within about half a document per source, which is ±2 points only once
-    a split holds ~20 documents of each; longer validation documents are cut (`cut_document`) so that it always
-    does. Used by the packed build and by the streaming trainer's hold-out."""
-    total = sum(probs.values())
-    return {label: max(2, math.ceil(val_tokens * p / total / VAL_DOCUMENTS_PER_SOURCE)) for label, p in probs.items()}
-
-
-def cut_document(doc: np.ndarray, cap: int) -> np.ndarray:
-    """The first cap − 1 tokens and the document's <|endoftext|> when it is longer than `cap` tokens."""
-    return doc if len(doc) <= cap else np.concatenate([doc[: cap - 1], doc[-1:]])
 
 
 class DocumentEncoder:

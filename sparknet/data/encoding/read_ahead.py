@@ -44,6 +44,7 @@ class _Batch:
     dropped: int  # texts at the batch's start that were consumed before a restore: read again, not encoded
     first: int  # index of its first encoded document among the documents handed out
     marks: list[tuple[int, int]]  # per encoded document: (reader passes, rows of the pass read) when it came out
+    start_tokens: list[int]  # per encoded document: the token it starts at (the rest of a held-out document; else 0)
     result: Any = None  # the pending encoding, then None
     docs: list[np.ndarray] = field(default_factory=list)
 
@@ -52,7 +53,8 @@ class _Batch:
 
 
 class EncodedDocuments:
-    """Iterate for one token array per document (eos appended), in the reader's order.
+    """Iterate for one token array per document (eos appended), in the reader's order; a document the reader marks
+    with a start token (`SourceReader.start_token`) comes out from that token on.
 
     `submit(texts)` starts encoding a batch and returns an object whose `get()` gives `(flat tokens, lengths)`.
     `skip` documents at the reader's position are dropped first (a restored position's "then skip k").
@@ -105,6 +107,8 @@ class EncodedDocuments:
             flat, lengths = batch.result.get()
             batch.result = None
             batch.docs = np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+            batch.docs = [doc[start:] if start else doc
+                          for doc, start in zip(batch.docs, batch.start_tokens, strict=True)]
             self._current, self._taken = batch, 0
             self._top_up()  # keep the workers busy while this batch is handed out
         doc = self._current.docs[self._taken]
@@ -148,23 +152,27 @@ class EncodedDocuments:
         if self._ahead is not None:
             self._ahead.close()
 
-    def _raw_batches(self) -> Iterator[tuple[dict[str, Any], list[str], list[tuple[int, int]], dict[str, Any]]]:
-        """(reader position before, texts, marks, reader position after) per batch, until the source is dry."""
+    def _raw_batches(self) -> Iterator[tuple[dict[str, Any], list[str], list[tuple[int, int]], list[int],
+                                             dict[str, Any]]]:
+        """(reader position before, texts, marks, start tokens, reader position after) per batch, until the source
+        is dry."""
         while True:
             start = self.reader.state()
             texts: list[str] = []
             marks: list[tuple[int, int]] = []
+            starts: list[int] = []
             chars = 0
             for text, rows_read in self._texts:
                 texts.append(text)
                 marks.append((self.reader.passes, rows_read))
+                starts.append(self.reader.start_token)
                 chars += len(text)
                 # a batch ends with its pass too, so that a small restarted source is not read passes ahead
                 if len(texts) >= self._max_docs or chars >= self._max_chars or self.reader.passes != start["passes"]:
                     break
             if not texts:
                 return
-            yield start, texts, marks, self.reader.state()
+            yield start, texts, marks, starts, self.reader.state()
 
     def _read_batch(self) -> _Batch | None:
         """Takes the next batch of texts (read here, or by the read-ahead thread) and submits it; None once the
@@ -173,12 +181,13 @@ class EncodedDocuments:
             item = next(self._raw, None)
             if item is None:
                 return None
-            start, texts, marks, self._end_state = item
+            start, texts, marks, starts, self._end_state = item
             dropped = min(self._skip, len(texts))
             self._skip -= dropped
             if dropped < len(texts):
                 break
-        batch = _Batch(start=start, dropped=dropped, first=self._read, marks=marks[dropped:])
+        batch = _Batch(start=start, dropped=dropped, first=self._read, marks=marks[dropped:],
+                       start_tokens=starts[dropped:])
         batch.result = self._submit(texts[dropped:])
         self._read += len(batch.marks)
         return batch

@@ -1,29 +1,31 @@
-"""Building a packed dataset: stream every source, encode in worker processes, mix by tokens, pack, write.
+"""Building a packed dataset: the stream at one process, its blocks written to the split files.
 
-Each source is read lazily and encoded in batches on a process pool, with a bounded number of batches in flight per
-source, so memory does not grow with the dataset. The mixer then takes whole documents from the source furthest
-behind its token share. The first VAL_TOKENS (whole blocks) of the mixed stream form the validation split, the
-rest the training split; a document goes entirely to one of them. Output order depends only on the inputs, never on
-the number of workers, so the same inputs give byte-identical token files.
+The build runs the streaming trainer's data path (data/holdout.py, data/pipeline.py, data/blocks.py) at rank 0 of 1:
+the validation hold-out's blocks go to val.bin (and each token's source to val_sources.bin), then the training
+part's blocks, in the stream's order, to train.bin, until TARGET_TOKENS (whole blocks). So a streaming run on one
+process with the same config, tokenizer, VAL_TOKENS, SHUFFLE_BUFFER and seed holds out exactly val.bin's blocks and
+trains on train.bin's (README, "What is guaranteed"). Output order depends only on the inputs, never on the number
+of workers, so the same inputs give byte-identical token files.
 
-A config in phases ("phases") has its training split written phase after phase: phase k's blocks are the range
-`config.phase_ends(train blocks)` gives it, mixed by its probs from its first block on (the document that crosses a
-boundary ends in the next phase's first block); the manifest records each phase's block range and realised shares
-(`splits.train.phases`), with its own `complete` and `shares_missed`, and the trainer draws each phase's steps
-from that range only. The validation split is mixed by the run-wide mix.
+A config in phases has its training split written phase after phase: phase k's blocks are the range
+`config.phase_ends(train blocks)` gives it (the stream's switch, data/blocks.py); the manifest records each phase's
+block range and realised shares (`splits.train.phases`), with its own `complete` and `shares_missed`, and the trainer
+draws each phase's steps from that range only. The validation split is mixed by the run-wide mix.
 
-Sources are read with the streaming trainer's reader (`SourceReader`: its seeded shuffle buffer is part of its
-position) and encoded ahead with its `EncodedDocuments`. A build writes into a hidden sibling folder and renames it
-to OUTPUT_DIR only once the manifest is in it. Every CHECKPOINT_SECONDS it saves its position there
-(`packed/resume.py`): an interrupted build of the same inputs goes on from the last save and writes the same bytes.
+A build writes into a hidden sibling folder and renames it to OUTPUT_DIR only once the manifest is in it. Every
+CHECKPOINT_SECONDS of training blocks it saves its position there (POSITION: the stream's position, the stream's
+format, with what the hold-out left to training): an interrupted build of the same inputs goes on from the last
+save and writes the same bytes (one interrupted while holding out starts over: the hold-out is small). The dataset
+keeps the position after its last block, so that a build of the same inputs with a larger TARGET_TOKENS appends to
+it (`grow`) and gives the bytes a fresh build of that size gives.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,14 +35,13 @@ import numpy as np
 
 from sparknet.checks import check_values
 from sparknet.config import MixConfig
-from sparknet.data.encoding.packer import (
-    BlockPacker,
-    token_dtype,
-    val_document_caps,
-)
+from sparknet.data.blocks import StreamBlocks, initial_state
+from sparknet.data.encoding.packer import token_dtype
+from sparknet.data.holdout import HeldOut, hold_out
 from sparknet.data.packed.dataset import (
     FORMAT_VERSION,
     MANIFEST,
+    POSITION,
     SPLITS,
     VAL_SOURCES,
     SplitWriter,
@@ -50,10 +51,9 @@ from sparknet.data.packed.dataset import (
     write_source_ids,
 )
 from sparknet.data.packed.manifest import description, missed_shares, phase_report, split_report
-from sparknet.data.packed.resume import STATE, load_state, restore_packers, save_state
-from sparknet.data.pieces import PIECE_BLOCKS, piece_tokens_for
-from sparknet.data.pipeline import DocumentCaps, Encoders, Pipeline, stop
+from sparknet.data.pipeline import Encoders, Pipeline, stop
 from sparknet.data.source.opening import at_commits, resolve_revisions
+from sparknet.data.spec import PIECE_BLOCKS, DataSpec, HeldOutRows, Part
 from sparknet.errors import UserError
 from sparknet.identity import describe_changes, local_files_fingerprint
 from sparknet.locks import exclusive
@@ -61,13 +61,14 @@ from sparknet.runtime import replace_folder, write_json_atomic, writes_to
 from sparknet.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
-_FLUSH_TOKENS = BlockPacker.flush_tokens  # how many pending tokens the packer hands out in blocks at once
+STATE_FORMAT = 2  # of POSITION
+WRITE_BLOCKS = 256  # blocks gathered before a write to train.bin
 
 # The rules that decide which document goes where, part of a dataset's inputs: a dataset built by other rules is
 # other data.
-MIXING_RULES = ("midpoint key; validation documents capped per source for 20 each; training documents over "
-                f"{PIECE_BLOCKS} blocks mixed in pieces; validation documents never repeated in training")
-
+MIXING_RULES = ("midpoint key; the hold-out first, each document at most its source's cap for 20 each, the rest "
+                f"training's; documents in pieces of {PIECE_BLOCKS} blocks ended with a block; validation documents "
+                "never repeated in training")
 
 
 @dataclass
@@ -111,9 +112,10 @@ def _damage(folder: Path, manifest: dict[str, Any], contents: bool = True) -> st
 
 
 def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] | None:
-    """The existing manifest when OUTPUT_DIR already holds this very dataset, whole; None when it is to be (re)built;
-    errors for anything the user must decide. With OVERWRITE a damaged or other dataset is replaced, but a folder
-    holding anything other than dataset files never is."""
+    """The existing manifest when OUTPUT_DIR already holds this very dataset, whole, or a smaller one that this
+    build grows (`_growable`); None when it is to be (re)built; errors for anything the user must decide. With
+    OVERWRITE a damaged or other dataset is replaced, but a folder holding anything other than dataset files never
+    is."""
     out = spec.output_dir
     if not out.exists():
         return None
@@ -127,7 +129,7 @@ def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] |
     if manifest is None:
         if unreadable is None and not any(out.iterdir()):
             return None
-        dataset_files = {MANIFEST, VAL_SOURCES, *(f"{s}.bin" for s in SPLITS)}
+        dataset_files = {MANIFEST, VAL_SOURCES, POSITION, *(f"{s}.bin" for s in SPLITS)}
         only_dataset_files = all(p.name in dataset_files for p in out.iterdir())
         if spec.overwrite and only_dataset_files:
             return None  # a damaged dataset: rebuilt in place
@@ -136,7 +138,7 @@ def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] |
         raise UserError(
             f"{out} exists but holds no dataset (no {MANIFEST}): move it away or choose another OUTPUT_DIR"
         )
-    if manifest["inputs"] != inputs:
+    if manifest["inputs"] != inputs and not _growable(out, manifest, inputs):
         if spec.overwrite:
             return None
         changes = "; ".join(describe_changes(manifest["inputs"], inputs))
@@ -152,8 +154,17 @@ def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] |
     raise UserError(f"{out} holds this dataset but it is damaged ({damage}): pass --overwrite true to rebuild it")
 
 
+def _growable(folder: Path, manifest: dict[str, Any], inputs: dict[str, Any]) -> bool:
+    """Whether the dataset in `folder` grows into one of `inputs`: the same inputs but a larger TARGET_TOKENS, built
+    whole (its position after its last block kept), in one phase (phases' blocks follow the size)."""
+    old = manifest["inputs"]
+    return ({**old, "target_tokens": inputs["target_tokens"]} == inputs
+            and inputs["target_tokens"] > old["target_tokens"] and "phases" not in inputs
+            and bool(manifest.get("complete")) and (folder / POSITION).is_file())
+
+
 def build_dataset(spec: BuildSpec) -> dict[str, Any]:
-    """Builds (or finds already built, or resumes) the dataset described by `spec`; returns its manifest."""
+    """Builds (or finds already built, grows, or resumes) the dataset described by `spec`; returns its manifest."""
     from sparknet.tokenizer import check_source_tokenizers, load_tokenizer
 
     started = time.time()
@@ -170,14 +181,21 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
     writes_to(spec.output_dir.parent)
     with exclusive(spec.output_dir, "a dataset build"):  # a second build at once would write the same files
         existing = _check_existing(spec, inputs)
-        if existing is not None:
+        tmp = spec.output_dir.with_name(f".{spec.output_dir.name}.building")
+        if existing is not None and existing["inputs"] == inputs:
             log.info("%s already holds this dataset (same inputs): nothing to do", spec.output_dir)
             return existing
-        tmp = spec.output_dir.with_name(f".{spec.output_dir.name}.building")
+        if existing is not None:
+            _start_growing(spec, existing, inputs, tmp)
         state = _resume_point(tmp, inputs, spec.block_size * dtype.itemsize)
         # read at the commit recorded in the manifest (a resumed build at its first run's), even if a branch moves
         commits = state["commits"] if state is not None else resolve_revisions(spec.config)
-        manifest = _build(spec, tok, dtype, tmp, {"inputs": inputs, "commits": commits}, state)
+        data = DataSpec(config=at_commits(spec.config, commits), tokenizer_json=tok.backend_tokenizer.to_str(),
+                        eos_id=int(tok.eos_token_id), block_size=spec.block_size, seed=spec.seed,
+                        val_tokens=spec.val_tokens, shuffle_buffer=spec.shuffle_buffer, num_workers=spec.num_workers,
+                        batch_docs=spec.batch_docs, batch_chars=spec.batch_chars, read_ahead=spec.read_ahead,
+                        dtype=spec.dtype)
+        manifest = _build(spec, data, tmp, {"format": STATE_FORMAT, "inputs": inputs, "commits": commits}, state)
         manifest.update(description(spec, tok, dtype, inputs, commits, trained_for))
         manifest["build_seconds"] = round(time.time() - started, 2)
         write_json_atomic(tmp / MANIFEST, manifest)
@@ -188,6 +206,20 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
                             f"{tmp} (or the disk is full); run the same command again")
         replace_folder(tmp, spec.output_dir)
         return manifest
+
+
+def _start_growing(spec: BuildSpec, manifest: dict[str, Any], inputs: dict[str, Any], tmp: Path) -> None:
+    """Turns the complete dataset in OUTPUT_DIR into an interrupted build of `inputs` stopped after its last block:
+    its folder becomes the build's, its position the saved one (so an interruption from here on resumes as any
+    build does)."""
+    log.info("%s holds this dataset at %s training tokens: growing it to %s", spec.output_dir,
+             f"{manifest['inputs']['target_tokens']:,}", f"{inputs['target_tokens']:,}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    spec.output_dir.rename(tmp)
+    position = json.loads((tmp / POSITION).read_text())
+    (tmp / MANIFEST).unlink()
+    write_json_atomic(tmp / POSITION, {**position, "inputs": inputs}, compact=True)
 
 
 def _check_spec(spec: BuildSpec) -> None:
@@ -234,7 +266,7 @@ def _inputs(spec: BuildSpec, tok: Any, dtype: np.dtype) -> dict[str, Any]:
 
 def _resume_point(tmp: Path, inputs: dict[str, Any], block_bytes: int) -> dict[str, Any] | None:
     """The saved position of an interrupted build of these inputs in `tmp` (then kept), else None (`tmp` emptied)."""
-    state = load_state(tmp, inputs, block_bytes) if tmp.exists() else None
+    state = _load_state(tmp, inputs, block_bytes) if tmp.exists() else None
     if tmp.exists() and state is None:
         shutil.rmtree(tmp)
     if state is not None:
@@ -244,109 +276,163 @@ def _resume_point(tmp: Path, inputs: dict[str, Any], block_bytes: int) -> dict[s
     return state
 
 
-def _build(spec: BuildSpec, tok: Any, dtype: np.dtype, tmp: Path, saved: dict[str, Any],
+def _load_state(folder: Path, inputs: dict[str, Any], block_bytes: int) -> dict[str, Any] | None:
+    """The saved position of an interrupted build of these very inputs, or None (with the reason logged)."""
+    path = folder / POSITION
+    if not path.is_file():
+        log.warning("found an interrupted build in %s that saved no position: starting over", folder)
+        return None
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        log.warning("found an interrupted build in %s with an unreadable position (%s): starting over", folder, exc)
+        return None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or state.get("inputs") != inputs:
+        log.warning("found an interrupted build in %s of other inputs: starting over", folder)
+        return None
+    for name, blocks in state["written"].items():
+        file = folder / f"{name}.bin"
+        if not file.is_file() or file.stat().st_size < blocks * block_bytes:
+            log.warning("found an interrupted build in %s whose %s is shorter than its position: starting over",
+                        folder, file.name)
+            return None
+    return state
+
+
+class _Writing:
+    """The training blocks on their way to train.bin: gathered, written WRITE_BLOCKS at a time, and the position
+    after the last block saved with the build's state every CHECKPOINT_SECONDS (and at the end, where it stays:
+    POSITION)."""
+
+    def __init__(self, folder: Path, saved: dict[str, Any], writers: dict[str, SplitWriter], interval: float) -> None:
+        self.folder, self.saved, self.writers = folder, saved, writers
+        self.pending: list[np.ndarray] = []
+        self.interval = interval
+        self.saved_at = time.monotonic()
+
+    def add(self, block: np.ndarray, loop: StreamBlocks) -> None:
+        self.pending.append(block)
+        if len(self.pending) >= WRITE_BLOCKS:
+            self.flush()
+        if self.interval and time.monotonic() - self.saved_at >= self.interval:
+            began = time.monotonic()
+            self.save(loop)
+            self.saved_at = time.monotonic()
+            # large shuffle buffers make a save slow: saving never takes more than a tenth of the build
+            self.interval = max(self.interval, 10 * (self.saved_at - began))
+
+    def flush(self) -> None:
+        if self.pending:
+            self.writers["train"].write(np.stack(self.pending))
+            self.pending = []
+
+    def save(self, loop: StreamBlocks) -> None:
+        """The position after the blocks given, once the files hold them (whenever the process dies after)."""
+        self.flush()
+        for writer in self.writers.values():
+            writer.sync()
+        self.saved["position"] = loop.state_dict()
+        self.saved["written"] = {name: writer.blocks for name, writer in self.writers.items()}
+        write_json_atomic(self.folder / POSITION, self.saved, compact=True)  # shuffle buffers: no indentation
+
+
+def _build(spec: BuildSpec, data: DataSpec, tmp: Path, saved: dict[str, Any],
            state: dict[str, Any] | None) -> dict[str, Any]:
-    """Encodes, mixes and packs into `tmp` (from `state` when resuming); returns the split part of the manifest.
-    Whatever stops it, the encoders and readers are stopped, and `tmp` is kept only if it holds a saved position."""
+    """Holds out the validation blocks into `tmp` (unless resuming after them), then writes the training blocks
+    (from `state`'s position when resuming); returns the split part of the manifest. Whatever stops it, the encoders
+    and readers are stopped, and `tmp` is kept only if it holds a saved position."""
+    from sparknet.progress import progress
+
+    want = {"val": math.ceil(data.val_tokens / data.block_size), "train": spec.target_tokens // data.block_size}
+    bar = progress(total=(want["val"] + want["train"]) * data.block_size, unit="tok", unit_scale=True,
+                   desc="packing", smoothing=0.1, initial=sum((state or {}).get("written", {}).values()) *
+                   data.block_size)
     encoders = pipeline = None
     try:
-        encoders = Encoders(spec.num_workers, tok.backend_tokenizer.to_str(), int(tok.eos_token_id), dtype)
-        caps = DocumentCaps(_val_caps(spec), active=state is None or state["split"] == "val",
-                            documents_cut=state["val_cut"] if state is not None else None)
-        # read at the resolved commits (from the saved position when resuming)
-        pipeline = Pipeline(at_commits(spec.config, saved["commits"]), encoders, state=state, seed=spec.seed,
-                            shuffle_buffer=spec.shuffle_buffer, caps=caps, in_flight=max(2, 2 * spec.num_workers),
-                            batch_docs=spec.batch_docs, batch_chars=spec.batch_chars, read_ahead=spec.read_ahead,
-                            piece_tokens=piece_tokens_for(spec.block_size))
-        manifest = _pack(spec, pipeline, tmp, dtype, saved, state)
+        if state is None:
+            saved["held_out"] = _write_hold_out(hold_out(data, progress=bar.update), tmp)
+        else:
+            saved = state
+        held = saved["held_out"]
+        part = Part(held_out={label: HeldOutRows.from_dict(rows) for label, rows in held["rows"].items()},
+                    exclude=frozenset(held["hashes"]),
+                    phase_ends=tuple(spec.config.phase_ends(want["train"])) if spec.config.phased else None)
+        position = saved.get("position") or initial_state(data.labels, {})
+        encoders = Encoders(data)
+        pipeline = Pipeline(data, part, encoders, position)
+        loop = StreamBlocks(pipeline, position, settings={})
+        written = saved.get("written", {"val": held["report"]["blocks"]})
+        writers = {split: SplitWriter(tmp, split, data.block_size, data.token_dtype, blocks=written.get(split, 0))
+                   for split in SPLITS}
+        try:
+            phase_tokens = _write_training(spec, loop, _Writing(tmp, saved, writers, spec.checkpoint_seconds),
+                                           want["train"], bar)
+        finally:
+            for writer in writers.values():
+                writer.close()
     except BaseException:
+        bar.close()
         stop(pipeline.sources if pipeline is not None else {}, encoders, clean=False)
         # kept whenever a position was saved, a UserError included: a Hub source that failed after the retries of
         # `datasets` is the very case a resume is for (a build of other inputs starts over anyway)
-        if not (tmp / STATE).is_file():
+        if not (tmp / POSITION).is_file():
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             log.warning("build stopped: the same command resumes it from its last saved position (%s)", tmp)
         raise
-    assert pipeline is not None
+    bar.close()
     stop(pipeline.sources, encoders, clean=True)
-    for leftover in (tmp / STATE, tmp / f".{STATE}.tmp"):  # the latter from a kill during a save
-        leftover.unlink(missing_ok=True)
-    return manifest
+    (tmp / f".{POSITION}.tmp").unlink(missing_ok=True)  # from a kill during a save
+    return _splits(spec, loop, writers, held, phase_tokens, want)
 
 
-def _val_caps(spec: BuildSpec) -> dict[str, int]:
-    return val_document_caps({s.label: s.prob for s in spec.config.mix}, spec.val_tokens)
+def _write_hold_out(held: HeldOut, folder: Path) -> dict[str, Any]:
+    """Writes the hold-out's blocks (val.bin) and their tokens' sources (VAL_SOURCES); returns what the training
+    part and the manifest need of it (saved with the build's position)."""
+    writer = SplitWriter(folder, "val", held.blocks.shape[1], held.blocks.dtype)
+    writer.write(held.blocks)
+    writer.close()
+    return {"rows": {label: rows.to_dict() for label, rows in held.rows.items()}, "hashes": held.hashes,
+            "report": held.report,
+            "source_ids": write_source_ids(folder, held.source_ids, held.source_labels, held.blocks.shape[1])}
 
 
-def _pack(spec: BuildSpec, pipeline: Pipeline, folder: Path, dtype: np.dtype, saved: dict[str, Any],
-          state: dict[str, Any] | None) -> dict[str, Any]:
-    """Runs the mixed documents through the val then the train packer, saving the position (with `saved`: the
-    inputs and the commits read) every CHECKPOINT_SECONDS; returns the split part of the manifest."""
-    from sparknet.progress import progress
+def _write_training(spec: BuildSpec, loop: StreamBlocks, writing: _Writing, want: int,
+                    bar: Any) -> list[dict[str, int]]:
+    """Writes the training part's blocks until `want` of them (or every source ran dry), saving the position as it
+    goes and at the end; returns each source's tokens at every phase boundary passed (a config in phases)."""
+    ends = spec.config.phase_ends(want)[:-1] if spec.config.phased else []
+    phase_tokens: list[dict[str, int]] = list(writing.saved.get("phase_tokens", []))
+    blocks = loop.blocks()
+    while loop.blocks_yielded < want:
+        block = next(blocks, None)
+        if block is None:
+            break
+        writing.add(block, loop)
+        bar.update(spec.block_size)
+        if len(phase_tokens) < len(ends) and loop.blocks_yielded == ends[len(phase_tokens)]:
+            phase_tokens.append(dict(loop.packer.tokens_by_source))
+            writing.saved["phase_tokens"] = phase_tokens
+        if spec.fail_on_exhausted and loop.pipeline.exhausted():  # stop now, not hours later
+            dry = ", ".join(loop.pipeline.exhausted())
+            raise UserError(f"source(s) {dry} ran dry before reaching their share (FAIL_ON_EXHAUSTED is on)")
+    writing.save(loop)  # the end of the dataset is a position: a larger build goes on from it
+    return phase_tokens
 
+
+def _splits(spec: BuildSpec, loop: StreamBlocks, writers: dict[str, SplitWriter], held: dict[str, Any],
+            phase_tokens: list[dict[str, int]], want: dict[str, int]) -> dict[str, Any]:
+    """The manifest's account of the splits: their reports (packed/manifest.py), what ran dry, and whether the
+    dataset is complete (the size asked and every split's mix)."""
     block = spec.block_size
-    want = {"val": math.ceil(spec.val_tokens / block), "train": spec.target_tokens // block}
-    packers = {split: BlockPacker(block, dtype, max_blocks=want[split]) for split in SPLITS}
-    labels = [source.label for source in spec.config.mix]
-    packers["val"].record_sources(labels)  # each validation token's source, for the loss per source
-    restore_packers(packers, state)
-    written = state["written"] if state is not None else {}
-    writers = {split: SplitWriter(folder, split, block, dtype, blocks=written.get(split, 0)) for split in SPLITS}
-    bar = progress(total=(want["val"] + want["train"]) * block, unit="tok", unit_scale=True, desc="packing",
-                   smoothing=0.1, initial=sum(p.tokens_added for p in packers.values()))
-    split = state["split"] if state is not None else "val"
-    mixer = pipeline.mixer
-    phases = _PhaseSwitch(spec.config.phase_ends(want["train"]), state)
-    if spec.config.phased:  # blocks handed out only up to a boundary, so that each phase's tokens count to it
-        packers["train"].flush_tokens = sys.maxsize
-    saved_at, interval = time.monotonic(), spec.checkpoint_seconds
-    try:
-        for label, doc in pipeline:
-            packer = packers[split]
-            full = packer.add(label, doc)
-            if full is not None:
-                writers[split].write(full)
-            if split == "train" and spec.config.phased:
-                phases.after_document(pipeline, packer, writers["train"])
-            bar.update(len(doc))
-            if packer.full:
-                writers[split].write(packer.finish())
-                if split == "train":
-                    break
-                split = "train"
-                pipeline.end_hold_out()
-            elif spec.fail_on_exhausted and any(c.exhausted for c in mixer.counts.values()):
-                dry = ", ".join(name for name, c in mixer.counts.items() if c.exhausted)  # stop now, not hours later
-                raise UserError(f"source(s) {dry} ran dry before reaching their share (FAIL_ON_EXHAUSTED is on)")
-            if spec.checkpoint_seconds and time.monotonic() - saved_at >= interval:
-                began = time.monotonic()
-                save_state(folder, saved=saved, split=split, pipeline=pipeline, packers=packers, writers=writers,
-                           phase_tokens=phases.tokens)
-                saved_at = time.monotonic()
-                # large shuffle buffers make a save slow: saving never takes more than a tenth of the build
-                interval = max(spec.checkpoint_seconds, 10 * (saved_at - began))
-        else:  # every source ran dry before the budget
-            for name in SPLITS:
-                writers[name].write(packers[name].finish())
-    finally:
-        bar.close()
-        for w in writers.values():
-            w.close()
-
-    cut = {s.label: pipeline.caps.documents_cut[s.label] for s in spec.config.mix}
-    splits = split_report(spec, mixer, packers, writers, cut, _val_caps(spec), pipeline.removed())
-    splits["val"]["source_ids"] = write_source_ids(folder, packers["val"].source_ids(), labels, block)
-    exhausted = [label for label, c in mixer.counts.items() if c.exhausted]
+    counts = loop.counts()
+    splits = split_report(spec, held, counts, writers)
+    exhausted = counts["exhausted"]
     if writers["train"].blocks == 0:
-        caps = pipeline.caps.caps
-        read = ", ".join(f"{label} {c.documents} document(s)" + (f", {cut[label]} cut at the validation cap of "
-                                                                   f"{caps[label]:,} tokens" if cut.get(label) else "")
-                         for label, c in mixer.counts.items())
+        read = ", ".join(f"{label} {n} piece(s)" for label, n in counts["documents"].items())
         raise UserError(
             f"the sources hold too few tokens for even one training block of {block} tokens after "
-            f"{writers['val'].blocks} validation blocks (read: {read}; the rest of a validation document longer "
-            "than its cap is dropped, never trained on): add data, or lower VAL_TOKENS or BLOCK_SIZE"
+            f"{writers['val'].blocks} validation blocks (read: {read}): add data, or lower VAL_TOKENS or BLOCK_SIZE"
         )
     short = writers["train"].blocks < want["train"] or writers["val"].blocks < want["val"]
     if exhausted:
@@ -357,7 +443,8 @@ def _pack(spec: BuildSpec, pipeline: Pipeline, folder: Path, dtype: np.dtype, sa
             raise UserError(message + " (FAIL_ON_EXHAUSTED is on)")
         log.warning(message)
     if spec.config.phased:
-        splits["train"]["phases"] = phase_report(spec, phases.tokens, packers["train"], writers["train"].blocks)
+        splits["train"]["phases"] = phase_report(spec, phase_tokens, dict(loop.packer.tokens_by_source),
+                                                 writers["train"].blocks)
     missed = missed_shares(splits, spec.block_size)
     for phase in splits["train"].get("phases", []):
         for label in phase["shares_missed"]:
@@ -372,22 +459,3 @@ def _pack(spec: BuildSpec, pipeline: Pipeline, folder: Path, dtype: np.dtype, sa
     phases_whole = all(phase["complete"] for phase in splits["train"].get("phases", []))
     return {"splits": splits, "exhausted_sources": exhausted, "complete": not short and not missed and phases_whole,
             "shares_missed": missed, "requested_blocks": want}
-
-
-class _PhaseSwitch:
-    """Where the training split's phases end (in blocks) and each source's training tokens at every boundary passed
-    (saved with the build's position): after each document, once the tokens packed reach the phase's last block, its
-    blocks are written up to there, the counts noted and the next phase started."""
-
-    def __init__(self, ends: list[int], state: dict[str, Any] | None) -> None:
-        self.ends = ends
-        self.tokens: list[dict[str, int]] = list((state or {}).get("phase_tokens", []))
-
-    def after_document(self, pipeline: Pipeline, packer: BlockPacker, writer: SplitWriter) -> None:
-        block = packer.block_size
-        while pipeline.phase + 1 < len(self.ends) and packer.tokens_added >= self.ends[pipeline.phase] * block:
-            writer.write(packer.take(self.ends[pipeline.phase] - packer.blocks))
-            self.tokens.append(dict(packer.tokens_by_source))
-            pipeline.start_phase(pipeline.phase + 1)
-        if packer.pending_tokens >= _FLUSH_TOKENS:  # the packer's own flush, held back at the boundary
-            writer.write(packer.take(packer.pending_tokens // block))

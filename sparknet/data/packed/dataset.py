@@ -5,6 +5,8 @@ Layout of a dataset folder:
     val_sources.bin      the source of each val.bin token (little-endian uint16, an index into the manifest's
                          `splits.val.source_ids.labels`, the mix's order): packing joins documents of several
                          sources in one block, so the loss per source is counted per token, not per block
+    position.json        the build's position after its last block (the stream's format, data/blocks.py): a build
+                         of the same inputs with a larger TARGET_TOKENS goes on from it (data/packed/build.py)
     manifest.json        format version, tokenizer hash, config, realised mixture, each file's sha256 per chunk
                          (contents.py), ...; written last, atomically
 A folder without manifest.json is not a dataset. The raw format (not Arrow) is deliberate: a numpy memmap opens a
@@ -29,13 +31,15 @@ import numpy as np
 from sparknet.data.packed.contents import ContentHash, damaged_blocks, record_problem
 from sparknet.errors import UserError
 
-# 3: each split's sha256 per chunk; 4: the validation tokens' sources (val_sources.bin). A dataset in another format
-# is refused in one line, never migrated.
-FORMAT_VERSION = 4
+# 3: each split's sha256 per chunk; 4: the validation tokens' sources (val_sources.bin); 5: the build is the stream
+# written to disk (the hold-out's cut documents trained on, pieces ended with a block, no forged <|endoftext|>), and
+# keeps its end position (position.json). A dataset in another format is refused in one line, never migrated.
+FORMAT_VERSION = 5
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 REBUILD = "rebuild it with scripts/build_dataset_v5.py --overwrite true"
 VAL_SOURCES = "val_sources.bin"
+POSITION = "position.json"
 
 
 def write_source_ids(folder: Path, ids: np.ndarray, labels: list[str], block_size: int) -> dict[str, Any]:

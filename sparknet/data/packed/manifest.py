@@ -9,10 +9,13 @@ from typing import Any
 import numpy as np
 
 from sparknet.config import LABEL_RULE
-from sparknet.data.encoding.packer import BlockPacker
-from sparknet.data.mixing import Mixer
 from sparknet.data.packed.dataset import FORMAT_VERSION, SPLITS, SplitWriter
-from sparknet.data.pieces import piece_tokens_for
+from sparknet.data.spec import PIECE_BLOCKS
+
+
+def piece_tokens(block_size: int) -> int:
+    return PIECE_BLOCKS * block_size
+
 
 # How far a split's realised share may stand from the requested one before the mix counts as missed: 2 points, or
 # the longest item's share of the split (a validation document's cap, a training piece) where that is more.
@@ -44,49 +47,51 @@ def description(spec: Any, tok: Any, dtype: np.dtype, inputs: dict[str, Any], co
     }
 
 
-def split_report(spec: Any, mixer: Mixer, packers: dict[str, BlockPacker], writers: dict[str, SplitWriter],
-                 cut: dict[str, int], caps: dict[str, int], removed: dict[str, int]) -> dict[str, Any]:
-    """The manifest's `splits`: blocks, tokens and documents per split (a long training document counts once per
-    piece), and per source its realised share against the requested one (validation: with its cap and documents
-    cut; training: with the documents removed for repeating a validation document)."""
+def split_report(spec: Any, held: dict[str, Any], counts: dict[str, Any],
+                 writers: dict[str, SplitWriter]) -> dict[str, Any]:
+    """The manifest's `splits`: blocks, tokens and pieces per split (a long document counts once per piece), and per
+    source its realised share against the requested one (validation: with its cap and documents cut, from the
+    hold-out's report `held["report"]`; training: from the training part's `counts`, with the documents removed for
+    repeating a validation document)."""
     block = spec.block_size
-    labels = list(mixer.counts)
-    # the run-wide mix (a config in phases: the phases' token-weighted; the mixer holds the last phase's)
-    requested = ({s.label: s.prob for s in spec.config.mix} if spec.config.phased else
-                 {label: c.requested for label, c in mixer.counts.items()})
+    # the run-wide mix (a config in phases: the phases' token-weighted)
+    total_prob = sum(s.prob for s in spec.config.mix)
+    requested = {s.label: s.prob / total_prob for s in spec.config.mix}
+    val_sources = held["report"]["sources"]
+    train_total = sum(counts["tokens"].values()) or 1
+    sources = {
+        "val": {label: {key: val_sources[label][key] for key in ("tokens", "documents", "share", "requested_share",
+                                                                 "document_cap_tokens", "documents_cut")}
+                for label in requested},
+        "train": {label: {"tokens": counts["tokens"][label], "documents": counts["documents"][label],
+                          "share": counts["tokens"][label] / train_total, "requested_share": requested[label],
+                          "piece_tokens": piece_tokens(block),
+                          "validation_repeats_removed": counts["validation_repeats_removed"][label]}
+                  for label in requested},
+    }
     splits = {}
     for name in SPLITS:
-        p = packers[name]
-        total = sum(p.tokens_by_source.values()) or 1
         splits[name] = {
             "file": f"{name}.bin",
             "blocks": writers[name].blocks,
             "tokens": writers[name].blocks * block,
-            "documents": sum(p.documents_by_source.values()),
+            "documents": sum(source["documents"] for source in sources[name].values()),
             "sha256": writers[name].content.record(),  # per chunk, as written (packed/contents.py)
-            "sources": {
-                label: {
-                    "tokens": p.tokens_by_source[label],
-                    "documents": p.documents_by_source[label],
-                    "share": p.tokens_by_source[label] / total,
-                    "requested_share": requested[label],
-                    **({"document_cap_tokens": caps[label], "documents_cut": cut[label]} if name == "val" else
-                       {"piece_tokens": piece_tokens_for(block), "validation_repeats_removed": removed[label]}),
-                }
-                for label in labels
-            },
+            "sources": sources[name],
         }
+    splits["val"]["source_ids"] = held["source_ids"]
     return splits
 
 
-def phase_report(spec: Any, boundaries: list[dict[str, int]], packer: BlockPacker, blocks: int) -> list[dict[str, Any]]:
+def phase_report(spec: Any, boundaries: list[dict[str, int]], tokens_at_end: dict[str, int],
+                 blocks: int) -> list[dict[str, Any]]:
     """The training split's phases (a config in phases): each one's block range, and per source its tokens in those
     blocks and realised share against the phase's prob, with `complete` (all its blocks, its mix met) and
-    `shares_missed`. `boundaries`: each source's tokens at every boundary passed; `packer`, `blocks`: the training
-    split's, at the end."""
+    `shares_missed`. `boundaries`: each source's tokens at every boundary passed; `tokens_at_end`, `blocks`: the
+    training split's, at the end."""
     config = spec.config
     ends = config.phase_ends(spec.target_tokens // spec.block_size)
-    counts = [*boundaries, dict(packer.tokens_by_source)]
+    counts = [*boundaries, dict(tokens_at_end)]
     out, start = [], 0
     for i, phase in enumerate(config.phases):
         written = min(ends[i], blocks) if i < len(counts) else start  # a phase the sources never reached is empty

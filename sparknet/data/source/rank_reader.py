@@ -1,15 +1,18 @@
 """One source read for one rank, with an exact position that can be saved and restored.
 
 The rows of a source, in its order across its files, go through these steps:
-1. the first `skip` rows are dropped (documents held out for validation, never trained on): the same rows on any
-   number of ranks;
+1. the rows the validation hold-out used are dropped (`HeldOutRows`: its first `rows` rows, read in this order by
+   one process), except the documents it took only the first tokens of: those come out first, marked with the token
+   where training starts them (`start_token`), before any shuffling;
 2. the rest is split among the ranks. Where the source's shards (its files) divide among them, rank r reads whole
    shards r, r + world_size, ... (as `datasets.distributed.split_dataset_by_node` assigns them) and nothing else,
-   so each row is read once over all ranks. Otherwise row i goes to rank `i % world_size`: every rank reads every
-   row and keeps its own, world_size times the reading and parsing, with a warning saying so;
+   so each row is read once over all ranks. Otherwise the i-th row left after step 1 goes to rank
+   `i % world_size`: every rank reads every row and keeps its own, world_size times the reading and parsing, with a
+   warning saying so;
 3. rows without text are dropped;
 4. optionally, a seeded shuffle buffer of `shuffle_buffer` documents.
-With `restart`, a source that runs dry is read again from its start (after the hold-out), as a new pass.
+With `restart`, a source that runs dry is read again from its start (the hold-out's rows dropped again), as a new
+pass.
 
 Written by hand because `datasets` saves the position of a plain stream exactly (`IterableDataset.state_dict()`)
 but not that of `.shuffle(buffer_size=...)`, whose buffer is lost on resume: here the buffer's texts and its random
@@ -28,6 +31,7 @@ import numpy as np
 from sparknet.config import SourceSpec
 from sparknet.data.source.hub_retries import retried_open, retried_rows
 from sparknet.data.source.opening import RowDocuments, open_source
+from sparknet.data.spec import HeldOutRows
 from sparknet.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -36,7 +40,8 @@ log = logging.getLogger(__name__)
 class SourceReader:
     """Iterate for `(document, rows_read)`: this rank's documents (texts, or token-id lists of a pre-tokenized
     source, when `vocab_size` is given), and how many rows of the current pass had been read
-    when the document came out (with a shuffle buffer, rows still in the buffer count as read).
+    when the document came out (with a shuffle buffer, rows still in the buffer count as read). `start_token`, read
+    after each document, is the token it starts at (the rest of a document the hold-out took the start of; else 0).
 
     `state()` at any point between two documents is the exact position; a reader built with that state goes on
     with the very next document.
@@ -46,7 +51,7 @@ class SourceReader:
         self,
         spec: SourceSpec,
         *,
-        skip: int = 0,
+        held_out: HeldOutRows | None = None,
         rank: int = 0,
         world_size: int = 1,
         restart: bool = False,
@@ -57,7 +62,11 @@ class SourceReader:
     ) -> None:
         self.spec = spec
         self.vocab_size = vocab_size  # a pre-tokenized source's ids are checked against it (None: text only)
-        self.skip, self.rank, self.world_size = skip, rank, world_size
+        self.held_out_rows = held_out or HeldOutRows()
+        self.skip = self.held_out_rows.rows  # the hold-out's rows: none of them read as a whole document
+        self._rests = sorted(self.held_out_rows.rests)  # rows of those whose rest is training's, in order
+        self.rank, self.world_size = rank, world_size
+        self.start_token = 0
         self.restart = restart
         self.buffer_size = shuffle_buffer
         # One generator per (seed, rank, source): ranks and sources shuffle independently, runs repeat exactly.
@@ -76,8 +85,8 @@ class SourceReader:
         self.split: str | None = state.get("split", "every_nth" if state else None)
         self.shard = int(state.get("shard", 0))  # shard mode: this rank's shards done in this pass
         self.shard_rows = int(state.get("shard_rows", 0))  # shard mode: rows read of the current shard
-        # shard mode: (first shard not wholly held out, its rows held out), found once by counting the hold-out
-        self.held_out: list[int] | None = state.get("held_out")
+        # shard mode: each shard's first row up to the first shard not wholly held out, found once by counting
+        self.shard_starts: list[int] | None = state.get("shard_starts")
         self.rows_counting = 0  # rows read (by this object) to find where the hold-out ends
 
     def state(self) -> dict[str, Any]:
@@ -93,22 +102,24 @@ class SourceReader:
             "split": self.split,
             "shard": self.shard,
             "shard_rows": self.shard_rows,
-            "held_out": self.held_out,
+            "shard_starts": self.shard_starts,
         }
 
     def __iter__(self) -> Iterator[tuple[str, int]]:
-        if self.buffer_size == 0:
-            for text in self._texts():
+        for text, start in self._texts():
+            # the rest of a held-out document comes out at once: a shuffle buffer holds whole documents only
+            if self.buffer_size == 0 or start:
+                self.start_token = start
                 yield text, self.rows
-            return
-        for text in self._texts():
+                self.start_token = 0
+                continue
             if len(self.buffer) < self.buffer_size:
                 self.buffer.append(text)
                 continue
             i = int(self.rng.integers(self.buffer_size))
             out, self.buffer[i] = self.buffer[i], text
             yield out, self.rows
-        self.draining = True
+        self.draining = True  # read to its end: only the buffer is left
         while self.buffer:
             i = int(self.rng.integers(len(self.buffer)))
             out = self.buffer[i]
@@ -116,8 +127,8 @@ class SourceReader:
             self.buffer.pop()
             yield out, self.rows
 
-    def _texts(self) -> Iterator[str]:
-        """This rank's non-empty texts, pass after pass when restarting."""
+    def _texts(self) -> Iterator[tuple[str, int]]:
+        """This rank's non-empty texts and the token each starts at, pass after pass when restarting."""
         if self.draining:
             return
         while True:
@@ -144,8 +155,7 @@ class SourceReader:
             return
         if self._dataset_state is not None:
             rows.load_state_dict(self._dataset_state)
-        yield from self._texts_of(rows, lambda index: index >= self.skip and (index - self.skip) % self.world_size
-                                  == self.rank, reopen=lambda: open_source(self.spec))
+        yield from self._texts_of(rows, self._mine, reopen=lambda: open_source(self.spec))
         self._dataset_state = rows.state_dict() if self._rows is not None else self._dataset_state
         self._rows = None
 
@@ -160,49 +170,73 @@ class SourceReader:
                         self.world_size, self.world_size, self.world_size)
         return "every_nth"
 
-    def _own_shards(self, rows: Any) -> Iterator[str]:
-        """This rank's whole shards after the hold-out, in order, from the saved shard and position in it."""
+    def _mine(self, index: int) -> tuple[bool, int]:
+        """Whether row `index` (of the source, in its order) is this rank's, and the token it starts at: the i-th
+        row left after the hold-out's (the rests of its cut documents first) is rank `i % world_size`'s."""
+        if index < self.skip:
+            if index not in self.held_out_rows.rests:
+                return False, 0
+            ordinal = self._rests.index(index)
+        else:
+            ordinal = len(self._rests) + index - self.skip
+        return ordinal % self.world_size == self.rank, self.held_out_rows.rests.get(index, 0)
+
+    def _own_shards(self, rows: Any) -> Iterator[tuple[str, int]]:
+        """This rank's whole shards, in order, from the saved shard and position in it: those past the hold-out's
+        rows, and those holding the rest of a document it cut (only that row of them)."""
         shards = rows.num_shards
-        if self.held_out is None:
-            self.held_out = list(self._held_out_shards(rows))
-        first, held_in_first = self.held_out
-        mine = [s for s in range(self.rank, shards, self.world_size) if s >= first]
+        if self.shard_starts is None:
+            self.shard_starts = self._shard_starts(rows)
+        starts = self.shard_starts  # each shard's first row in the source's order, up to the first past the hold-out
+        first = len(starts) - 1
+        rest_shards = {max(s for s in range(len(starts)) if starts[s] <= row) for row in self._rests}
+        mine = [s for s in range(self.rank, shards, self.world_size) if s >= first or s in rest_shards]
         while self.shard < len(mine):
             index = mine[self.shard]
             shard = rows.shard(num_shards=shards, index=index)
             if self._dataset_state is not None:
                 shard.load_state_dict(self._dataset_state)
-            held = held_in_first if index == first else 0
-            yield from self._texts_of(shard, lambda _row, held=held: self._next_shard_row() > held,
+            begins = starts[index] if index < len(starts) else self.skip
+            yield from self._texts_of(shard, lambda _row, begins=begins: self._shard_row(begins),
                                       reopen=lambda index=index: open_source(self.spec).shard(num_shards=shards,
                                                                                               index=index))
             self.shard, self.shard_rows, self._dataset_state, self._rows = self.shard + 1, 0, None, None
 
-    def _next_shard_row(self) -> int:
+    def _shard_row(self, begins: int) -> tuple[bool, int]:
+        """The next row of the shard that starts at row `begins` of the source: kept past the hold-out's rows, and
+        where the hold-out cut its document (from that token)."""
+        index = begins + self.shard_rows
         self.shard_rows += 1
-        return self.shard_rows
+        if index >= self.skip:
+            return True, 0
+        return index in self.held_out_rows.rests, self.held_out_rows.rests.get(index, 0)
 
-    def _held_out_shards(self, rows: Any) -> tuple[int, int]:
-        """(the first shard not wholly held out, rows held out at its start): the hold-out is the first `skip` rows
-        in the source's order, so counting them shard by shard (reading `skip` rows) finds where it ends."""
-        left = self.skip
+    def _shard_starts(self, rows: Any) -> list[int]:
+        """The first row (in the source's order) of each shard up to the first one not wholly held out (the last
+        entry): the hold-out is the first `skip` rows, so counting them shard by shard (reading `skip` rows) finds
+        where it ends."""
+        starts, at = [0], 0
+        if self.skip == 0:
+            return starts
         for index in range(rows.num_shards):
-            if left == 0:
-                return index, 0
+            if at >= self.skip and index > 0:
+                return starts
             read = 0  # up to one row past the hold-out: a shard that ends with it is wholly held out
             shard = rows.shard(num_shards=rows.num_shards, index=index)
             reopen = lambda index=index: open_source(self.spec).shard(num_shards=rows.num_shards, index=index)  # noqa: E731
             for _row in retried_rows(self.spec, shard, reopen, on_rows=lambda _rows: None):
                 read += 1
                 self.rows_counting += 1
-                if read > left:
-                    return index, left
-            left -= read
-        return rows.num_shards, 0
+                if at + read > self.skip:
+                    return starts
+            at += read
+            starts.append(at)
+        return starts
 
-    def _texts_of(self, rows: Any, keep: Any, reopen: Any) -> Iterator[str]:
-        """The non-empty texts of the rows `keep(index in the pass)` accepts; `self.rows` counts every row read.
-        A Hub source's transient failures are retried from the position reached (`retried_rows`, with `reopen`)."""
+    def _texts_of(self, rows: Any, keep: Any, reopen: Any) -> Iterator[tuple[str, int]]:
+        """The non-empty texts of the rows `keep(index in the pass)` accepts (`(kept, start token)`), with their
+        start tokens; `self.rows` counts every row read. A Hub source's transient failures are retried from the
+        position reached (`retried_rows`, with `reopen`)."""
         texts = RowDocuments(self.spec, self.vocab_size)
         current = [rows]
         for row in retried_rows(self.spec, rows, reopen, lambda reopened: current.__setitem__(0, reopened)):
@@ -210,11 +244,12 @@ class SourceReader:
             self._rows = rows
             index = self.rows
             self.rows += 1
-            if not keep(index):
+            kept, start = keep(index)
+            if not kept:
                 continue
             if text := texts.document(row, index, rows):
                 self.documents += 1
-                yield text
+                yield text, start
 
 
 def _stable_hash(text: str) -> int:

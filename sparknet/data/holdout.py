@@ -1,0 +1,122 @@
+"""The validation hold-out, one rule for the packed build and the streaming trainer: the first blocks of the mixed
+stream (data/blocks.py over the validation part, data/spec.py), read in each source's own order by one process, so
+they are the same on every rank and for any number of ranks.
+
+A document gives the hold-out at most its source's cap (`DataSpec.document_caps`); the rest of a document it cut
+there, or at the end of its last block, is training's: `HeldOut.rows` says, per source, which rows the hold-out used
+and from which token training takes each cut one (`HeldOutRows`, which every training part reads), so no token is
+in both splits and none is lost. `HeldOut.hashes` name the documents it took tokens of: training drops any copy of
+them (data/pieces.py). The source of each validation token is kept too (blocks join documents of several
+sources), for the eval loss per source.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sparknet.checks import check_values
+from sparknet.data.blocks import StreamBlocks, initial_state
+from sparknet.data.pipeline import Encoders, Pipeline, stop
+from sparknet.data.spec import DataSpec, HeldOutRows, Part
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HeldOut:
+    """A hold-out: its blocks ([n_blocks, block_size]), each token's source ([n_blocks, block_size] indices into
+    `source_labels`, the mix's labels in its order), the rows of each source it used, the hashes of the documents it
+    took tokens of, and its report (`report`)."""
+
+    blocks: np.ndarray
+    source_ids: np.ndarray
+    source_labels: list[str]
+    rows: dict[str, HeldOutRows]
+    hashes: list[str]
+    report: dict[str, Any]
+
+
+def hold_out(spec: DataSpec, progress: Any = None) -> HeldOut:
+    """The validation blocks of `spec`: at least `spec.val_tokens` tokens in whole blocks from the start of the mix
+    (fewer, with a warning, when the sources hold less). `progress(tokens)` is called as blocks are made."""
+    check_values({"VAL_TOKENS": spec.val_tokens})
+    wanted = math.ceil(spec.val_tokens / spec.block_size)
+    labels = spec.labels
+    encoders = pipeline = None
+    try:
+        encoders = Encoders(spec)
+        pipeline = Pipeline(spec, Part.hold_out(), encoders)
+        loop = StreamBlocks(pipeline, initial_state(labels, {}), settings={})
+        loop.packer.record_sources(labels)
+        blocks = []
+        for block in itertools.islice(loop.blocks(), wanted):
+            blocks.append(block)
+            if progress is not None:
+                progress(spec.block_size)
+        used = _documents_used(loop)
+        rows = {label: HeldOutRows(rows=max((mark[1] for _, mark, _, _ in documents), default=0),
+                                   rests={mark[1] - 1: stop for _, mark, stop, length in documents if stop < length})
+                for label, documents in used.items()}
+        hashes = sorted({document_hash for documents in used.values() for document_hash, *_ in documents})
+        counts = loop.counts()
+        # a source the hold-out used up (a small one): its size is known (known whatever was read ahead)
+        sizes = {label: source.reader.rows if label in counts["exhausted"] else None
+                 for label, source in pipeline.sources.items()}
+        source_ids = loop.packer.source_ids().reshape(len(blocks), spec.block_size)
+    finally:
+        stop(pipeline.sources if pipeline is not None else {}, encoders, clean=False)
+    if len(blocks) < wanted:
+        log.warning("the sources hold only %d of the %d validation blocks asked", len(blocks), wanted)
+    stacked = np.stack(blocks) if blocks else np.empty((0, spec.block_size), dtype=spec.token_dtype)
+    return HeldOut(stacked, source_ids, labels, rows, hashes, _report(spec, counts, rows, sizes, len(blocks)))
+
+
+def _documents_used(loop: StreamBlocks) -> dict[str, list[tuple[str, tuple[int, int], int, int]]]:
+    """Per source, the documents the hold-out's blocks hold tokens of (`SourcePieces.used_documents`: hash, mark,
+    the token training starts it at, length): the pieces used, and the tokens of the one being cut in the blocks
+    given."""
+    cutting = loop.cutting
+    out = {}
+    for label, source in loop.sources.items():
+        used = loop.used(label)
+        partial = 0
+        if cutting is not None and cutting.label == label:  # counted as used, with its tokens in the blocks given
+            used -= 1
+            partial = max(0, cutting.offset)
+        out[label] = source.used_documents(used, partial)
+    return out
+
+
+def _report(spec: DataSpec, counts: dict[str, Any], rows: dict[str, HeldOutRows], sizes: dict[str, int | None],
+            blocks: int) -> dict[str, Any]:
+    """The hold-out's report: blocks and tokens, and per source its tokens, pieces and realised share against the
+    requested one, the rows it used, the source's rows when it was read to its end, its cap and the documents cut."""
+    total = sum(counts["tokens"].values()) or 1
+    probs = sum(source.prob for source in spec.config.mix)
+    caps = spec.document_caps()
+    return {
+        "blocks": blocks,
+        "tokens": blocks * spec.block_size,
+        "requested_tokens": spec.val_tokens,
+        "sources": {
+            source.label: {
+                "tokens": counts["tokens"][source.label],
+                "documents": counts["documents"][source.label],
+                "share": counts["tokens"][source.label] / total,
+                "requested_share": source.prob / probs,
+                "rows_held_out": rows[source.label].rows,
+                "rows_in_source": sizes[source.label],  # None: not read to its end
+                "exhausted": source.label in counts["exhausted"],
+                "document_cap_tokens": caps[source.label],
+                "documents_cut": len(rows[source.label].rests),
+            }
+            for source in spec.config.mix
+        },
+        "source_labels": spec.labels,  # what the tokens' source ids index
+    }
