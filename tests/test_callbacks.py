@@ -7,7 +7,7 @@ from pathlib import Path
 
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from sparknet.train.callbacks import MetricsCallback
+from sparknet.train.callbacks import MetricsCallback, MetricsSpec
 from tests.helpers import read_events
 
 
@@ -15,9 +15,9 @@ def _callback(tmp_path: Path, **kw: object) -> tuple[MetricsCallback, object]:
     from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(str(tmp_path))
-    metrics = MetricsCallback(writer=writer, tokens_per_step=1000, block_size=100, flops_per_token=1.0,
-                              peak_flops=1e6, world_size=1, grad_norms=[], eval_tokens=0, eval_bytes=0,
-                              device_kind="cpu", **kw)  # type: ignore[arg-type]
+    spec = MetricsSpec(tokens_per_step=1000, block_size=100, flops_per_token=1.0, peak_flops=1e6, world_size=1,
+                       eval_tokens=0, eval_bytes=0, device_kind="cpu", **kw)  # type: ignore[arg-type]
+    metrics = MetricsCallback(spec=spec, writer=writer, grad_norms=[])
     return metrics, writer
 
 

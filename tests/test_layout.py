@@ -139,6 +139,24 @@ def test_the_top_level_imports_only_downward() -> None:
     assert not upward, f"imports that run up a floor: {upward}; move or split what sits on the wrong floor"
 
 
+def test_no_function_takes_more_than_ten_parameters() -> None:
+    """Settings travel as one frozen description passed whole (MetricsSpec, DataSpec, TrainSettings), not as
+    a long list of keywords (self and cls not counted; *args and **kwargs count one each)."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        owners = {child: node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+                  for child in node.body}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                named = [a for a in (*args.posonlyargs, *args.args, *args.kwonlyargs) if a.arg not in ("self", "cls")]
+                if len(named) + bool(args.vararg) + bool(args.kwarg) > 10:
+                    owner = f"{owners[node]}." if node in owners else ""
+                    found.add(f"{path.relative_to(PROJECT_ROOT)}: {owner}{node.name}")
+    assert not found, f"more than 10 parameters (pass a description whole): {sorted(found)}"
+
+
 def test_every_training_setting_is_declared_once_with_doc_identity_and_rule() -> None:
     """Its doc is its comment in the trainer scripts, one text in both (what --help and docs/constants.md show)."""
     docs = [describe_constants((PROJECT_ROOT / "scripts" / script).read_text())

@@ -161,7 +161,9 @@ def test_a_resumed_run_keeps_its_models_context_and_refuses_longer_blocks_in_one
 @pytest.mark.slow
 def test_the_own_corpus_chain_runs_with_the_defaults(own_config: Path, tmp_path: Path) -> None:
     """Tokenizer, build, both trainers on a few MB of JSONL 70/30, each with its defaults but for the sizes a CPU
-    test affords (a small vocabulary, the tiny preset, MAX_STEPS)."""
+    test affords (a small vocabulary, the tiny preset, 100 steps of 16 blocks at the higher LR so small a model
+    takes), and the models learned: their eval loss ends more than a nat below where it started, and the packed
+    run's below the corpus's unigram entropy (the loss of a model that knows only the token frequencies)."""
     tokenizer = tmp_path / "tok"
     proc = run_script("train_tokenizer_v5.py", "--config", own_config, "--vocab_size", 2048, "--output_dir",
                       tokenizer)
@@ -172,19 +174,28 @@ def test_the_own_corpus_chain_runs_with_the_defaults(own_config: Path, tmp_path:
     assert proc.returncode == 0, proc.stderr[-3000:]
     shares = json.loads((dataset / "manifest.json").read_text())["splits"]["train"]["sources"]
     assert abs(shares["prose"]["share"] - 0.7) < 0.02, shares
-    common = ["--model_preset", "sparknet-tiny", "--max_steps", 6, "--checkpoints_dir", tmp_path / "ckpt",
-              "--logs_dir", tmp_path / "logs"]
+    common = ["--model_preset", "sparknet-tiny", "--max_steps", 100, "--global_batch_size", 16, "--batch_size", 16,
+              "--learning_rate", 6e-3, "--eval_steps", 100, "--save_steps", 100, "--checkpoints_dir",
+              tmp_path / "ckpt", "--logs_dir", tmp_path / "logs"]
     proc = run_script("train_sparknet_v5.py", "--config", own_config, "--dataset_dir", dataset, "--run_name",
                       "packed", *common)
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_script("train_sparknet.py", "--config", own_config, "--tokenizer_dir", tokenizer, "--run_name",
                       "stream", *common)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    entropy = _unigram_entropy(dataset)  # about 6.37 nats per token at this vocabulary
     for run in ("packed", "stream"):
         meta = json.loads((tmp_path / "ckpt" / run / "training_metadata.json").read_text())
-        assert meta["steps"] == 6 and meta["model"]["n_positions"] == 256, run
-        state = json.loads((tmp_path / "ckpt" / run / "checkpoint-6" / "trainer_state.json").read_text())
-        assert state["global_step"] == 6
+        assert meta["steps"] == 100 and meta["model"]["n_positions"] == 256, run
+        state = json.loads((tmp_path / "ckpt" / run / "checkpoint-100" / "trainer_state.json").read_text())
+        assert state["global_step"] == 100
+        start, end = meta["metrics"]["eval_loss_start"], meta["metrics"]["eval_loss"]
+        assert end < start - 1.0, (run, start, end)  # 7.62 -> 6.18 (packed), 6.48 (stream) on 2 cores, 2026-12-03
+    # the stream's 6.48 is still above the entropy: its consecutive blocks train worse than the build's sampled ones
+    # (issue 40, section 1b); the packed run is below it by 0.19 (a model that learned nothing past token counts is
+    # at or above it)
+    packed = json.loads((tmp_path / "ckpt" / "packed" / "training_metadata.json").read_text())["metrics"]
+    assert packed["eval_loss"] < entropy - 0.1, (packed["eval_loss"], entropy)
     # then evaluation, export and a plain transformers pipeline() on the export, as a user goes on
     models = [tmp_path / "ckpt" / "packed", tmp_path / "ckpt" / "stream"]
     proc = run_script("eval_perplexity.py", "--models", json.dumps([str(m) for m in models]),
@@ -199,6 +210,17 @@ def test_the_own_corpus_chain_runs_with_the_defaults(own_config: Path, tmp_path:
     generate = pipeline("text-generation", model=str(export))
     out = generate("The ", max_new_tokens=5, do_sample=False)[0]["generated_text"]
     assert out.startswith("The ") and len(out) > len("The ")
+
+
+def _unigram_entropy(dataset: Path) -> float:
+    """The corpus's unigram entropy (nats per token) over the build's training split, with the run's tokenizer."""
+    import numpy as np
+
+    from sparknet.data.packed.dataset import PackedDataset
+    from sparknet.metrics import unigram_entropy
+
+    train = PackedDataset(dataset, "train")
+    return unigram_entropy(np.asarray(train.tokens), train.manifest["tokenizer"]["vocab_size"])
 
 
 @pytest.mark.slow

@@ -233,15 +233,15 @@ def test_sampling_leaves_rng_and_train_mode_as_they_were(finished, tmp_path: Pat
     from torch.utils.tensorboard import SummaryWriter
     from transformers import AutoTokenizer, TrainerState
 
-    from sparknet.train.callbacks import MetricsCallback, SamplingCallback
+    from sparknet.train.callbacks import MetricsCallback, MetricsSpec, SamplingCallback
 
     result, _ = finished
     model = result.trainer.model.train()
     tok = AutoTokenizer.from_pretrained(str(result.run_dir))
     writer = SummaryWriter(str(tmp_path / "tb"))
-    metrics = MetricsCallback(writer=writer, tokens_per_step=512, block_size=128, flops_per_token=1.0,
-                              peak_flops=None, world_size=1, grad_norms=[], eval_tokens=0, eval_bytes=0,
-                              device_kind="cpu")
+    spec = MetricsSpec(tokens_per_step=512, block_size=128, flops_per_token=1.0, peak_flops=None, world_size=1,
+                       eval_tokens=0, eval_bytes=0, device_kind="cpu")
+    metrics = MetricsCallback(spec=spec, writer=writer, grad_norms=[])
     sampler = SamplingCallback(tok, ["def "], 1, tmp_path, writer, metrics, 6, 0.8, 50, seed=7)
     torch.manual_seed(123)
     before = torch.get_rng_state()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,23 @@ TAG_DESCRIPTIONS = {
 }
 
 
+@dataclass(frozen=True)
+class MetricsSpec:
+    """What a run's figures are computed from, fixed when it starts (sparknet.train.run builds it)."""
+
+    tokens_per_step: int  # training tokens per optimizer step, all processes together
+    block_size: int
+    flops_per_token: float  # training FLOPs per token (sparknet.model.flops_per_token)
+    peak_flops: float | None  # one device's peak FLOP/s; None: no MFU
+    world_size: int
+    eval_tokens: int  # the validation tokens the eval loss averages over
+    eval_bytes: int  # ... and the UTF-8 bytes they stand for (0: no bits per byte)
+    device_kind: str  # "cuda", "cpu", ...: where the memory figure comes from
+    compile_warmup: bool = False  # torch.compile: the first window after (re)starting holds the compilation
+    # label: (its validation tokens, their bytes), for the figures per source; empty: none
+    eval_sources: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
 class MetricsCallback(TrainerCallback):
     """TensorBoard scalars and a console line at every logging step and evaluation.
 
@@ -47,22 +65,13 @@ class MetricsCallback(TrainerCallback):
     compilation: it is printed as warm-up and left out of the perf/ figures and of the run's mean.
     """
 
-    def __init__(self, *, writer: Any, tokens_per_step: int, block_size: int, flops_per_token: float,
-                 peak_flops: float | None, world_size: int, grad_norms: list, eval_tokens: int, eval_bytes: int,
-                 device_kind: str, compile_warmup: bool = False, start_file: Path | None = None,
-                 logged_eval_steps: set[int] | None = None,
-                 eval_sources: dict[str, tuple[int, int]] | None = None) -> None:
+    def __init__(self, *, spec: MetricsSpec, writer: Any, grad_norms: list, start_file: Path | None = None,
+                 logged_eval_steps: set[int] | None = None) -> None:
+        """`grad_norms` is filled by the trainer ((step, norm) per optimizer step, read at each log); the step-0 eval
+        loss is written to `start_file` (None: not here); `logged_eval_steps` were written before a resume."""
+        self.spec = spec
         self.writer = writer
-        self.tokens_per_step = tokens_per_step
-        self.block_size = block_size
-        self.flops_per_token = flops_per_token
-        self.peak_flops = peak_flops
-        self.world_size = world_size
         self.grad_norms = grad_norms
-        self.eval_tokens, self.eval_bytes = eval_tokens, eval_bytes
-        self.eval_sources = eval_sources or {}  # label: (predicted tokens, their bytes), for the figures per source
-        self.device_kind = device_kind
-        self.compile_warmup = compile_warmup
         self.start_file = start_file
         self._window_start = time.perf_counter()
         self._window_step = 0
@@ -75,7 +84,7 @@ class MetricsCallback(TrainerCallback):
         self.last_train: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
         self.last_eval_per_source: dict[str, dict[str, float]] = {}  # label: {"loss", "bits_per_byte", "tokens"}
-        self._eval_steps: set[int] = set(logged_eval_steps or ())  # written before a resume
+        self._eval_steps: set[int] = set(logged_eval_steps or ())
         self._described: set[str] = set()
 
     def pause(self) -> None:
@@ -110,8 +119,8 @@ class MetricsCallback(TrainerCallback):
             return
         loss = float(metrics["eval_loss"])
         values = {"eval/loss": loss, "eval/perplexity": perplexity(loss)}
-        if self.eval_bytes:
-            values["eval/bits_per_byte"] = bits_per_byte(loss, self.eval_tokens, self.eval_bytes)
+        if self.spec.eval_bytes:
+            values["eval/bits_per_byte"] = bits_per_byte(loss, self.spec.eval_tokens, self.spec.eval_bytes)
         per_source = self._per_source(metrics)
         closing = state.global_step in self._eval_steps  # the closing eval of the best model repeats a step
         if not closing:
@@ -136,7 +145,7 @@ class MetricsCallback(TrainerCallback):
     def _per_source(self, metrics: dict[str, float]) -> dict[str, dict[str, float]]:
         """The eval figures of each source the evaluation measured (SparkTrainer's `eval_loss/<label>`)."""
         figures = {}
-        for label, (tokens, n_bytes) in self.eval_sources.items():
+        for label, (tokens, n_bytes) in self.spec.eval_sources.items():
             loss = metrics.get(f"eval_loss/{label}")
             if loss is None:
                 continue
@@ -155,11 +164,11 @@ class MetricsCallback(TrainerCallback):
             self._excluded += now - max(self._step_end, self._window_start)
         steps = global_step - self._window_step
         seconds = max(now - self._window_start - self._excluded, 1e-9)
-        warmup = self.compile_warmup and self._windows == 0
+        warmup = self.spec.compile_warmup and self._windows == 0
         self._windows += 1
         if not warmup:
             self.train_seconds += seconds
-            self.train_tokens += steps * self.tokens_per_step
+            self.train_tokens += steps * self.spec.tokens_per_step
         self._window_start, self._window_step, self._excluded = now, global_step, 0.0
         return steps, seconds, warmup
 
@@ -179,19 +188,20 @@ class MetricsCallback(TrainerCallback):
             for (step, _), value in zip(norms, values.tolist(), strict=True):
                 self.writer.add_scalar("train/grad_norm", value, step)
         loss = float(logs["loss"])
-        tokens_per_s = steps * self.tokens_per_step / seconds
+        tokens_per_s = steps * self.spec.tokens_per_step / seconds
         scalars = {
             "train/loss": loss,
             "train/perplexity": perplexity(loss),
             "train/learning_rate": float(logs.get("learning_rate", 0.0)),
-            "perf/tokens_seen": float(state.global_step * self.tokens_per_step),
+            "perf/tokens_seen": float(state.global_step * self.spec.tokens_per_step),
             "perf/device_memory_gb": self._memory_gb(),
         }
         if not warmup:
             scalars["perf/tokens_per_second"] = tokens_per_s
-            scalars["perf/examples_per_second"] = tokens_per_s / self.block_size
-            if self.peak_flops:
-                scalars["perf/mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops * self.world_size)
+            scalars["perf/examples_per_second"] = tokens_per_s / self.spec.block_size
+            if self.spec.peak_flops:
+                scalars["perf/mfu"] = (self.spec.flops_per_token * tokens_per_s
+                                       / (self.spec.peak_flops * self.spec.world_size))
             self.last_train = {"tokens_per_second": tokens_per_s}
         self._write(scalars, state.global_step)
         self.last_train["loss"] = loss
@@ -205,7 +215,7 @@ class MetricsCallback(TrainerCallback):
     def _memory_gb(self) -> float:
         import torch
 
-        if self.device_kind == "cuda":
+        if self.spec.device_kind == "cuda":
             return torch.cuda.max_memory_allocated() / 2**30
         import psutil
 

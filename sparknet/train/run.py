@@ -40,7 +40,7 @@ from sparknet.run_files import METADATA
 from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic, writes_to
 from sparknet.tokenizer import portable_config
 from sparknet.train.batch import BatchPlan, TokenCount, budget, check_enough_blocks, plan_batch
-from sparknet.train.callbacks import MetricsCallback, SamplingCallback
+from sparknet.train.callbacks import MetricsCallback, MetricsSpec, SamplingCallback
 from sparknet.train.data_plan import DataPlan
 from sparknet.train.folders import EVAL_START, RunFolder, checkpoint_context, latest_complete_checkpoint, open_run
 from sparknet.train.fused_loss import fuse_head
@@ -251,13 +251,14 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     predicted = data.val_tokens[:, 1:]  # bits per byte over what the loss averages: all tokens but each block's first
     by_source = (tokens_and_bytes_by_source(tokenizer, predicted, data.val_sources[:, 1:], data.source_labels)
                  if data.val_sources is not None else None)
-    metrics = MetricsCallback(
-        writer=writer, tokens_per_step=tokens_per_step, block_size=data.block_size,
-        flops_per_token=flops_per_token(preset, len(tokenizer), data.block_size), peak_flops=peak,
-        world_size=world_size(), grad_norms=trainer.grad_norms, eval_tokens=int(predicted.size),
-        eval_bytes=bytes_of_tokens(tokenizer, predicted), device_kind=str(device["kind"]),
-        compile_warmup=compiles(s, device), start_file=run.run_dir / EVAL_START if main_process else None,
-        logged_eval_steps={run.resume_step} if run.resume else None, eval_sources=by_source)
+    spec = MetricsSpec(tokens_per_step=tokens_per_step, block_size=data.block_size,
+                       flops_per_token=flops_per_token(preset, len(tokenizer), data.block_size), peak_flops=peak,
+                       world_size=world_size(), eval_tokens=int(predicted.size),
+                       eval_bytes=bytes_of_tokens(tokenizer, predicted), device_kind=str(device["kind"]),
+                       compile_warmup=compiles(s, device), eval_sources=by_source or {})
+    metrics = MetricsCallback(spec=spec, writer=writer, grad_norms=trainer.grad_norms,
+                              start_file=run.run_dir / EVAL_START if main_process else None,
+                              logged_eval_steps={run.resume_step} if run.resume else None)
     sampler = SamplingCallback(tokenizer, list(s.sample_prompts), s.sample_steps, run.run_dir, writer, metrics,
                                s.sample_max_new_tokens, s.sample_temperature, s.sample_top_k, s.sample_seed)
     safety = SafetyCallback(trainer)
