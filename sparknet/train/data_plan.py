@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sparknet.config import MixConfig, phase_ends
+from sparknet.config import MixConfig
 from sparknet.errors import UserError
 
 if TYPE_CHECKING:
@@ -52,7 +52,10 @@ class DataPlan:
         run of one phase. A plan whose data must know (the stream's switch, the packed phases' sizes) adds to it."""
         if len(self.phases) < 2:
             return None
-        self.phase_steps = ends = phase_ends([share for _, share in self.phases], max_steps)
+        from sparknet.train.phases import check_every_phase_trains
+
+        self.phase_steps = ends = check_every_phase_trains(self.phases, max_steps,
+                                                           batch.global_batch * self.block_size)
         log.info("phases: %s", ", ".join(f"{name} steps {(ends[k - 1] if k else 0) + 1}-{ends[k]}"
                                          for k, (name, _) in enumerate(self.phases)))
         return ends
