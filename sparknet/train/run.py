@@ -82,14 +82,7 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
     check_launch(settings, device_info())
     base = resolve_base(settings.init_from) if settings.init_from else None
     preset = model_preset(settings, data, base)
-    batch = plan_batch(settings.global_batch_size, settings.batch_size, world_size())
-    asked = settings.tokens_asked(data.block_size)  # MAX_STEPS gives a whole number of steps: exactly those
-    target = asked if asked is not None else data.target_tokens
-    max_steps, tokens_per_step = budget(target, data.block_size, batch.global_batch)
-    if target < tokens_per_step:  # one step would train on more than asked, all of it inside the warmup
-        raise UserError(f"TARGET_TOKENS={target:,} is less than one optimizer step of {tokens_per_step:,} tokens "
-                        f"(GLOBAL_BATCH_SIZE={batch.global_batch} blocks x {data.block_size} tokens): raise "
-                        "TARGET_TOKENS or lower GLOBAL_BATCH_SIZE")
+    batch, target, max_steps, tokens_per_step = step_budget(settings, data.block_size, data.target_tokens)
     if data.train_blocks is not None:
         check_enough_blocks(data.train_blocks, batch.global_batch)
     log_budget(data, target, max_steps, tokens_per_step, batch)
@@ -115,6 +108,20 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
                     f"stopped by {signal.Signals(stop.signum).name} while writing the final model: the training "
                     "itself is saved; run the same command to write the final model and metadata (it trains no "
                     "more steps)"))
+
+
+def step_budget(settings: TrainSettings, block_size: int, default_target: int) -> tuple[BatchPlan, int, int, int]:
+    """The global batch on this many devices, the tokens to train, the optimizer steps and the tokens per step:
+    TARGET_TOKENS or MAX_STEPS, else the data's `default_target`."""
+    batch = plan_batch(settings.global_batch_size, settings.batch_size, world_size())
+    asked = settings.tokens_asked(block_size)  # MAX_STEPS gives a whole number of steps: exactly those
+    target = asked if asked is not None else default_target
+    max_steps, tokens_per_step = budget(target, block_size, batch.global_batch)
+    if target < tokens_per_step:  # one step would train on more than asked, all of it inside the warmup
+        raise UserError(f"TARGET_TOKENS={target:,} is less than one optimizer step of {tokens_per_step:,} tokens "
+                        f"(GLOBAL_BATCH_SIZE={batch.global_batch} blocks x {block_size} tokens): raise "
+                        "TARGET_TOKENS or lower GLOBAL_BATCH_SIZE")
+    return batch, target, max_steps, tokens_per_step
 
 
 def train_steps(run: RunFolder, parts: TrainerParts, max_steps: int) -> float:
