@@ -19,6 +19,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from sparknet.config import ConfigError, load_config, parse_config, phase_ends
+from sparknet.errors import UserError
+from sparknet.train.phases import check_every_phase_trains
 from tests.helpers import (
     build_position,
     checkpoint_step,
@@ -263,7 +265,6 @@ def test_the_sampler_draws_each_phase_from_its_blocks_passes_repeating_within_it
 
 
 def test_a_phase_smaller_than_one_global_batch_is_refused_before_the_run(dataset: Path, tmp_path: Path) -> None:
-    from sparknet.errors import UserError
 
     # 312 training blocks in all, 78 in the anneal phase: a global batch of 96 fits the dataset, not the phase
     with pytest.raises(UserError, match=f"phase anneal of dataset {dataset} has 78 training blocks, fewer than one "
@@ -271,6 +272,30 @@ def test_a_phase_smaller_than_one_global_batch_is_refused_before_the_run(dataset
         train_packed(train_settings(tmp_path, global_batch_size=96, batch_size=8, target_tokens=4 * 96 * BLOCK),
                      dataset)
     assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("script", ["train_sparknet_v5.py", "train_sparknet.py"])
+def test_a_phase_rounded_to_no_step_is_refused_in_one_line_before_any_work(script: str, setup: dict[str, Path],
+                                                                          dataset: Path, tmp_path: Path) -> None:
+    """Phases 0.75 / 0.25 over MAX_STEPS 2 with LR_SCHEDULE wsd: the anneal phase got "steps 3-2", no warning, and
+    the LR stayed at its peak at every step (the decay over the last phase never ran). Both trainers refuse it in
+    one line, naming the phase and the fewest steps that give every phase one (3: steps 1-2 and 3-3), before any
+    work: no run folder, and the streaming trainer holds nothing out."""
+    settings = dict(max_steps=2, lr_schedule="wsd", global_batch_size=4, batch_size=4)
+    args = (train_args(tmp_path, dataset, **settings) if script == "train_sparknet_v5.py" else
+            stream_args(tmp_path, setup["config"], setup["tokenizer"], **settings))
+    target = args.index("--target_tokens")
+    proc = run_script(script, *args[:target], *args[target + 2:])
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: phase anneal gets none of the run's 2 optimizer steps (its share, 0.25 of them, rounds "
+                      f"to none): train at least 3 steps (MAX_STEPS=3, or TARGET_TOKENS={3 * 4 * BLOCK:,} at "
+                      f"{4 * BLOCK:,} tokens a step), or give the phase a larger share in the config"], proc.stderr
+    assert "holding out" not in proc.stderr and not (tmp_path / "ckpt").exists()
+    assert check_every_phase_trains([("main", 0.75), ("anneal", 0.25)], 3, 1) == [2, 3]
+    assert check_every_phase_trains([("main", 0.95), ("anneal", 0.05)], 11, 1) == [10, 11]  # the issue's shares
+    with pytest.raises(UserError, match=r"its share, 0.05 of them, rounds to none\): train at least 11 steps"):
+        check_every_phase_trains([("main", 0.95), ("anneal", 0.05)], 5, 1)
 
 
 def _block_digests(dataset: Path) -> list[set[str]]:
