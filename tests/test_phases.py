@@ -298,6 +298,66 @@ def test_a_phase_rounded_to_no_step_is_refused_in_one_line_before_any_work(scrip
         check_every_phase_trains([("main", 0.95), ("anneal", 0.05)], 5, 1)
 
 
+@pytest.fixture(scope="module")
+def short_dataset(setup: dict[str, Path]) -> Path:
+    """A build whose anneal phase (0.2 of the run, source c alone) runs dry: c's 30 documents give 13 of the 62
+    blocks the phase asks. The build warns and marks the phase incomplete."""
+    write_jsonl(setup["dir"] / "c.jsonl", _texts("c", 30, 3))
+    mix = [{"name": "json", "prob": 0.5, "data_files": str(setup["dir"] / f"{label}.jsonl")} for label in "ab"]
+    config = setup["dir"] / "short.json"
+    config.write_text(json.dumps({"seed": 1, "context_length": BLOCK, "target_tokens": 20_000, "phases": [
+        {"name": "main", "share": 0.8, "mix": mix},
+        {"name": "anneal", "share": 0.2, "mix": [{"name": "json", "prob": 1.0,
+                                                  "data_files": str(setup["dir"] / "c.jsonl")}]}]}))
+    out = setup["dir"] / "short"
+    proc = run_script("build_dataset_v5.py", "--config", config, "--tokenizer_dir", setup["tokenizer"],
+                      "--output_dir", out, "--target_tokens", 20_000, "--val_tokens", 2_000, "--block_size", BLOCK,
+                      "--num_workers", 0, "--shuffle_buffer", 0, "--seed", 1)
+    assert proc.returncode == 0 and "source(s) c ran dry" in proc.stderr, proc.stderr[-3000:]
+    phases = json.loads((out / "manifest.json").read_text())["splits"]["train"]["phases"]
+    assert [(p["blocks"], p["complete"]) for p in phases] == [([0, 250], True), ([250, 263], False)]
+    return out
+
+
+def test_a_phase_its_build_left_short_is_refused_unless_allowed(short_dataset: Path, tmp_path: Path) -> None:
+    """The trainer used to train the anneal's steps on its 13 blocks over and over, with no word but "0.77 passes
+    over the data". It says each phase's passes, refuses the short phase in one line naming it, what is missing and
+    ALLOW_SHORT_PHASES, and with ALLOW_SHORT_PHASES trains it with a warning."""
+    args = train_args(tmp_path, short_dataset, max_steps=50, global_batch_size=4, batch_size=4, eval_steps=50,
+                      save_steps=50, sample_steps=0, sample_max_new_tokens=8)
+    target = args.index("--target_tokens")
+    args = [*args[:target], *args[target + 2:]]
+    proc = run_script("train_sparknet_v5.py", *args)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert ("phases: main steps 1-40 (0.64 passes over its 250 blocks), anneal steps 41-50 (3.08 passes over its 13 "
+            "blocks)") in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: phase anneal of dataset {short_dataset} is short: its build wrote 13 of the 62 blocks "
+                      "its share asks (source c ran dry); it misses its mix (b 9.9% for 0.0%, c 90.1% for 100.0%): "
+                      "rebuild the dataset with more data for the phase's sources "
+                      "(or a smaller target_tokens), or set ALLOW_SHORT_PHASES=True to train it so"], proc.stderr
+    assert not (tmp_path / "ckpt").exists()
+    proc = run_script("train_sparknet_v5.py", *args, "--allow_short_phases", "true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(ALLOW_SHORT_PHASES is on: training it so)" in proc.stderr
+
+
+def test_a_phase_whose_blocks_would_repeat_far_beyond_the_rest_is_refused(short_dataset: Path,
+                                                                         tmp_path: Path) -> None:
+    """Without the build's word on each phase (a dataset from before it), the passes alone: 100 steps train the
+    anneal's 13 blocks 6.2 times each, the rest's 1.28 times: more than PHASE_REPEAT_LIMIT (4) times as often."""
+    from sparknet.train.batch import plan_batch
+    from sparknet.train.data_plan import PHASE_REPEAT_LIMIT, packed_plan
+
+    plan = packed_plan(str(short_dataset), None, None)
+    plan.phase_reports = []
+    with pytest.raises(UserError, match=f"phase anneal of dataset {short_dataset} is short: its steps would train "
+                                        "each of its blocks 6.2 times, against 1.28 for the rest of the run: "):
+        plan.plan_phases(100, plan_batch(4, 4, 1))
+    assert PHASE_REPEAT_LIMIT == 4.0
+    assert plan.plan_phases(50, plan_batch(4, 4, 1)) == [40, 50]  # 3.08 against 0.64 (at least once): not far
+
+
 def _block_digests(dataset: Path) -> list[set[str]]:
     """Per phase, the digests RECORD_BATCHES gives its blocks (hf_trainer: blake2b of the int64 row)."""
     manifest = json.loads((dataset / "manifest.json").read_text())
