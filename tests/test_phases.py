@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import signal
 from pathlib import Path
 
@@ -356,6 +357,34 @@ def test_a_phase_whose_blocks_would_repeat_far_beyond_the_rest_is_refused(short_
         plan.plan_phases(100, plan_batch(4, 4, 1))
     assert PHASE_REPEAT_LIMIT == 4.0
     assert plan.plan_phases(50, plan_batch(4, 4, 1)) == [40, 50]  # 3.08 against 0.64 (at least once): not far
+
+
+def test_a_streamed_phase_whose_sources_the_hold_out_used_up_is_refused_before_training(
+        setup: dict[str, Path], tmp_path: Path) -> None:
+    """The anneal phase mixes source c alone, and the hold-out took 20 of its 30 rows (each cut to its cap, so the
+    hold-out's tokens per document understate c's, and c was not read to its end): the run trained 35 of 40 steps,
+    said "every source ran dry" and exited 0 (a rerun: "already finished"). Refused before training, in one line
+    naming the source, its phase and what it would give against what the phase asks; nothing is created."""
+    data = tmp_path / "data"
+    write_jsonl(data / "c.jsonl", _texts("c", 30, 3))
+    mix = [{"name": "json", "prob": 0.5, "data_files": str(setup["dir"] / f"{label}.jsonl")} for label in "ab"]
+    config = tmp_path / "short.json"
+    config.write_text(json.dumps({"seed": 1, "context_length": BLOCK, "target_tokens": 20_000, "phases": [
+        {"name": "main", "share": 0.8, "mix": mix},
+        {"name": "anneal", "share": 0.2, "mix": [{"name": "json", "prob": 1.0,
+                                                  "data_files": str(data / "c.jsonl")}]}]}))
+    args = stream_args(tmp_path, config, setup["tokenizer"], max_steps=40, global_batch_size=4, batch_size=4,
+                       eval_steps=40, save_steps=40, sample_max_new_tokens=8, shuffle_buffer=0)
+    target = args.index("--target_tokens")
+    proc = run_script("train_sparknet.py", *args[:target], *args[target + 2:])
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert re.match(r"error: source 'c' \(30 rows, in phase anneal\) would give about \d{3} training tokens after "
+                    r"the 20 rows held out for validation, far less than its share of 2,048 \(phase anneal mixes it "
+                    r"alone: the stream would end there\) \(VAL_TOKENS=2,048, SHUFFLE_BUFFER=0\): ", errors[0]), \
+        errors[0]
+    assert "train  step" not in proc.stderr and not (tmp_path / "ckpt").exists()
 
 
 def _block_digests(dataset: Path) -> list[set[str]]:
