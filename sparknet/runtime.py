@@ -132,15 +132,19 @@ def file_sha256(path: str | Path) -> str:
 def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
     """Writes JSON to a temporary file, fsyncs it and renames it over `path`: readers see all or nothing."""
     tmp = temporary_path(path)
-    with tmp.open("w", encoding="utf-8") as f:
-        if compact:
-            json.dump(data, f, separators=(",", ":"), ensure_ascii=False)
-        else:
-            json.dump(data, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            if compact:
+                json.dump(data, f, separators=(",", ":"), ensure_ascii=False)
+            else:
+                json.dump(data, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a write fault (a full disk, a file size limit) or a stop: no temporary file left behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_json_object(path: Path, fix: str) -> dict[str, Any]:
