@@ -142,7 +142,25 @@ def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:  # a write fault (a full disk, a file size limit) or a stop: no temporary file left behind
+    except OSError as exc:  # a write fault (a file size limit, no permission): said of the file, the temporary gone
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+    except BaseException:  # a stop: no temporary file left behind either
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Writes `text` to a temporary file and renames it over `path`: a write that fails (a file size limit, a full
+    disk) leaves the old file as it was, and no temporary file behind."""
+    tmp = temporary_path(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+    except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 

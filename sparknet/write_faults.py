@@ -32,6 +32,8 @@ ADVICE = {
     errno.EIO: "the disk reported an input/output error: check the disk, or write elsewhere",
     errno.ENAMETOOLONG: "the name is too long for the file system: choose a shorter one",
     errno.ENOENT: "a folder on the way is missing (deleted while the script ran?): create it, or write elsewhere",
+    errno.EEXIST: "a file is in the way where a folder should be: move it away",
+    errno.ENOSPC: "the disk is full: free space, or write elsewhere",
 }
 
 
