@@ -433,3 +433,40 @@ def test_a_results_file_that_cannot_be_written_saves_the_scores_elsewhere(random
     assert row["data"] == str(data) and row["documents"] == 3
     assert _scores_line(proc.stdout, data)[3] == f"{row['tokens']:,}"
     assert sorted(p.name for p in out.iterdir()) == [".perplexity.json.lock", "perplexity.json"]
+
+
+@pytest.mark.slow
+def test_a_mix_config_whose_local_file_changed_since_the_streaming_run_is_refused_naming_it(
+        tokenizer_dir: Path, tmp_path: Path) -> None:
+    """The rows a streaming run held out are counted from each source's start: after an edit of a source file they
+    are other text (44,525 -> 44,635 tokens scored, with the same warning as when nothing changed). The run's
+    run_config.json records each local file's sha256: an unchanged mix is scored without a warning, a changed file
+    is refused in one line naming it."""
+    from tests.helpers import stream_args, write_config
+
+    words = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone".split()
+    files = [write_jsonl(tmp_path / f"{name}.jsonl", [f"{name} {i} " + " ".join(words[(i + j) % 13] for j in range(40))
+                                                      for i in range(300)]) for name in ("prose", "code")]
+    config = write_config(tmp_path / "mix.json", [{"name": "json", "prob": 0.5, "data_files": str(path)}
+                                                  for path in files], context_length=128)
+    args = stream_args(tmp_path, config, tokenizer_dir, max_steps=2, eval_steps=2, save_steps=2, run_name="streamed")
+    target = args.index("--target_tokens")
+    proc = run_script("train_sparknet.py", *args[:target], *args[target + 2:])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "ckpt" / "streamed"
+    evaluate = ["--models", json.dumps([str(run)]), "--data", config, "--context", 64, "--eval_dir", tmp_path / "eval"]
+    proc = run_script("eval_perplexity.py", *evaluate)
+    assert proc.returncode == 0 and "WARNING" not in proc.stderr, proc.stderr[-3000:]
+    results = tmp_path / "eval" / "streamed" / "perplexity.json"
+    before = results.read_bytes()
+    lines = files[0].read_text().splitlines()
+    files[0].write_text("\n".join(['{"text": "a new first document"}', *lines]) + "\n")
+    proc = run_script("eval_perplexity.py", *evaluate)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: DATA={config}: source file {files[0]} changed (sha256 "), proc.stderr[-3000:]
+    assert errors[0].endswith(f"since run streamed held its validation rows out of it: the rows at its start are "
+                              f"other text now. Restore the file, or score the run's validation blocks "
+                              f"({run / 'val_blocks.npy'}, the default DATA)")
+    assert results.read_bytes() == before

@@ -145,7 +145,7 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
     import logging
     import time
 
-    from sparknet.eval.data import check_unchanged, data_kind, load_labelled_documents, trained_on
+    from sparknet.eval.data import check_unchanged, data_kind, load_labelled_documents, streamed_from, trained_on
     from sparknet.eval.reports import check_results, eval_dir, merge_json, results_kept
     from sparknet.eval.results import perplexity_setting
     from sparknet.runtime import write_text_atomic
@@ -166,7 +166,7 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
             own = trained_on(ref.folder, ref.spec)
         except UserError:
             continue  # no record of its training data (a Hub model)
-        if own != source and len(set(sources)) == 1:
+        if own != source and len(set(sources)) == 1 and not streamed_from(ref.folder, source):
             log.warning("%s was trained on other data (%s): it may have seen parts of %s in training", ref.spec,
                         own, source)
     documents: dict[str, tuple[list[str], list[str] | None]] = {}
