@@ -393,9 +393,12 @@ def test_a_results_write_under_a_file_size_limit_prints_the_scores_and_keeps_the
     """`ulimit -f` reached while the scores are written: they used to be lost in a traceback. Now the table of the
     scores computed is printed, the fault is one line naming the results file and what EFBIG means, the results
     written before are byte for byte as they were, and no temporary file is left."""
+    from sparknet.eval.data import DataRequest
+    from sparknet.eval.perplexity import evaluate_perplexity
+
     first, second = write_jsonl(tmp_path / "a.jsonl", TEXTS), write_jsonl(tmp_path / "b.jsonl", TEXTS[:2])
     args = ["--models", json.dumps([str(random_model)]), "--context", 16, "--eval_dir", tmp_path / "eval"]
-    assert run_script("eval_perplexity.py", *args, "--data", first).returncode == 0
+    evaluate_perplexity([str(random_model)], DataRequest(str(first)), context=16, eval_root=str(tmp_path / "eval"))
     out = tmp_path / "eval" / "randrun"
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     proc = run_script("eval_perplexity.py", *args, "--data", second, file_size_limit=16)

@@ -310,22 +310,28 @@ def short_dataset(setup: dict[str, Path]) -> Path:
         {"name": "main", "share": 0.8, "mix": mix},
         {"name": "anneal", "share": 0.2, "mix": [{"name": "json", "prob": 1.0,
                                                   "data_files": str(setup["dir"] / "c.jsonl")}]}]}))
+    from sparknet.data.packed.build import BuildSpec, build_dataset
+
     out = setup["dir"] / "short"
-    proc = run_script("build_dataset_v5.py", "--config", config, "--tokenizer_dir", setup["tokenizer"],
-                      "--output_dir", out, "--target_tokens", 20_000, "--val_tokens", 2_000, "--block_size", BLOCK,
-                      "--num_workers", 0, "--shuffle_buffer", 0, "--seed", 1)
-    assert proc.returncode == 0 and "source(s) c ran dry" in proc.stderr, proc.stderr[-3000:]
+    manifest = build_dataset(BuildSpec(config=load_config(config), tokenizer=str(setup["tokenizer"]), output_dir=out,
+                                       target_tokens=20_000, val_tokens=2_000, block_size=BLOCK, seed=1))
+    assert manifest["exhausted_sources"] == ["c"] and not manifest["complete"]
     phases = json.loads((out / "manifest.json").read_text())["splits"]["train"]["phases"]
     assert [(p["blocks"], p["complete"]) for p in phases] == [([0, 250], True), ([250, 263], False)]
     return out
 
 
-def test_a_phase_its_build_left_short_is_refused_unless_allowed(short_dataset: Path, tmp_path: Path) -> None:
+def test_a_phase_its_build_left_short_is_refused_unless_allowed(short_dataset: Path, tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     """The trainer used to train the anneal's steps on its 13 blocks over and over, with no word but "0.77 passes
     over the data". It says each phase's passes, refuses the short phase in one line naming it, what is missing and
     ALLOW_SHORT_PHASES, and with ALLOW_SHORT_PHASES trains it with a warning."""
-    args = train_args(tmp_path, short_dataset, max_steps=50, global_batch_size=4, batch_size=4, eval_steps=50,
-                      save_steps=50, sample_steps=0, sample_max_new_tokens=8)
+    from sparknet.train.data_plan import packed_plan
+    from sparknet.train.run import train
+
+    settings = dict(max_steps=50, global_batch_size=4, batch_size=4, eval_steps=50, save_steps=50, sample_steps=0,
+                    sample_max_new_tokens=8)
+    args = train_args(tmp_path, short_dataset, **settings)
     target = args.index("--target_tokens")
     args = [*args[:target], *args[target + 2:]]
     proc = run_script("train_sparknet_v5.py", *args)
@@ -338,9 +344,12 @@ def test_a_phase_its_build_left_short_is_refused_unless_allowed(short_dataset: P
                       "rebuild the dataset with more data for the phase's sources "
                       "(or a smaller target_tokens), or set ALLOW_SHORT_PHASES=True to train it so"], proc.stderr
     assert not (tmp_path / "ckpt").exists()
-    proc = run_script("train_sparknet_v5.py", *args, "--allow_short_phases", "true")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "(ALLOW_SHORT_PHASES is on: training it so)" in proc.stderr
+    with caplog.at_level("WARNING"):  # ALLOW_SHORT_PHASES: as the script passes it
+        result = train(train_settings(tmp_path, target_tokens=None, **settings),
+                       packed_plan(str(short_dataset), None, None, allow_short_phases=True))
+    assert result.status == "finished" and result.metadata["steps"] == 50
+    assert any("is short: its build wrote 13 of the 62 blocks" in r.getMessage() and
+               "(ALLOW_SHORT_PHASES is on: training it so)" in r.getMessage() for r in caplog.records)
 
 
 def test_a_phase_whose_blocks_would_repeat_far_beyond_the_rest_is_refused(short_dataset: Path,

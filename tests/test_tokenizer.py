@@ -361,14 +361,20 @@ def test_special_token_text_in_a_document_is_text_in_every_stage_and_the_counts_
     """A literal "<|endoftext|>" in a document: the build kept it as text, but eval_perplexity re-encoded the
     documents with the HF tokenizer, which made each literal the eos id (2,886 tokens scored where the build's
     encoding gives 2,988). One rule, text, everywhere: the tokenizer trains on it as text, the build and the stream
-    encode it as text, and so do evaluation (of the files and of the packed split, decoded and encoded again),
-    generation (any tokenizer SparkNet loads) and the exported model's tokenizer; the token counts agree."""
+    encode it as text, and so do evaluation (of the files, and of the packed split decoded and encoded again: the
+    script), generation (any tokenizer SparkNet loads) and the exported model's tokenizer; the token counts agree."""
     import random
 
     import numpy as np
     from transformers import AutoTokenizer
 
+    from sparknet.config import load_config
     from sparknet.data.encoding.packer import DocumentEncoder
+    from sparknet.data.packed.build import BuildSpec, build_dataset
+    from sparknet.eval.data import DataRequest
+    from sparknet.eval.perplexity import evaluate_perplexity
+    from sparknet.export import export_model
+    from sparknet.tokenizer import save, train_bpe, wrap
     from tests.helpers import random_run_folder
 
     rng = random.Random(3)
@@ -379,14 +385,12 @@ def test_special_token_text_in_a_document_is_text_in_every_stage_and_the_counts_
     config = write_config(tmp_path / "mix.json", [{"name": "json", "prob": 1.0, "data_files": str(data)}],
                           context_length=32)
     tokenizer = tmp_path / "tok"
-    assert run_script("train_tokenizer_v5.py", "--config", config, "--vocab_size", 400, "--max_bytes", 200_000,
-                      "--output_dir", tokenizer).returncode == 0
-    vocab = json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"]
-    assert "endoftext" in vocab  # trained on as text: its pieces were merged like any word's
+    trained = train_bpe(texts, vocab_size=400)
+    assert "endoftext" in trained.get_vocab()  # trained on as text: its pieces were merged like any word's
+    save(wrap(trained, 32), tokenizer)
     dataset = tmp_path / "ds"
-    proc = run_script("build_dataset_v5.py", "--config", config, "--tokenizer_dir", tokenizer, "--output_dir",
-                      dataset, "--target_tokens", 20_000, "--val_tokens", 3_000, "--num_workers", 0)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    build_dataset(BuildSpec(config=load_config(config), tokenizer=str(tokenizer), output_dir=dataset,
+                            target_tokens=20_000, val_tokens=3_000, block_size=32, seed=0))
 
     hf = AutoTokenizer.from_pretrained(str(tokenizer))
     encoder = DocumentEncoder(hf.backend_tokenizer.to_str(), hf.eos_token_id, np.uint16)
@@ -396,18 +400,18 @@ def test_special_token_text_in_a_document_is_text_in_every_stage_and_the_counts_
     expected = [flat[end - length:end - 1].tolist() for end, length in zip(np.cumsum(lengths), lengths, strict=True)]
     # the tokenizer folder, any tokenizer SparkNet loads (evaluation, generation) and the export encode alike
     model = random_run_folder(tokenizer, tmp_path / "checkpoints" / "rand")
-    proc = run_script("export_model.py", "--model", model, "--output_dir", tmp_path / "exported")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    export_model(str(model), tmp_path / "exported", eval_root=str(tmp_path / "eval"))
     for loaded in (hf, load_tokenizer(str(tokenizer)), AutoTokenizer.from_pretrained(str(tmp_path / "exported"))):
         assert loaded(held, add_special_tokens=False)["input_ids"] == expected
 
-    # eval_perplexity scores what the build encoded: the files, and the packed split decoded and encoded again
-    write_jsonl(tmp_path / "held.jsonl", held)
-    args = ["--models", json.dumps([str(model)]), "--context", 32, "--eval_dir", tmp_path / "eval"]
-    for what in (tmp_path / "held.jsonl", dataset):
-        assert run_script("eval_perplexity.py", *args, "--data", what).returncode == 0
+    # evaluation scores what the build encoded: the files, and (the script) the packed split decoded and encoded
+    (row,) = evaluate_perplexity([str(model)], DataRequest(str(write_jsonl(tmp_path / "held.jsonl", held))),
+                                 context=32, eval_root=str(tmp_path / "eval"))
+    assert row["tokens"] == sum(len(ids) for ids in expected)
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(model)]), "--context", 32, "--eval_dir",
+                      tmp_path / "eval", "--data", dataset)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     scored = {row["data"]: row["tokens"] for row in json.loads(
         (tmp_path / "eval" / "rand" / "perplexity.json").read_text()).values()}
-    assert scored[str(tmp_path / "held.jsonl")] == sum(len(ids) for ids in expected)
     val = np.fromfile(dataset / "val.bin", dtype=np.uint16)
     assert scored[str(dataset)] == int((val != hf.eos_token_id).sum())
