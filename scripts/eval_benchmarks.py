@@ -33,7 +33,14 @@ def main() -> None:
     from sparknet.eval.benchmarks import benchmark_table, run_benchmarks, save_results, write_offline_suite
     from sparknet.eval.data import load_documents
     from sparknet.eval.models import check_loadable, tokenizer_source
-    from sparknet.eval.reports import check_results, comparison_name, console_table, eval_dir, markdown_table
+    from sparknet.eval.reports import (
+        check_results,
+        comparison_name,
+        console_table,
+        eval_dir,
+        markdown_table,
+        results_kept,
+    )
     from sparknet.eval.results import check_benchmarks
 
     for ref in refs:
@@ -46,13 +53,17 @@ def main() -> None:
     for ref in refs:
         scores = run_benchmarks(ref.source, tokenizer_source(ref), TASKS, include, limit=LIMIT or None,
                                 batch_size=BATCH_SIZE, num_fewshot=NUM_FEWSHOT)
-        save_results(eval_dir(ref.name, EVAL_DIR) / "benchmarks.json", scores)
         results.append(scores)
+        done = [r.spec for r in refs[:len(results)]]
+        # a write fault loses none of the scores: those so far printed and saved elsewhere, in one line
+        with results_kept("benchmark results", dict(zip(done, results, strict=True)),
+                          console_table(*benchmark_table(done, results))):
+            save_results(eval_dir(ref.name, EVAL_DIR) / "benchmarks.json", scores)
     header, rows = benchmark_table([ref.spec for ref in refs], results)
     print(console_table(header, rows))
     out = eval_dir(comparison_name([r.name for r in refs]) if len(refs) > 1 else refs[0].name, EVAL_DIR)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "benchmarks.md").write_text(markdown_table(header, rows))
+    runtime.write_text_atomic(out / "benchmarks.md", markdown_table(header, rows))
     print(f"table: {out / 'benchmarks.md'}")
 
 

@@ -43,9 +43,9 @@ def main() -> None:
         samples.append(generate_samples(model, tokenizer, prompts, settings))
     report = generation_report([ref.spec for ref in refs], prompts, samples, settings)
     out = eval_dir(comparison_name([ref.name for ref in refs]) if len(refs) > 1 else refs[0].name, EVAL_DIR)
+    print(report, flush=True)  # first: a write fault below loses none of it
     out.mkdir(parents=True, exist_ok=True)
-    (out / "generation.md").write_text(report)
-    print(report)
+    runtime.write_text_atomic(out / "generation.md", report)
     print(f"report: {out / 'generation.md'}")
 
 

@@ -45,7 +45,7 @@ def main() -> None:
     if len(names) > 1:
         out = eval_dir(comparison_name(names), EVAL_DIR) / "perplexity.md"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(perplexity_table(rows, markdown=True))
+        runtime.write_text_atomic(out, perplexity_table(rows, markdown=True))
         print(f"table: {out}")
     else:
         print(f"results: {eval_dir(names[0], EVAL_DIR)}/perplexity.json")

@@ -74,13 +74,17 @@ def main() -> None:
 
     set_hub_retry_minutes(HUB_RETRY_MINUTES)
     from sparknet.data.scaled_defaults import STREAM_VAL_TOKENS, default_shuffle_buffer, default_val_tokens
-    from sparknet.train.run import report_outcome, train
+    from sparknet.train.phases import check_every_phase_trains
+    from sparknet.train.run import report_outcome, step_budget, train
     from sparknet.train.settings import TrainSettings
     from sparknet.train.stream_plan import StreamSpec, stream_plan
 
     settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
     if settings.target_tokens is None and not settings.max_steps:
         settings.target_tokens = config.target_tokens
+    if config.phased:  # a phase the budget gives no step: refused before the validation blocks are held out
+        _, _, max_steps, per_step = step_budget(settings, BLOCK_SIZE or config.context_length, config.target_tokens)
+        check_every_phase_trains([(phase.name, phase.share) for phase in config.phases], max_steps, per_step)
     workers = max(1, runtime.available_cores() // runtime.local_world_size()) if NUM_WORKERS is None else NUM_WORKERS
     spec = StreamSpec(config=config, tokenizer_dir=TOKENIZER_DIR, block_size=BLOCK_SIZE or config.context_length,
                       val_tokens=default_val_tokens(config, STREAM_VAL_TOKENS) if VAL_TOKENS is None else VAL_TOKENS,

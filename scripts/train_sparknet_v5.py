@@ -10,6 +10,8 @@ RUN_NAME = "sparknet-70m-v5"  # run folder name under checkpoints/ and logs/
 CONFIG = "configs/datasets_v5.json"  # mix config (recorded in the metadata; the dataset must come from it)
 DATASET_DIR = "datasets/sparknet-v5-1b"  # packed dataset from build_dataset_v5.py
 TOKENIZER_DIR: str | None = None  # tokenizer folder or Hub id (None: the one the dataset was built with)
+# train a phase its build left short (a source ran dry: blocks or mix missing; blocks repeated 4x the rest's)
+ALLOW_SHORT_PHASES = False
 MODEL_PRESET = "sparknet-70m"  # sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each
 # weights to start from (fresh optimizer, LR schedule, data): a run folder, its checkpoint-N or a Hub id (None: new)
 INIT_FROM: str | None = None
@@ -65,7 +67,7 @@ def main() -> None:
     settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
     if settings.target_tokens is None and not settings.max_steps:
         settings.target_tokens = config.target_tokens
-    report_outcome(train(settings, packed_plan(DATASET_DIR, TOKENIZER_DIR, config)), LOGS_DIR)
+    report_outcome(train(settings, packed_plan(DATASET_DIR, TOKENIZER_DIR, config, ALLOW_SHORT_PHASES)), LOGS_DIR)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2, len
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    tok.encode_special_tokens = True  # special-token text in a document is text (sparknet.tokenizer's rule)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,

@@ -291,13 +291,18 @@ def run_script(namespace: dict[str, Any], main: Callable[[], Any], argv: list[st
         raise SystemExit(1) from None
     except Exception as exc:
         from sparknet.runtime import disk_full
+        from sparknet.write_faults import write_fault
 
         where = disk_full(exc)
-        if where is None:
+        if where is not None:
+            # the runs and builds are written to resume from their last save: nothing else to do but make room
+            print(f"error: no space left on the device writing {where}: free space, then run the same command again",
+                  file=sys.stderr)
+            raise SystemExit(1) from None
+        fault = write_fault(exc)
+        if fault is None:
             raise
-        # the runs and builds are written to resume from their last save: nothing else to do but make room
-        print(f"error: no space left on the device writing {where}: free space, then run the same command again",
-              file=sys.stderr)
+        print(f"error: {fault}; then run the same command again", file=sys.stderr)
         raise SystemExit(1) from None
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +40,23 @@ def export_model(spec: str, output_dir: Path, *, license: str = "", language: li
     ref = resolve_model(spec)
     if ref.folder is None:
         raise UserError(f"{spec}: export takes a run folder (checkpoints/RUN_NAME), not a Hub id")
-    with exclusive(output_dir, "an export"):
+    with exclusive(output_dir, "an export"), _nothing_half_written(output_dir):
         return _export(ref, output_dir, license=license, language=language, eval_root=eval_root, overwrite=overwrite,
                        repo_id=repo_id, unfinished=unfinished)
+
+
+@contextmanager
+def _nothing_half_written(output_dir: Path) -> Iterator[None]:
+    """An export that fails (a write fault: `ulimit -f`, a full disk) or is stopped leaves no half-built folder
+    beside OUTPUT_DIR; the old export, replaced only by renames once the new one is whole, stays as it was."""
+    try:
+        yield
+    except BaseException:
+        # (stopped between replace_folder's two renames, the new folder is whole and the only one left to put in
+        # place: kept)
+        if output_dir.exists() or not output_dir.with_name(f".{output_dir.name}.replaced").exists():
+            shutil.rmtree(output_dir.with_name(f".{output_dir.name}.building"), ignore_errors=True)
+        raise
 
 
 def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str] | None, eval_root: str,
@@ -50,6 +66,7 @@ def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str
     from sparknet.run_files import RUN_CONFIG
     from sparknet.runtime import replace_folder, writes_to
     from sparknet.tokenizer import save as save_tokenizer
+    from sparknet.write_faults import writing
 
     spec = ref.spec
     if output_dir.exists() and any(output_dir.iterdir()) and not overwrite:
@@ -70,7 +87,8 @@ def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str
     building = output_dir.with_name(f".{output_dir.name}.building")
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
-    model.save_pretrained(building)  # safetensors, config.json, generation_config.json
+    with writing(building / "model.safetensors"):  # safetensors names no path in its errors
+        model.save_pretrained(building)  # safetensors, config.json, generation_config.json
     save_tokenizer(tokenizer, building)
     image = results / "plots" / CARD_IMAGE
     if image.is_file():

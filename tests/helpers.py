@@ -30,11 +30,19 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_
 # -- running the scripts ----------------------------------------------------------------------------------------------
 
 def run_script(script: str, *args: object, cwd: Path | None = None, timeout: int = 300,
-               env: dict[str, str] | None = None,
-               preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
+               env: dict[str, str] | None = None, preexec_fn: Callable[[], None] | None = None,
+               file_size_limit: int | None = None) -> subprocess.CompletedProcess:
     """Runs scripts/<script> as a user would, offline (or with `env`'s variables: the Hub server's online ones),
-    capturing its output; `preexec_fn` runs in the child before the script (e.g. to give up a privilege)."""
+    capturing its output; `preexec_fn` runs in the child before the script (e.g. to give up a privilege);
+    `file_size_limit`: the largest file it may write, in bytes (`ulimit -f`: a write fault that holds for root
+    too, where a read-only folder does not)."""
     env = {**os.environ, **OFFLINE_ENV, **(env or {})}
+
+    def limit() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
     return subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "scripts" / script), *(str(a) for a in args)],
         cwd=cwd or PROJECT_ROOT,
@@ -42,7 +50,7 @@ def run_script(script: str, *args: object, cwd: Path | None = None, timeout: int
         capture_output=True,
         text=True,
         timeout=timeout,
-        preexec_fn=preexec_fn,
+        preexec_fn=(lambda: (limit(), preexec_fn and preexec_fn())) if file_size_limit is not None else preexec_fn,
     )
 
 

@@ -389,3 +389,96 @@ def test_a_partial_evaluation_is_kept_beside_the_full_one_and_the_card_shows_the
     evaluation = card.split("## Evaluation")[1].split("##")[0]
     assert f"| {len(texts)} | {full['tokens']:,} |" in evaluation, evaluation  # documents, tokens
     assert f"{full['bits_per_byte']:.4f}" in evaluation and f"{partial['bits_per_byte']:.4f}" not in evaluation
+
+
+def _scores_line(stdout: str, data: Path) -> list[str]:
+    """The printed table's row of `data`: its cells."""
+    (row,) = [line.split() for line in stdout.splitlines() if str(data) in line and "[" not in line]
+    return row
+
+
+def test_a_results_write_under_a_file_size_limit_prints_the_scores_and_keeps_the_old_results(
+        random_model: Path, tmp_path: Path) -> None:
+    """`ulimit -f` reached while the scores are written: they used to be lost in a traceback. Now the table of the
+    scores computed is printed, the fault is one line naming the results file and what EFBIG means, the results
+    written before are byte for byte as they were, and no temporary file is left."""
+    from sparknet.eval.data import DataRequest
+    from sparknet.eval.perplexity import evaluate_perplexity
+
+    first, second = write_jsonl(tmp_path / "a.jsonl", TEXTS), write_jsonl(tmp_path / "b.jsonl", TEXTS[:2])
+    args = ["--models", json.dumps([str(random_model)]), "--context", 16, "--eval_dir", tmp_path / "eval"]
+    evaluate_perplexity([str(random_model)], DataRequest(str(first)), context=16, eval_root=str(tmp_path / "eval"))
+    out = tmp_path / "eval" / "randrun"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    proc = run_script("eval_perplexity.py", *args, "--data", second, file_size_limit=16)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: cannot write {out / 'perplexity.json'}: File too large (EFBIG): "), proc.stderr[-3000:]
+    assert "The perplexity results computed are printed above (saving them in " in errors[0]
+    tokenizer = load_model(resolve_model(str(random_model)), device="cpu")[1]
+    tokens = sum(len(ids) for ids in tokenizer(TEXTS[:2], add_special_tokens=False)["input_ids"])
+    assert _scores_line(proc.stdout, second)[2:4] == ["2", f"{tokens:,}"], proc.stdout
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no .tmp either
+
+
+def test_a_results_file_that_cannot_be_written_saves_the_scores_elsewhere(random_model: Path,
+                                                                          tmp_path: Path) -> None:
+    """A folder where the results file should be (the fault any user, root included, can meet): one line naming it
+    and what EISDIR means; the scores printed and saved as JSON in the temporary folder."""
+    data = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    out = tmp_path / "eval" / "randrun"
+    (out / "perplexity.json").mkdir(parents=True)
+    (out / "perplexity.json" / "kept.txt").write_text("in the way")
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--context", 16,
+                      "--eval_dir", tmp_path / "eval", "--data", data)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: cannot write {out / 'perplexity.json'}: Is a directory (EISDIR): a folder is in the way where a file "
+        "should be: move it away. The perplexity results computed are printed above and saved in "), errors[0]
+    saved = Path(errors[0].split("saved in ")[1].split(";")[0])
+    try:
+        (row,) = json.loads(saved.read_text())
+    finally:
+        saved.unlink()
+    assert row["data"] == str(data) and row["documents"] == 3
+    assert _scores_line(proc.stdout, data)[3] == f"{row['tokens']:,}"
+    assert sorted(p.name for p in out.iterdir()) == [".perplexity.json.lock", "perplexity.json"]
+
+
+@pytest.mark.slow
+def test_a_mix_config_whose_local_file_changed_since_the_streaming_run_is_refused_naming_it(
+        tokenizer_dir: Path, tmp_path: Path) -> None:
+    """The rows a streaming run held out are counted from each source's start: after an edit of a source file they
+    are other text (44,525 -> 44,635 tokens scored, with the same warning as when nothing changed). The run's
+    run_config.json records each local file's sha256: an unchanged mix is scored without a warning, a changed file
+    is refused in one line naming it."""
+    from tests.helpers import stream_args, write_config
+
+    words = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone".split()
+    files = [write_jsonl(tmp_path / f"{name}.jsonl", [f"{name} {i} " + " ".join(words[(i + j) % 13] for j in range(40))
+                                                      for i in range(300)]) for name in ("prose", "code")]
+    config = write_config(tmp_path / "mix.json", [{"name": "json", "prob": 0.5, "data_files": str(path)}
+                                                  for path in files], context_length=128)
+    args = stream_args(tmp_path, config, tokenizer_dir, max_steps=2, eval_steps=2, save_steps=2, run_name="streamed")
+    target = args.index("--target_tokens")
+    proc = run_script("train_sparknet.py", *args[:target], *args[target + 2:])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "ckpt" / "streamed"
+    evaluate = ["--models", json.dumps([str(run)]), "--data", config, "--context", 64, "--eval_dir", tmp_path / "eval"]
+    proc = run_script("eval_perplexity.py", *evaluate)
+    assert proc.returncode == 0 and "WARNING" not in proc.stderr, proc.stderr[-3000:]
+    results = tmp_path / "eval" / "streamed" / "perplexity.json"
+    before = results.read_bytes()
+    lines = files[0].read_text().splitlines()
+    files[0].write_text("\n".join(['{"text": "a new first document"}', *lines]) + "\n")
+    proc = run_script("eval_perplexity.py", *evaluate)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: DATA={config}: source file {files[0]} changed (sha256 "), proc.stderr[-3000:]
+    assert errors[0].endswith(f"since run streamed held its validation rows out of it: the rows at its start are "
+                              f"other text now. Restore the file, or score the run's validation blocks "
+                              f"({run / 'val_blocks.npy'}, the default DATA)")
+    assert results.read_bytes() == before

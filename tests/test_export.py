@@ -317,3 +317,24 @@ def test_the_license_is_other_with_a_warning_until_it_is_set(run: tuple[Path, Pa
         card = export_model(str(folder), tmp / "b", eval_root=str(tmp / "eval"), license="gpl-3.0")
     assert ModelCard.load(card).data.license == "gpl-3.0"
     assert "LICENSE" not in caplog.text
+
+
+def test_an_overwrite_under_a_file_size_limit_is_one_line_and_leaves_the_old_export(run: tuple[Path, Path]) -> None:
+    """`ulimit -f` below the weights' size: a 19-line SafetensorError, and .exported.building left behind. Now one
+    line naming the file and what EFBIG means, nothing left beside the folder, the old export byte for byte."""
+    from sparknet.export import export_model
+
+    folder, tmp = run
+    out = tmp / "exported"
+    args = ["--model", folder, "--output_dir", out, "--eval_dir", tmp / "eval"]
+    export_model(str(folder), out, eval_root=str(tmp / "eval"))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    limit = len(before["model.safetensors"]) // 2
+    proc = run_script("export_model.py", *args, "--overwrite", "true", "--license", "mit", file_size_limit=limit)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: cannot write {tmp / '.exported.building' / 'model.safetensors'}: File too large "
+                      "(EFBIG): the file size limit (`ulimit -f`) or the file system's largest file is reached: raise "
+                      "the limit, or write elsewhere; then run the same command again"], proc.stderr[-3000:]
+    assert [p.name for p in tmp.glob(".exported.*")] == [".exported.lock"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -27,9 +27,11 @@ from tests.helpers import (
     train_settings,
 )
 
-# one optimizer step at a learning rate far below fp32's resolution of the weights: the model stays the base's, bit
-# for bit, through a real training run (LEARNING_RATE must be positive)
+# one optimizer step at a learning rate far below fp32's resolution of the weights: the model stays the base's
+# through a real training run, each weight within FROZEN_TOLERANCE (LEARNING_RATE must be positive, and the one step
+# is at that peak: a weight at exactly 0 moves by about the LR)
 FROZEN = dict(max_steps=1, target_tokens=None, learning_rate=1e-30, eval_steps=1, save_steps=1, sample_steps=0)
+FROZEN_TOLERANCE = 1e-25
 
 
 def sha256(path: Path) -> str:
@@ -44,7 +46,7 @@ def assert_same_weights(folder: Path, base: Path) -> None:
     ours, theirs = state_dict(folder), state_dict(base)
     assert ours.keys() == theirs.keys()
     for name, tensor in theirs.items():
-        assert torch.equal(ours[name], tensor), name
+        assert torch.allclose(ours[name], tensor, rtol=0, atol=FROZEN_TOLERANCE), name
 
 
 def plain_eval_loss(folder: Path, dataset: Path) -> float:
@@ -75,7 +77,7 @@ def test_packed_script_from_a_run_folder_starts_at_its_final_weights_and_records
     state = json.loads((run_dir / "checkpoint-1" / "trainer_state.json").read_text())
     metadata = json.loads((run_dir / METADATA).read_text())
     assert state["global_step"] == 1 and metadata["steps"] == 1
-    assert read_steps(run_dir / "batches.jsonl")[1]["lr"] == 0.0  # the warmup's first step, from 0
+    assert read_steps(run_dir / "batches.jsonl")[1]["lr"] == 1e-30  # the one step at the peak, after no warmup
     assert metadata["base_model"] == {"init_from": str(base), "name": "run", "commit": None,
                                       "sha256": sha256(base / "model.safetensors"), "step": None}
     card = card_data("mine", metadata, {}, license="", language=["en"])
@@ -268,3 +270,64 @@ def test_a_base_of_no_presets_shape_is_trained_as_it_is(tokenizer_dir: Path, tin
     assert result.metadata["model"]["name"] is None and result.metadata["model"]["n_embd"] == 32
     assert result.metadata["base_model"]["name"] == "narrow"
     assert_same_weights(result.run_dir, base)
+
+
+def test_the_base_is_recorded_when_the_run_starts_and_a_resume_checks_it(finished, tiny_dataset: Path,
+                                                                         tmp_path: Path) -> None:
+    """The base's weights replaced between the start and a resume: the resume exited 0 and the metadata recorded
+    the replacement. The run records its base once, as it starts; a resume with changed weights is refused in one
+    line naming both hashes; a deleted base is answered with what works (restore it, or go on without it), and
+    going on without it finishes the run with the base it started from in the metadata."""
+    from sparknet.train.init_from import BASE_RECORD
+
+    _, base_tmp = finished
+    base = shutil.copytree(base_tmp / "ckpt" / "run", tmp_path / "base" / "run")
+    original = sha256(base / "model.safetensors")
+    settings = dict(max_steps=4, target_tokens=None, eval_steps=2, save_steps=2, sample_steps=0)
+    run_dir = train_packed(train_settings(tmp_path, init_from=str(base), **settings), tiny_dataset).run_dir
+    assert json.loads((run_dir / BASE_RECORD).read_text())["sha256"] == original
+    for name in (METADATA, "model.safetensors", "config.json"):  # as if killed before its last save
+        (run_dir / name).unlink()
+    shutil.rmtree(run_dir / "checkpoint-4")
+    # other weights of the same shape at the base's place
+    shutil.copy(base_tmp / "ckpt" / "run" / "checkpoint-24" / "model.safetensors",
+                base / "model.safetensors")
+    replaced = sha256(base / "model.safetensors")
+    with pytest.raises(UserError) as exc:
+        train_packed(train_settings(tmp_path, init_from=str(base), **settings), tiny_dataset)
+    message = one_line(exc)
+    assert message.startswith(f"INIT_FROM={base} is not the base run run started from: its weights' sha256 is "
+                              f"{replaced[:12]}..., the run started from sha256 {original[:12]}... ")
+    assert "restore that base, start a new RUN_NAME from this one, or go on without it" in message
+    assert not (run_dir / "checkpoint-4").exists()  # nothing trained
+    shutil.rmtree(base)
+    with pytest.raises(UserError) as exc:
+        train_packed(train_settings(tmp_path, init_from=str(base), **settings), tiny_dataset)
+    message = one_line(exc)
+    assert message.startswith(f"INIT_FROM={base}: the base run run started from (sha256 {original[:12]}..., "
+                              f"recorded in {run_dir / BASE_RECORD}) is gone. A resume takes its weights from its own "
+                              "checkpoint and from the base only its shape and tokenizer: restore the base at ")
+    assert "go on without it: INIT_FROM=None with ALLOW_CONFIG_CHANGE=True" in message
+    # the advice works: no second refusal, the run finishes from its checkpoint, the record is the original base's
+    result = train_packed(train_settings(tmp_path, init_from=None, allow_config_change=True, **settings),
+                          tiny_dataset)
+    assert result.status == "finished" and result.metadata["steps"] == 4
+    assert result.metadata["base_model"]["sha256"] == original and result.metadata["base_model"]["name"] == "run"
+
+
+def test_a_run_folder_whose_model_is_cut_short_is_one_line_before_anything_is_created(
+        finished, tiny_dataset: Path, tmp_path: Path) -> None:
+    """A 27-line SafetensorError once the new run's folder existed; now one line naming the file and the run's
+    complete checkpoints, as a checkpoint-N cut short already had, and nothing is created."""
+    _, base_tmp = finished
+    base = shutil.copytree(base_tmp / "ckpt" / "run", tmp_path / "base" / "run")
+    weights = base / "model.safetensors"
+    with weights.open("r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset, init_from=base))
+    line = refusal(proc)
+    assert line.startswith(f"error: INIT_FROM={base}: {weights} is damaged or cut short (Error while deserializing "
+                           "header: incomplete metadata, file not fully covered, "), line
+    assert "pass one of its run's complete checkpoints (checkpoint-" in line
+    assert len([x for x in proc.stderr.splitlines() if x.strip()]) <= 2, proc.stderr  # the log's first line at most
+    assert not (tmp_path / "ckpt").exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import signal
 from pathlib import Path
 
@@ -19,6 +20,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from sparknet.config import ConfigError, load_config, parse_config, phase_ends
+from sparknet.errors import UserError
+from sparknet.train.phases import check_every_phase_trains
 from tests.helpers import (
     build_position,
     checkpoint_step,
@@ -263,7 +266,6 @@ def test_the_sampler_draws_each_phase_from_its_blocks_passes_repeating_within_it
 
 
 def test_a_phase_smaller_than_one_global_batch_is_refused_before_the_run(dataset: Path, tmp_path: Path) -> None:
-    from sparknet.errors import UserError
 
     # 312 training blocks in all, 78 in the anneal phase: a global batch of 96 fits the dataset, not the phase
     with pytest.raises(UserError, match=f"phase anneal of dataset {dataset} has 78 training blocks, fewer than one "
@@ -271,6 +273,127 @@ def test_a_phase_smaller_than_one_global_batch_is_refused_before_the_run(dataset
         train_packed(train_settings(tmp_path, global_batch_size=96, batch_size=8, target_tokens=4 * 96 * BLOCK),
                      dataset)
     assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("script", ["train_sparknet_v5.py", "train_sparknet.py"])
+def test_a_phase_rounded_to_no_step_is_refused_in_one_line_before_any_work(script: str, setup: dict[str, Path],
+                                                                          dataset: Path, tmp_path: Path) -> None:
+    """Phases 0.75 / 0.25 over MAX_STEPS 2 with LR_SCHEDULE wsd: the anneal phase got "steps 3-2", no warning, and
+    the LR stayed at its peak at every step (the decay over the last phase never ran). Both trainers refuse it in
+    one line, naming the phase and the fewest steps that give every phase one (3: steps 1-2 and 3-3), before any
+    work: no run folder, and the streaming trainer holds nothing out."""
+    settings = dict(max_steps=2, lr_schedule="wsd", global_batch_size=4, batch_size=4)
+    args = (train_args(tmp_path, dataset, **settings) if script == "train_sparknet_v5.py" else
+            stream_args(tmp_path, setup["config"], setup["tokenizer"], **settings))
+    target = args.index("--target_tokens")
+    proc = run_script(script, *args[:target], *args[target + 2:])
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: phase anneal gets none of the run's 2 optimizer steps (its share, 0.25 of them, rounds "
+                      f"to none): train at least 3 steps (MAX_STEPS=3, or TARGET_TOKENS={3 * 4 * BLOCK:,} at "
+                      f"{4 * BLOCK:,} tokens a step), or give the phase a larger share in the config"], proc.stderr
+    assert "holding out" not in proc.stderr and not (tmp_path / "ckpt").exists()
+    assert check_every_phase_trains([("main", 0.75), ("anneal", 0.25)], 3, 1) == [2, 3]
+    assert check_every_phase_trains([("main", 0.95), ("anneal", 0.05)], 11, 1) == [10, 11]  # the issue's shares
+    with pytest.raises(UserError, match=r"its share, 0.05 of them, rounds to none\): train at least 11 steps"):
+        check_every_phase_trains([("main", 0.95), ("anneal", 0.05)], 5, 1)
+
+
+@pytest.fixture(scope="module")
+def short_dataset(setup: dict[str, Path]) -> Path:
+    """A build whose anneal phase (0.2 of the run, source c alone) runs dry: c's 30 documents give 13 of the 62
+    blocks the phase asks. The build warns and marks the phase incomplete."""
+    write_jsonl(setup["dir"] / "c.jsonl", _texts("c", 30, 3))
+    mix = [{"name": "json", "prob": 0.5, "data_files": str(setup["dir"] / f"{label}.jsonl")} for label in "ab"]
+    config = setup["dir"] / "short.json"
+    config.write_text(json.dumps({"seed": 1, "context_length": BLOCK, "target_tokens": 20_000, "phases": [
+        {"name": "main", "share": 0.8, "mix": mix},
+        {"name": "anneal", "share": 0.2, "mix": [{"name": "json", "prob": 1.0,
+                                                  "data_files": str(setup["dir"] / "c.jsonl")}]}]}))
+    from sparknet.data.packed.build import BuildSpec, build_dataset
+
+    out = setup["dir"] / "short"
+    manifest = build_dataset(BuildSpec(config=load_config(config), tokenizer=str(setup["tokenizer"]), output_dir=out,
+                                       target_tokens=20_000, val_tokens=2_000, block_size=BLOCK, seed=1))
+    assert manifest["exhausted_sources"] == ["c"] and not manifest["complete"]
+    phases = json.loads((out / "manifest.json").read_text())["splits"]["train"]["phases"]
+    assert [(p["blocks"], p["complete"]) for p in phases] == [([0, 250], True), ([250, 263], False)]
+    return out
+
+
+def test_a_phase_its_build_left_short_is_refused_unless_allowed(short_dataset: Path, tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """The trainer used to train the anneal's steps on its 13 blocks over and over, with no word but "0.77 passes
+    over the data". It says each phase's passes, refuses the short phase in one line naming it, what is missing and
+    ALLOW_SHORT_PHASES, and with ALLOW_SHORT_PHASES trains it with a warning."""
+    from sparknet.train.data_plan import packed_plan
+    from sparknet.train.run import train
+
+    settings = dict(max_steps=50, global_batch_size=4, batch_size=4, eval_steps=50, save_steps=50, sample_steps=0,
+                    sample_max_new_tokens=8)
+    args = train_args(tmp_path, short_dataset, **settings)
+    target = args.index("--target_tokens")
+    args = [*args[:target], *args[target + 2:]]
+    proc = run_script("train_sparknet_v5.py", *args)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert ("phases: main steps 1-40 (0.64 passes over its 250 blocks), anneal steps 41-50 (3.08 passes over its 13 "
+            "blocks)") in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: phase anneal of dataset {short_dataset} is short: its build wrote 13 of the 62 blocks "
+                      "its share asks (source c ran dry); it misses its mix (b 9.9% for 0.0%, c 90.1% for 100.0%): "
+                      "rebuild the dataset with more data for the phase's sources "
+                      "(or a smaller target_tokens), or set ALLOW_SHORT_PHASES=True to train it so"], proc.stderr
+    assert not (tmp_path / "ckpt").exists()
+    with caplog.at_level("WARNING"):  # ALLOW_SHORT_PHASES: as the script passes it
+        result = train(train_settings(tmp_path, target_tokens=None, **settings),
+                       packed_plan(str(short_dataset), None, None, allow_short_phases=True))
+    assert result.status == "finished" and result.metadata["steps"] == 50
+    assert any("is short: its build wrote 13 of the 62 blocks" in r.getMessage() and
+               "(ALLOW_SHORT_PHASES is on: training it so)" in r.getMessage() for r in caplog.records)
+
+
+def test_a_phase_whose_blocks_would_repeat_far_beyond_the_rest_is_refused(short_dataset: Path,
+                                                                         tmp_path: Path) -> None:
+    """Without the build's word on each phase (a dataset from before it), the passes alone: 100 steps train the
+    anneal's 13 blocks 6.2 times each, the rest's 1.28 times: more than PHASE_REPEAT_LIMIT (4) times as often."""
+    from sparknet.train.batch import plan_batch
+    from sparknet.train.data_plan import PHASE_REPEAT_LIMIT, packed_plan
+
+    plan = packed_plan(str(short_dataset), None, None)
+    plan.phase_reports = []
+    with pytest.raises(UserError, match=f"phase anneal of dataset {short_dataset} is short: its steps would train "
+                                        "each of its blocks 6.2 times, against 1.28 for the rest of the run: "):
+        plan.plan_phases(100, plan_batch(4, 4, 1))
+    assert PHASE_REPEAT_LIMIT == 4.0
+    assert plan.plan_phases(50, plan_batch(4, 4, 1)) == [40, 50]  # 3.08 against 0.64 (at least once): not far
+
+
+def test_a_streamed_phase_whose_sources_the_hold_out_used_up_is_refused_before_training(
+        setup: dict[str, Path], tmp_path: Path) -> None:
+    """The anneal phase mixes source c alone, and the hold-out took 20 of its 30 rows (each cut to its cap, so the
+    hold-out's tokens per document understate c's, and c was not read to its end): the run trained 35 of 40 steps,
+    said "every source ran dry" and exited 0 (a rerun: "already finished"). Refused before training, in one line
+    naming the source, its phase and what it would give against what the phase asks; nothing is created."""
+    data = tmp_path / "data"
+    write_jsonl(data / "c.jsonl", _texts("c", 30, 3))
+    mix = [{"name": "json", "prob": 0.5, "data_files": str(setup["dir"] / f"{label}.jsonl")} for label in "ab"]
+    config = tmp_path / "short.json"
+    config.write_text(json.dumps({"seed": 1, "context_length": BLOCK, "target_tokens": 20_000, "phases": [
+        {"name": "main", "share": 0.8, "mix": mix},
+        {"name": "anneal", "share": 0.2, "mix": [{"name": "json", "prob": 1.0,
+                                                  "data_files": str(data / "c.jsonl")}]}]}))
+    args = stream_args(tmp_path, config, setup["tokenizer"], max_steps=40, global_batch_size=4, batch_size=4,
+                       eval_steps=40, save_steps=40, sample_max_new_tokens=8, shuffle_buffer=0)
+    target = args.index("--target_tokens")
+    proc = run_script("train_sparknet.py", *args[:target], *args[target + 2:])
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert re.match(r"error: source 'c' \(30 rows, in phase anneal\) would give about \d{3} training tokens after "
+                    r"the 20 rows held out for validation, far less than its share of 2,048 \(phase anneal mixes it "
+                    r"alone: the stream would end there\) \(VAL_TOKENS=2,048, SHUFFLE_BUFFER=0\): ", errors[0]), \
+        errors[0]
+    assert "train  step" not in proc.stderr and not (tmp_path / "ckpt").exists()
 
 
 def _block_digests(dataset: Path) -> list[set[str]]:

@@ -169,3 +169,42 @@ def test_a_broken_line_is_named_by_its_line_number_in_the_file(tmp_path: Path) -
     path.write_text('{"text": "a"}\n{"text": "b"}\n{"text": broken\n{"text": "c"}\n')
     with pytest.raises(UserError, match=r"bad.jsonl\): line 3 is not valid JSON \(Expecting value"):
         list(iter_texts(SourceSpec(name="json", prob=1, data_files=str(path), label="bad")))
+
+
+@pytest.mark.parametrize("kind", ["json", "text"])
+def test_invalid_utf8_is_named_by_file_and_line(kind: str, tmp_path: Path) -> None:
+    """The decoder says "byte 0xe9 in position 3" of the block it was decoding: the message names the file and
+    the line (41 here) where the byte is, and what to do."""
+    lines = [json.dumps({"text": f"document {i} in plain words"}).encode() if kind == "json" else
+             f"document {i} in plain words".encode() for i in range(60)]
+    lines[40] = b'{"text": "caf\xe9 au lait"}' if kind == "json" else b"caf\xe9 au lait"
+    path = tmp_path / ("latin1.jsonl" if kind == "json" else "latin1.txt")
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(UserError) as err:
+        list(iter_texts(SourceSpec(name=kind, prob=1, data_files=str(path), label="latin1")))
+    message = str(err.value)
+    column = 14 if kind == "json" else 4
+    assert "\n" not in message and message.startswith(
+        f"cannot read source 'latin1' ({path}): line 41 is not valid UTF-8 (byte 0xe9 at column {column}): "), message
+    assert "save the file as UTF-8" in message and "position" not in message
+
+
+@pytest.mark.parametrize("text_first", [True, False])
+def test_a_source_mixing_text_rows_and_token_id_rows_is_refused_naming_the_first_of_each(
+        text_first: bool, tmp_path: Path) -> None:
+    """Half the rows text, half token ids: read as text, the id rows were skipped as rows without text (0 of 50
+    kept, the only warning advising text_field). Refused in both orders, by the reader of the build and stream and
+    by the tokenizer's, naming the first row of each kind."""
+    from sparknet.data.source.rank_reader import SourceReader
+
+    text_rows = [{"text": f"document {i}"} for i in range(50)]
+    id_rows = [{"input_ids": [5, 6, 7 + i]} for i in range(50)]
+    rows = [row for pair in zip(text_rows, id_rows, strict=True) for row in (pair if text_first else pair[::-1])]
+    spec = SourceSpec(name="json", prob=1, data_files=_rows(tmp_path / "both.jsonl", rows), label="both")
+    first_text, first_ids = (0, 1) if text_first else (1, 0)
+    expected = (f"source 'both' mixes rows of text and rows of token ids ('input_ids'): row {first_text} is the "
+                f"first with text, row {first_ids} the first with token ids")
+    for read in (lambda: list(iter_texts(spec)), lambda: [t for t, _ in SourceReader(spec, vocab_size=100)]):
+        with pytest.raises(UserError) as err:
+            read()
+        assert str(err.value).startswith(expected) and "split its rows into two sources" in str(err.value)

@@ -40,7 +40,8 @@ def test_loads_offline_with_autotokenizer(tokenizer_dir: Path) -> None:
     assert len(tok) == 1024 and tok.model_max_length == 128
     assert tok.eos_token == tok.bos_token == EOT and tok.eos_token_id == tok.bos_token_id
     assert tok.pad_token is None  # nothing is ever padded, so the end-of-text token is never masked as padding
-    assert tok.encode(EOT) == [tok.eos_token_id]
+    # the token is there, and text that spells it is text (sparknet.tokenizer's rule: only SparkNet's eos separates)
+    assert tok.convert_tokens_to_ids(EOT) == tok.eos_token_id and tok.eos_token_id not in tok.encode(EOT)
     added = json.loads((tokenizer_dir / "tokenizer.json").read_text())["added_tokens"]
     assert [(t["content"], t["special"]) for t in added] == [(EOT, True)]
     assert (
@@ -354,3 +355,63 @@ def test_the_sampling_bar_ends_at_what_was_read_without_blank_lines(corpus_confi
     report = json.loads((tmp_path / "tok" / "training_report.json").read_text())
     sampled = sum(s["bytes"] for s in report["sources"].values())
     assert sampled < max_bytes if max_bytes > 10_000_000 else sampled >= max_bytes
+
+
+def test_special_token_text_in_a_document_is_text_in_every_stage_and_the_counts_agree(tmp_path: Path) -> None:
+    """A literal "<|endoftext|>" in a document: the build kept it as text, but eval_perplexity re-encoded the
+    documents with the HF tokenizer, which made each literal the eos id (2,886 tokens scored where the build's
+    encoding gives 2,988). One rule, text, everywhere: the tokenizer trains on it as text, the build and the stream
+    encode it as text, and so do evaluation (of the files, and of the packed split decoded and encoded again: the
+    script), generation (any tokenizer SparkNet loads) and the exported model's tokenizer; the token counts agree."""
+    import random
+
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from sparknet.config import load_config
+    from sparknet.data.encoding.packer import DocumentEncoder
+    from sparknet.data.packed.build import BuildSpec, build_dataset
+    from sparknet.eval.data import DataRequest
+    from sparknet.eval.perplexity import evaluate_perplexity
+    from sparknet.export import export_model
+    from sparknet.tokenizer import save, train_bpe, wrap
+    from tests.helpers import random_run_folder
+
+    rng = random.Random(3)
+    words = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone".split()
+    texts = [" ".join(rng.choices(words, k=rng.randint(20, 60))) + (f" {EOT} " if i % 2 else " ")
+             + " ".join(rng.choices(words, k=rng.randint(5, 30))) for i in range(600)]
+    data = write_jsonl(tmp_path / "docs.jsonl", texts)
+    config = write_config(tmp_path / "mix.json", [{"name": "json", "prob": 1.0, "data_files": str(data)}],
+                          context_length=32)
+    tokenizer = tmp_path / "tok"
+    trained = train_bpe(texts, vocab_size=400)
+    assert "endoftext" in trained.get_vocab()  # trained on as text: its pieces were merged like any word's
+    save(wrap(trained, 32), tokenizer)
+    dataset = tmp_path / "ds"
+    build_dataset(BuildSpec(config=load_config(config), tokenizer=str(tokenizer), output_dir=dataset,
+                            target_tokens=20_000, val_tokens=3_000, block_size=32, seed=0))
+
+    hf = AutoTokenizer.from_pretrained(str(tokenizer))
+    encoder = DocumentEncoder(hf.backend_tokenizer.to_str(), hf.eos_token_id, np.uint16)
+    held = texts[:40]
+    flat, lengths = encoder(held)
+    assert (flat == hf.eos_token_id).sum() == len(held)  # the build's encoding: one eos per document, no more
+    expected = [flat[end - length:end - 1].tolist() for end, length in zip(np.cumsum(lengths), lengths, strict=True)]
+    # the tokenizer folder, any tokenizer SparkNet loads (evaluation, generation) and the export encode alike
+    model = random_run_folder(tokenizer, tmp_path / "checkpoints" / "rand")
+    export_model(str(model), tmp_path / "exported", eval_root=str(tmp_path / "eval"))
+    for loaded in (hf, load_tokenizer(str(tokenizer)), AutoTokenizer.from_pretrained(str(tmp_path / "exported"))):
+        assert loaded(held, add_special_tokens=False)["input_ids"] == expected
+
+    # evaluation scores what the build encoded: the files, and (the script) the packed split decoded and encoded
+    (row,) = evaluate_perplexity([str(model)], DataRequest(str(write_jsonl(tmp_path / "held.jsonl", held))),
+                                 context=32, eval_root=str(tmp_path / "eval"))
+    assert row["tokens"] == sum(len(ids) for ids in expected)
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(model)]), "--context", 32, "--eval_dir",
+                      tmp_path / "eval", "--data", dataset)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scored = {row["data"]: row["tokens"] for row in json.loads(
+        (tmp_path / "eval" / "rand" / "perplexity.json").read_text()).values()}
+    val = np.fromfile(dataset / "val.bin", dtype=np.uint16)
+    assert scored[str(dataset)] == int((val != hf.eos_token_id).sum())

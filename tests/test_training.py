@@ -490,3 +490,21 @@ def test_a_checkpoint_that_lost_a_file_since_it_was_saved_is_skipped_naming_the_
     assert f"skipping {checkpoints[-3]}: it was not completely written (the process died while saving)" \
         in caplog.text
     assert caplog.text.count("died while saving") == 1
+
+
+def test_one_step_with_the_default_warmup_trains_at_a_nonzero_lr(tiny_dataset: Path, tmp_path: Path) -> None:
+    """MAX_STEPS 1 with WARMUP_RATIO 0.02: the warmup rounded up to the one step trained it at LR 0 (eval loss
+    6.237 -> 6.237, exit 0). The warmup leaves the last step out: that step is at the peak, and the model moves."""
+    from tests.helpers import read_steps
+
+    settings = train_settings(tmp_path, max_steps=1, target_tokens=None, warmup_ratio=0.02, record_batches=True,
+                              sample_prompts=[])
+    result = train_packed(settings, tiny_dataset)
+    assert result.status == "finished"
+    assert read_steps(result.run_dir / "batches.jsonl")[1]["lr"] == pytest.approx(settings.learning_rate)
+    metrics = result.metadata["metrics"]
+    assert metrics["eval_loss"] < metrics["eval_loss_start"] - 0.01, metrics
+    # a longer run keeps its warmup: 2% of 100 steps is 2 steps, as transformers rounds it
+    from sparknet.train.hf_trainer import warmup_steps
+
+    assert [warmup_steps(0.02, n) for n in (1, 2, 50, 100, 101)] == [0, 1, 1, 2, 3]

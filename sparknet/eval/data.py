@@ -291,6 +291,48 @@ def _config_documents(request: DataRequest) -> list[str]:
     return [t for group in itertools.zip_longest(*per_source) for t in group if t is not None]
 
 
+def _check_files_unchanged(identity: dict[str, Any], config: Any, run: Path, data: str) -> None:
+    """The mix's local files must be the ones the streaming run in `run` held its rows out of (the sha256 of each,
+    recorded in its run_config.json): an edited file's first rows are other documents, so the held-out rows counted
+    from its start would be other text. One line naming the first file that differs (or that came or went)."""
+    from sparknet.identity import local_files_fingerprint
+
+    then = identity.get("local_files_sha256")
+    if not isinstance(then, dict):  # a run that recorded no fingerprint: nothing to compare
+        return
+    now = local_files_fingerprint(config)
+    changed = [path for path in sorted(set(then) | set(now)) if then.get(path) != now.get(path)]
+    if not changed:
+        return
+    path = changed[0]
+    what = ("is gone" if path not in now else "was added" if path not in then else
+            f"changed (sha256 {then[path][:12]}... then, {now[path][:12]}... now)")
+    more = f" (and {len(changed) - 1} more file(s))" if len(changed) > 1 else ""
+    raise UserError(f"DATA={data}: source file {path} {what} since run {run.name} held its validation rows out of "
+                    f"it{more}: the rows at its start are other text now. Restore the file, or score the run's "
+                    f"validation blocks ({run / VAL_BLOCKS}, the default DATA)")
+
+
+def streamed_from(folder: Path | None, data: str) -> bool:
+    """Whether `data` is the mix config of the streaming run in `folder` (its run_config.json's mix): its held-out
+    rows are then what the run never trained on."""
+    from sparknet.config import load_config
+    from sparknet.runtime import project_path
+
+    if folder is None or data_kind(data) != "config":
+        return False
+    for run in (folder, folder.parent):
+        identity = run / RUN_CONFIG
+        if identity.is_file() and (run / VAL_REPORT).is_file():
+            try:
+                recorded = json.loads(identity.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                return False
+            return isinstance(recorded, dict) and recorded.get("mix") == load_config(
+                str(project_path(data))).to_dict()["mix"]
+    return False
+
+
 def _held_out_rows(config: Any, request: DataRequest) -> tuple[dict[str, int], dict[str, set[int]]]:
     """Rows per source from the start, and among them those of documents the hold-out took only the start of (their
     rest was trained on): `holdout_rows` for every source, else the fewest that any streaming run among the models
@@ -305,7 +347,9 @@ def _held_out_rows(config: Any, request: DataRequest) -> tuple[dict[str, int], d
             identity, report = run / RUN_CONFIG, run / VAL_REPORT
             if identity.is_file() and report.is_file():
                 fix = "run the run's training command again, which writes it again, or set HOLDOUT_ROWS"
-                if read_json_object(identity, fix).get("mix") == mix:
+                recorded_identity = read_json_object(identity, fix)
+                if recorded_identity.get("mix") == mix:
+                    _check_files_unchanged(recorded_identity, config, run, request.data)
                     try:
                         recorded.append(read_val_report(report)["held_out"])
                     except ValueError as exc:

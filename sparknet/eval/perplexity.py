@@ -146,9 +146,10 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
     import logging
     import time
 
-    from sparknet.eval.data import check_unchanged, data_kind, load_labelled_documents, trained_on
-    from sparknet.eval.reports import check_results, eval_dir, merge_json
+    from sparknet.eval.data import check_unchanged, data_kind, load_labelled_documents, streamed_from, trained_on
+    from sparknet.eval.reports import check_results, eval_dir, merge_json, results_kept
     from sparknet.eval.results import check_perplexities, perplexity_setting
+    from sparknet.runtime import write_text_atomic
 
     if not models:
         raise UserError("no models: set MODELS to a list of checkpoint folders or Hub ids")
@@ -166,7 +167,7 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
             own = trained_on(ref.folder, ref.spec)
         except UserError:
             continue  # no record of its training data (a Hub model)
-        if own != source and len(set(sources)) == 1:
+        if own != source and len(set(sources)) == 1 and not streamed_from(ref.folder, source):
             log.warning("%s was trained on other data (%s): it may have seen parts of %s in training", ref.spec,
                         own, source)
     documents: dict[str, tuple[list[str], list[str] | None]] = {}
@@ -191,10 +192,12 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
         if per_source:
             row["sources"] = {label: figures.as_dict() for label, figures in per_source.items()}
         out = eval_dir(ref.name, eval_root)
-        kept = merge_json(out / "perplexity.json", perplexity_setting(row), row)
-        (out / "perplexity.md").write_text(perplexity_table(list(kept.values()), markdown=True))
-        _say_when_fuller_is_kept(row, kept)
         rows.append(row)
+        # a write fault loses none of the scores: the rows so far printed and saved elsewhere, in one line
+        with results_kept("perplexity results", rows, perplexity_table(rows)):
+            kept = merge_json(out / "perplexity.json", perplexity_setting(row), row)
+            write_text_atomic(out / "perplexity.md", perplexity_table(list(kept.values()), markdown=True))
+        _say_when_fuller_is_kept(row, kept)
         del model
     return rows
 

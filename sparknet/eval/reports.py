@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,38 @@ def update_json(path: Path, update: Callable[[dict[str, Any]], None]) -> dict[st
         update(data)
         write_json_atomic(path, data)
     return data
+
+
+@contextmanager
+def results_kept(what: str, results: Any, table: str) -> Iterator[None]:
+    """Writes results inside. A write that fails there (a folder made read-only, a file where a folder should be, a
+    file size limit, a full disk) loses nothing computed: `table` (the results computed so far) is printed,
+    `results` (the same, as JSON data) saved in the temporary folder, and the fault is one line naming the path,
+    what its errno means and where the results went. The results files written before stay as they were (each is
+    replaced whole, or not at all)."""
+    try:
+        yield
+    except OSError as exc:
+        import json
+        import os
+        import tempfile
+        import time
+
+        from sparknet.errors import UserError
+        from sparknet.write_faults import fault_line
+
+        print(table, flush=True)
+        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        saved = Path(tempfile.gettempdir()) / f"sparknet-{what.replace(' ', '-')}-{stamp}.json"
+        try:
+            saved.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+            where = f"printed above and saved in {saved}"
+        except OSError as again:
+            saved.unlink(missing_ok=True)
+            where = f"printed above (saving them in {saved.parent} failed too: {again.strerror})"
+        line = fault_line(str(exc.filename or "the results"), exc.errno) if exc.errno else str(exc)
+        raise UserError(f"{line}. The {what} computed are {where}; the results files written before are as they "
+                        "were; then run the same command again") from None
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:

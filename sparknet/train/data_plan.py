@@ -52,10 +52,19 @@ class DataPlan:
         run of one phase. A plan whose data must know (the stream's switch, the packed phases' sizes) adds to it."""
         if len(self.phases) < 2:
             return None
-        self.phase_steps = ends = phase_ends([share for _, share in self.phases], max_steps)
+        from sparknet.train.phases import check_every_phase_trains
+
+        self.phase_steps = ends = check_every_phase_trains(self.phases, max_steps,
+                                                           batch.global_batch * self.block_size)
+        notes = [self.phase_note(k, batch) for k in range(len(self.phases))]
         log.info("phases: %s", ", ".join(f"{name} steps {(ends[k - 1] if k else 0) + 1}-{ends[k]}"
+                                         + (f" ({notes[k]})" if notes[k] else "")
                                          for k, (name, _) in enumerate(self.phases)))
         return ends
+
+    def phase_note(self, index: int, batch: BatchPlan) -> str:
+        """What the phases' log line says of phase `index` beside its steps (`phase_steps` set); nothing here."""
+        return ""
 
     def phase_record(self) -> list[dict[str, Any]]:
         """The metadata's `phases`: each phase's name and its first and last optimizer step (none: one phase)."""
@@ -82,14 +91,25 @@ class DataPlan:
         """Releases what the data holds (e.g. encoding processes)."""
 
 
+# A phase whose blocks are trained more than this many times as often as the rest's (or than once) is short: its
+# build ran out of data for it, and its steps would repeat a few blocks over and over (ALLOW_SHORT_PHASES to go on).
+PHASE_REPEAT_LIMIT = 4.0
+
+
 @dataclass(kw_only=True)
 class PackedPlan(DataPlan):
     """The packed dataset: its manifest's record of the data goes into the metadata."""
 
     manifest_metadata: dict[str, Any]
+    # the build's report of each phase (manifest splits.train.phases) and the training blocks it was asked for
+    phase_reports: list[dict[str, Any]] = field(default_factory=list)
+    requested_train_blocks: int | None = None
+    exhausted_sources: list[str] = field(default_factory=list)  # the sources the build saw run dry
+    allow_short_phases: bool = False  # ALLOW_SHORT_PHASES: train a short phase (see `check_short_phases`) anyway
 
     def plan_phases(self, max_steps: int, batch: BatchPlan) -> list[int] | None:
-        """The base's, with each phase that has steps checked to hold one global batch (before the run folder)."""
+        """The base's, each phase's passes over its blocks logged, and each phase that has steps checked to hold one
+        global batch and not to be short (`check_short_phases`), before the run folder."""
         ends = super().plan_phases(max_steps, batch)
         for k, (name, _) in enumerate(self.phases if ends else ()):
             start, end = self.train.phases[k][1:]
@@ -97,7 +117,62 @@ class PackedPlan(DataPlan):
                 raise UserError(f"phase {name} of dataset {self.train.folder} has {end - start} training blocks, "
                                 f"fewer than one global batch (GLOBAL_BATCH_SIZE={batch.global_batch}): lower "
                                 "GLOBAL_BATCH_SIZE, or build the dataset with more tokens")
+        if ends:
+            self.check_short_phases(batch)
         return ends
+
+    def _passes(self, phases: list[int], batch: BatchPlan) -> float:
+        """How many times the steps of `phases` (0-based) train each of their blocks, on average."""
+        ends = self.phase_steps or []
+        steps = sum(ends[k] - (ends[k - 1] if k else 0) for k in phases)
+        blocks = sum(self.train.phases[k][2] - self.train.phases[k][1] for k in phases)
+        return steps * batch.global_batch / max(blocks, 1)
+
+    def phase_note(self, index: int, batch: BatchPlan) -> str:
+        start, end = self.train.phases[index][1:]
+        return f"{self._passes([index], batch):.2f} passes over its {end - start:,} blocks"
+
+    def check_short_phases(self, batch: BatchPlan) -> None:
+        """Refuses (unless ALLOW_SHORT_PHASES, then warns) a phase its build marked as missing its blocks or its mix
+        (a source of the phase ran dry), or whose blocks the run would train more than PHASE_REPEAT_LIMIT times as
+        often as the rest's: its steps would train the few blocks the phase holds over and over (157 times each
+        was seen), where its mix was asked for."""
+        for k, (name, _) in enumerate(self.phases):
+            passes = self._passes([k], batch)
+            rest = self._passes([j for j in range(len(self.phases)) if j != k], batch)
+            why = self._short_phase_reason(k)
+            if passes > PHASE_REPEAT_LIMIT * max(1.0, rest):
+                why.append(f"its steps would train each of its blocks {passes:.1f} times, against {rest:.2f} for "
+                           "the rest of the run")
+            if not why:
+                continue
+            message = (f"phase {name} of dataset {self.train.folder} is short: {'; '.join(why)}")
+            if self.allow_short_phases:
+                log.warning("%s (ALLOW_SHORT_PHASES is on: training it so)", message)
+                continue
+            raise UserError(f"{message}: rebuild the dataset with more data for the phase's sources (or a smaller "
+                            "target_tokens), or set ALLOW_SHORT_PHASES=True to train it so")
+
+    def _short_phase_reason(self, index: int) -> list[str]:
+        """What the build's report says is missing from phase `index`: blocks, or its mix."""
+        if index >= len(self.phase_reports) or self.phase_reports[index].get("complete", True):
+            return []
+        report, (start, end) = self.phase_reports[index], self.train.phases[index][1:]
+        asked = None
+        if self.requested_train_blocks is not None:
+            asked_ends = phase_ends([share for _, share in self.phases], self.requested_train_blocks)
+            asked = asked_ends[index] - (asked_ends[index - 1] if index else 0)
+        dry = [label for label, source in report.get("sources", {}).items()
+               if source.get("requested_share") and label in self.exhausted_sources]
+        reasons = []
+        if asked is not None and end - start < asked:
+            reasons.append(f"its build wrote {end - start:,} of the {asked:,} blocks its share asks"
+                           + (f" (source {', '.join(dry)} ran dry)" if dry else ""))
+        if report.get("shares_missed"):
+            reasons.append("it misses its mix (" + ", ".join(
+                f"{label} {report['sources'][label]['share']:.1%} for {report['sources'][label]['requested_share']:.1%}"
+                for label in report["shares_missed"]) + ")")
+        return reasons or ["its build marked it incomplete"]
 
     def metadata(self) -> dict[str, Any]:
         if self.phase_steps:  # with each phase's blocks
@@ -112,10 +187,12 @@ class PackedPlan(DataPlan):
 
 
 
-def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig | None) -> PackedPlan:
+def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig | None,
+                allow_short_phases: bool = False) -> PackedPlan:
     """The packed dataset (scripts/build_dataset_v5.py) with the tokenizer it was built with.
 
-    `config`, the script's CONFIG, is checked against the mix the dataset was built from."""
+    `config`, the script's CONFIG, is checked against the mix the dataset was built from; `allow_short_phases`
+    (ALLOW_SHORT_PHASES) trains a phase its build left short, with a warning (`PackedPlan.check_short_phases`)."""
     from sparknet.data.packed.dataset import PackedDataset
     from sparknet.tokenizer import load_tokenizer, tokenizer_fingerprint
 
@@ -148,6 +225,10 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
         tokenizer_source=source,
         target_tokens=manifest["config"]["target_tokens"],
         identity={"dataset_dir": dataset_dir, "dataset_inputs": manifest.get("inputs")},
+        phase_reports=phases,
+        requested_train_blocks=(manifest.get("requested_blocks") or {}).get("train"),
+        allow_short_phases=allow_short_phases,
+        exhausted_sources=list(manifest.get("exhausted_sources") or []),
         manifest_metadata={
             "config": manifest["config"],
             "dataset": {"path": str(train.folder), "inputs": manifest.get("inputs"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,7 @@ def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: 
         gradient_accumulation_steps=batch.accum,
         learning_rate=settings.learning_rate,
         **lr_schedule(settings, max_steps, phase_steps),
-        # not a mix-up: transformers 5 reads a float in [0, 1) as a fraction of the steps (`warmup_ratio` is gone);
-        # tests/test_hf_private_apis.py pins it
-        warmup_steps=settings.warmup_ratio,
+        warmup_steps=warmup_steps(settings.warmup_ratio, max_steps),
         weight_decay=settings.weight_decay,
         adam_beta1=settings.adam_betas[0],
         adam_beta2=settings.adam_betas[1],
@@ -135,6 +134,14 @@ def lr_schedule(settings: TrainSettings, max_steps: int, phase_steps: list[int] 
                 "lr_scheduler_kwargs": {"num_decay_steps": max(1, decay), "decay_type": "linear",
                                         "min_lr_ratio": settings.min_lr_ratio}}
     return {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": settings.min_lr_ratio}}
+
+
+def warmup_steps(warmup_ratio: float, max_steps: int) -> int:
+    """WARMUP_RATIO of `max_steps` in whole steps, rounded up as transformers rounds a fraction given as
+    `warmup_steps` (tests/test_hf_private_apis.py pins it), and at most all but the last step. The Trainer's linear
+    warmup runs step k at k/warmup of the peak, so its first step is at LR 0: a warmup over every step of a run of
+    one step trained that step at LR 0 (the weights unchanged, exit 0). Capped, the last step is at the peak."""
+    return max(0, min(math.ceil(warmup_ratio * max_steps), max_steps - 1))
 
 
 def compiles(settings: TrainSettings, device: dict[str, Any]) -> bool:

@@ -7,6 +7,13 @@ its marker vouches), or a Hub model id (a folder laid out like one works alike).
 fail is checked before any work: the base is there and whole, its tokenizer is the run's (same vocabulary and EOS),
 its shape is MODEL_PRESET's, and its context holds the data's blocks (a loaded model's position table is fixed).
 A run that resumes loads its own checkpoint over these weights (the Trainer's resume), so it never re-initialises.
+
+What a resume needs from the base: its shape and tokenizer (the model is built from it before the checkpoint's weights
+are loaded over it), and that it is the base the run started from. The run records the base once, when it starts
+(BASE_RECORD in the run folder: its weights' sha256, or a Hub model's commit), and that record is what the metadata
+says; a resume with a base whose weights changed is refused in one line, a Hub base is read at the recorded commit,
+and a base deleted since is answered with what works: restore it, or go on without it (INIT_FROM=None and
+ALLOW_CONFIG_CHANGE=True: the checkpoint holds the weights; the record still names the base).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from sparknet.run_files import METADATA, checkpoint_step, read_metadata
 from sparknet.train.folders import incomplete
 
 log = logging.getLogger("sparknet.train")
+BASE_RECORD = "base_model.json"  # in the run folder: the base as the run started from it (BaseModel.record())
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 
@@ -45,9 +53,48 @@ class BaseModel:
                 "step": checkpoint_step(self.folder) if self.folder else None}
 
 
-def resolve_base(spec: str) -> BaseModel:
-    """The base model INIT_FROM names, checked to be there and whole (its config read; the weights are loaded by
-    `load_base`); one line for a missing folder, a run that has no final model, or an incomplete checkpoint."""
+def resolve_run_base(spec: str, run_dir: Path) -> BaseModel:
+    """The base INIT_FROM names for the run in `run_dir` (`resolve_base`), checked, when the run will resume (it
+    recorded its base and holds a complete checkpoint), to be the base it started from: one line, before any work,
+    for a base whose weights changed or that is gone, saying what works. A Hub base is read at the recorded commit."""
+    from sparknet.runtime import project_path
+    from sparknet.train.folders import latest_complete_checkpoint
+
+    recorded = read_base_record(run_dir) if latest_complete_checkpoint(run_dir) is not None else None
+    if recorded is None or (run_dir / METADATA).is_file():  # a fresh start, or a finished run (it trains no more)
+        return resolve_base(spec)
+    then = recorded.get("sha256")
+    shown = f"sha256 {then[:12]}..." if then else f"commit {recorded.get('commit')}"
+    without = ("or go on without it: INIT_FROM=None with ALLOW_CONFIG_CHANGE=True (the checkpoint holds the "
+               "weights; MODEL_PRESET must name the base's shape; the metadata still records the base)")
+    if then and not project_path(spec).exists():
+        raise UserError(f"INIT_FROM={spec}: the base run {run_dir.name} started from ({shown}, recorded in "
+                        f"{run_dir / BASE_RECORD}) is gone. A resume takes its weights from its own checkpoint and "
+                        f"from the base only its shape and tokenizer: restore the base at {spec}, {without}")
+    base = resolve_base(spec, commit=recorded.get("commit") if not then else None)
+    if then and base.sha256 != then:
+        raise UserError(f"INIT_FROM={spec} is not the base run {run_dir.name} started from: its weights' sha256 is "
+                        f"{(base.sha256 or '')[:12]}..., the run started from {shown} (recorded in "
+                        f"{run_dir / BASE_RECORD}): restore that base, start a new RUN_NAME from this one, {without}")
+    return base
+
+
+def read_base_record(run_dir: Path) -> dict[str, Any] | None:
+    """The base the run in `run_dir` recorded when it started (BASE_RECORD), or None (no base, or a run begun before
+    bases were recorded)."""
+    from sparknet.runtime import read_json_object
+
+    path = run_dir / BASE_RECORD
+    if not path.is_file():
+        return None
+    return read_json_object(path, "it records the base model the run started from: restore it from a backup, or "
+                                  "start again with another RUN_NAME")
+
+
+def resolve_base(spec: str, commit: str | None = None) -> BaseModel:
+    """The base model INIT_FROM names, checked to be there and whole (its config read, its safetensors weights'
+    layout; the weights are loaded by `load_base`); one line for a missing folder, a run that has no final model, a
+    model file cut short, or an incomplete checkpoint. A Hub id is read at `commit` when given (a resumed run's)."""
     from sparknet.folder_or_hub import local_path, not_found
     from sparknet.runtime import file_sha256, project_path
 
@@ -56,7 +103,7 @@ def resolve_base(spec: str) -> BaseModel:
         if checkpoint_step(Path(spec)) is not None or local_path(spec) is not None:
             raise UserError(f"{not_found('INIT_FROM model folder', spec, folder)}: pass checkpoints/RUN_NAME of a "
                             "finished run, a checkpoint-N inside it, or a Hub model id")
-        return _hub_base(spec)
+        return _hub_base(spec, commit)
     if not folder.is_dir():
         raise UserError(f"INIT_FROM={spec}: {folder} is a file, not a model folder: pass checkpoints/RUN_NAME, a "
                         "checkpoint-N inside it, or a Hub model id")
@@ -70,9 +117,45 @@ def resolve_base(spec: str) -> BaseModel:
         hint = (f"its run has not finished; pass one of its checkpoints ({', '.join(held[-3:])})" if held else
                 "pass checkpoints/RUN_NAME of a finished run, a checkpoint-N inside it, or a Hub model id")
         raise UserError(f"INIT_FROM={spec}: {folder} holds no model (no config.json and weights): {hint}")
-    name, commit = _local_name(folder)
+    _check_safetensors(spec, folder, weights)
+    name, hub_commit = _local_name(folder)
     return BaseModel(spec=spec, source=str(folder), name=name, folder=folder, config=_config(spec, str(folder)),
-                     commit=commit, sha256=file_sha256(weights))
+                     commit=hub_commit, sha256=file_sha256(weights))
+
+
+def _check_safetensors(spec: str, folder: Path, weights: Path) -> None:
+    """Each safetensors file of the base (one, or the shards its index names) opens whole: its header is read and
+    must cover the file (cheap; no tensor is loaded). A file cut short (a copy that stopped, a full disk) is one
+    line here, before any work, instead of the library's many lines once the run folder exists."""
+    import json
+
+    from safetensors import safe_open
+
+    files = [weights]
+    if weights.name.endswith(".index.json"):
+        if not weights.name.startswith("model.safetensors"):
+            return  # pytorch_model.bin shards: torch reads them
+        try:
+            shards = sorted(set(json.loads(weights.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise UserError(f"INIT_FROM={spec}: {weights} is damaged ({type(exc).__name__}): restore the model, or "
+                            "pass another one") from None
+        files = [folder / shard for shard in shards]
+    elif weights.suffix != ".safetensors":
+        return
+    for path in files:
+        try:
+            with safe_open(str(path), "pt") as opened:
+                opened.keys()
+        except Exception as exc:
+            held = sorted((p.name for p in folder.glob("checkpoint-*") if checkpoint_step(p) is not None
+                           and incomplete(p) is None), key=lambda name: int(name.split("-")[1]))
+            hint = (f"pass one of its run's complete checkpoints ({', '.join(held[-3:])}), or restore the model"
+                    if held else "restore the model (copy it again), or pass another one")
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise UserError(f"INIT_FROM={spec}: {path} is damaged or cut short ({reason}, {path.stat().st_size:,} "
+                            f"bytes): {hint}" if path.is_file() else
+                            f"INIT_FROM={spec}: {path}, a shard its index names, is missing: {hint}") from None
 
 
 def _local_name(folder: Path) -> tuple[str, str | None]:
@@ -88,10 +171,11 @@ def _local_name(folder: Path) -> tuple[str, str | None]:
     return str(run or folder.name), None
 
 
-def _hub_base(spec: str) -> BaseModel:
-    """A Hub model id, pinned to the commit its config.json resolves to now (from the Hub, or the cache offline):
-    the config and the weights are read at that commit, which the metadata records, even if its branch moves."""
-    commit = _hub_commit(spec)
+def _hub_base(spec: str, commit: str | None = None) -> BaseModel:
+    """A Hub model id, pinned to `commit`, else to the commit its config.json resolves to now (from the Hub, or the
+    cache offline): the config and the weights are read at that commit, which the metadata records, even if its
+    branch moves."""
+    commit = commit or _hub_commit(spec)
     config = _config(spec, spec, commit)
     return BaseModel(spec=spec, source=spec, name=spec, folder=None, config=config, commit=commit)
 

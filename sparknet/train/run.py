@@ -45,7 +45,14 @@ from sparknet.train.data_plan import DataPlan
 from sparknet.train.folders import EVAL_START, RunFolder, checkpoint_context, latest_complete_checkpoint, open_run
 from sparknet.train.fused_loss import fuse_head
 from sparknet.train.hf_trainer import SparkTrainer, check_launch, compiles, training_arguments
-from sparknet.train.init_from import BaseModel, check_base, load_base, resolve_base
+from sparknet.train.init_from import (
+    BASE_RECORD,
+    BaseModel,
+    check_base,
+    load_base,
+    read_base_record,
+    resolve_run_base,
+)
 from sparknet.train.safety import Interrupted, SafetyCallback, signals_interrupt, stop_on_signals
 from sparknet.train.settings import TrainSettings, check_settings
 from sparknet.train.step_speed import collector_paused, pad_head
@@ -74,28 +81,23 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
     started = time.time()
     check_settings(settings)
     check_launch(settings, device_info())
-    base = resolve_base(settings.init_from) if settings.init_from else None
+    run_dir = project_path(settings.checkpoints_dir) / settings.run_name
+    base = resolve_run_base(settings.init_from, run_dir) if settings.init_from else None
     preset = model_preset(settings, data, base)
-    batch = plan_batch(settings.global_batch_size, settings.batch_size, world_size())
-    asked = settings.tokens_asked(data.block_size)  # MAX_STEPS gives a whole number of steps: exactly those
-    target = asked if asked is not None else data.target_tokens
-    max_steps, tokens_per_step = budget(target, data.block_size, batch.global_batch)
-    if target < tokens_per_step:  # one step would train on more than asked, all of it inside the warmup
-        raise UserError(f"TARGET_TOKENS={target:,} is less than one optimizer step of {tokens_per_step:,} tokens "
-                        f"(GLOBAL_BATCH_SIZE={batch.global_batch} blocks x {data.block_size} tokens): raise "
-                        "TARGET_TOKENS or lower GLOBAL_BATCH_SIZE")
+    batch, target, max_steps, tokens_per_step = step_budget(settings, data.block_size, data.target_tokens)
     if data.train_blocks is not None:
         check_enough_blocks(data.train_blocks, batch.global_batch)
     log_budget(data, target, max_steps, tokens_per_step, batch)
     phase_steps = data.plan_phases(max_steps, batch)
     # one training of a RUN_NAME at a time (the main process holds the lock; the others are its own ranks)
-    run_dir = project_path(settings.checkpoints_dir) / settings.run_name
     writes_to(run_dir.parent, project_path(settings.logs_dir))
     with exclusive(run_dir, "a training run") if process_rank() == 0 else nullcontext():
         run = open_run(settings.run_name, settings.checkpoints_dir, settings.logs_dir,
                        run_identity(settings, data, target), settings.allow_config_change, process_rank() == 0,
                        fixed=data.fixed_identity)
         data.prepare_run(run.run_dir, run.resume)  # (a finished streaming run's damaged hold-out is written too)
+        if base is not None and run.resume is None and run.finished_metadata is None and process_rank() == 0:
+            write_json_atomic(run.run_dir / BASE_RECORD, base.record())  # once, as the run starts from it
         if run.finished_metadata is not None:
             return TrainResult("already_finished", run.run_dir, metadata=run.finished_metadata)
         parts = build_trainer(settings, data, run, preset, max_steps, batch, tokens_per_step, base, phase_steps)
@@ -109,6 +111,20 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
                     f"stopped by {signal.Signals(stop.signum).name} while writing the final model: the training "
                     "itself is saved; run the same command to write the final model and metadata (it trains no "
                     "more steps)"))
+
+
+def step_budget(settings: TrainSettings, block_size: int, default_target: int) -> tuple[BatchPlan, int, int, int]:
+    """The global batch on this many devices, the tokens to train, the optimizer steps and the tokens per step:
+    TARGET_TOKENS or MAX_STEPS, else the data's `default_target`."""
+    batch = plan_batch(settings.global_batch_size, settings.batch_size, world_size())
+    asked = settings.tokens_asked(block_size)  # MAX_STEPS gives a whole number of steps: exactly those
+    target = asked if asked is not None else default_target
+    max_steps, tokens_per_step = budget(target, block_size, batch.global_batch)
+    if target < tokens_per_step:  # one step would train on more than asked, all of it inside the warmup
+        raise UserError(f"TARGET_TOKENS={target:,} is less than one optimizer step of {tokens_per_step:,} tokens "
+                        f"(GLOBAL_BATCH_SIZE={batch.global_batch} blocks x {block_size} tokens): raise "
+                        "TARGET_TOKENS or lower GLOBAL_BATCH_SIZE")
+    return batch, target, max_steps, tokens_per_step
 
 
 def train_steps(run: RunFolder, parts: TrainerParts, max_steps: int) -> float:
@@ -333,8 +349,9 @@ def run_metadata(s: TrainSettings, data: DataPlan, run: RunFolder, parts: Traine
         "model": {"name": preset_name, **dataclasses.asdict(parts.preset), "vocab_size": len(tokenizer),
                   "parameters": parts.n_params},
         "steps": step,
-        # the model it started from and the commit or weights hash it was (INIT_FROM); None: trained from scratch
-        "base_model": parts.base.record() if parts.base is not None else None,
+        # the model it started from and the commit or weights hash it was (INIT_FROM), as recorded when the run
+        # started (a resume may go on without the base); None: trained from scratch
+        "base_model": read_base_record(run.run_dir) or (parts.base.record() if parts.base is not None else None),
         "tokens_seen": trainer.state.num_input_tokens_seen,  # counted step by step (TokenCount), resumes included
         "world_size": world_size(),
         "metrics": {

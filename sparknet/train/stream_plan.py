@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,34 +262,77 @@ def _identity(spec: StreamSpec, tokenizer: Any) -> dict[str, Any]:
 
 def _check_training_left(report: dict[str, Any], spec: StreamSpec) -> None:
     """Refuses, at the start, a source the validation hold-out used up or nearly so: it would give no training
-    tokens, or far less than its share, and the run would train on the other sources behind a warning. Known when
-    the hold-out read a source to its end (a small source, or a shuffle buffer larger than it): its rows left for
-    training, times its tokens per document, against its share of the budget. ON_EXHAUSTED=stop or restart says
+    tokens, or far less than its share, and the run would train on the other sources behind a warning; in a run in
+    phases, a phase whose sources all run dry would end the stream there ("every source ran dry", exit 0, the later
+    phases never trained). Its rows: the hold-out's count when it read the source to its end, else the local files'
+    (sizes.source_size; a Hub source's are not known cheaply: not checked). Its tokens per document: the hold-out's,
+    or, where the hold-out cut documents to its cap (then those are a lower bound), the mean of the source's first
+    rows encoded. Its need: its share of the budget in each phase that mixes it. ON_EXHAUSTED=stop or restart says
     the user expects a source to run dry, and then only an empty one is refused."""
-    total_prob = sum(s.prob for s in spec.config.mix)
     budget = spec.target_tokens or spec.config.target_tokens
+    phases = spec.config.phases
     problems = []
     for source_spec in spec.config.mix:
-        source = report.get("sources", {}).get(source_spec.label, {})
+        label = source_spec.label
+        source = report.get("sources", {}).get(label, {})
+        # what each phase asks of the source, and the phases that mix it
+        need = sum(budget * phase.share * phase.prob_of().get(label, 0.0) / sum(phase.prob_of().values())
+                   for phase in phases)
+        mixed_in = [phase for phase in phases if phase.prob_of().get(label)]
+        held = source.get("rows_held_out", 0)
+        per_doc = _tokens_per_document(source, source_spec, spec)
         total = source.get("rows_in_source")
+        if total is None:  # the rows that would cover half its need tell: counting stops there
+            total = _local_rows(source_spec, held + (math.ceil(0.5 * need / per_doc) if per_doc else 0) + 1)
         if total is None:
             continue
-        left = total - source["rows_held_out"]
-        per_doc = source["tokens"] / max(source["documents"], 1)
-        share = budget * source_spec.prob / total_prob
+        left = total - held
+        where = f", in phase {', '.join(phase.name for phase in mixed_in)}" if spec.config.phased else ""
         if left <= 0:
-            problems.append(f"{source_spec.label!r} ({total} rows) would give no training tokens: all its rows "
-                            "held out for validation or left in the shuffle buffer")
-        elif spec.on_exhausted == "renormalise" and not source.get("documents_cut") and left * per_doc < 0.5 * share:
-            # (documents cut to the hold-out's cap make tokens per document a lower bound: no estimate then)
-            problems.append(f"{source_spec.label!r} ({total} rows) would give about {left * per_doc:,.0f} training "
-                            f"tokens after the rows held out for validation, far less than its share of "
-                            f"{share:,.0f}")
+            problems.append(f"{label!r} ({total} rows{where}) would give no training tokens: all its rows held out "
+                            "for validation or left in the shuffle buffer")
+        elif spec.on_exhausted == "renormalise" and per_doc and left * per_doc < 0.5 * need:
+            alone = [phase.name for phase in mixed_in if len(phase.prob_of()) == 1]
+            problems.append(f"{label!r} ({total} rows{where}) would give about {left * per_doc:,.0f} training tokens "
+                            f"after the {held} rows held out for validation, far less than its share of {need:,.0f}"
+                            + (f" (phase {', '.join(alone)} mixes it alone: the stream would end there)"
+                               if alone and spec.config.phased else ""))
     if problems:
         raise UserError(f"source {'; source '.join(problems)} (VAL_TOKENS={spec.val_tokens:,}, SHUFFLE_BUFFER="
                         f"{spec.shuffle_buffer:,}): lower SHUFFLE_BUFFER well below the source's rows (or to 0), lower "
                         "VAL_TOKENS, give the source more data or a lower prob, or set ON_EXHAUSTED=restart to "
                         "reuse it")
+
+
+# rows of a source encoded to learn its tokens per document where the hold-out cut its documents
+TOKENS_SAMPLE_ROWS = 256
+
+
+def _tokens_per_document(source: dict[str, Any], source_spec: Any, spec: StreamSpec) -> float | None:
+    """A source's training tokens per document (its eos included): the hold-out's mean when it cut none of them,
+    else the mean of its first TOKENS_SAMPLE_ROWS documents encoded (local sources; None for a Hub one)."""
+    if not source.get("documents_cut"):
+        return source.get("tokens", 0) / max(source.get("documents", 0), 1) or None
+    if source_spec.local is None:
+        return None
+    import itertools
+
+    from sparknet.data.source.hub_retries import iter_texts
+    from sparknet.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(spec.tokenizer_dir)
+    texts = list(itertools.islice(iter_texts(source_spec, lambda: tokenizer), TOKENS_SAMPLE_ROWS))
+    if not texts:
+        return None
+    encoded = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+    return sum(len(e.ids) + 1 for e in encoded) / len(texts)
+
+
+def _local_rows(source_spec: Any, limit: int) -> int | None:
+    """A local source's rows, counted up to `limit`; None for a Hub source (or rows not countable cheaply)."""
+    from sparknet.data.source.sizes import source_size
+
+    return source_size(source_spec, row_limit=limit).rows
 
 
 def requested_shares(config: MixConfig) -> dict[str, float]:

@@ -215,6 +215,8 @@ class RowDocuments:
     def __init__(self, spec: SourceSpec, vocab_size: int | Callable[[], int] | None = None) -> None:
         self.spec, self.vocab_size, self.field, self.warned = spec, vocab_size, None, False
         self.tokens = False  # a pre-tokenized source (decided at the first row)
+        # the first row of each kind seen (text, token ids): a source of both kinds is refused (`_one_kind`)
+        self.first_of_kind: dict[str, int] = {}
 
     def document(self, row: dict[str, Any], row_index: int, rows: Any) -> str | list[int] | None:
         """The document of `row` (the `row_index`-th of the pass, read from the opened stream `rows`), None when it
@@ -231,6 +233,8 @@ class RowDocuments:
             else:
                 self.field = pick_text_field(row, self.spec, columns)
         if self.tokens:
+            if row.get(self.spec.text_field or "text"):  # a text beside the ids (no text column declared)
+                self._one_kind("text", row_index)
             return self._ids(row.get(TOKENS_FIELD), row_index)
         text = row.get(self.field)
         if text is not None and not isinstance(text, str):
@@ -239,9 +243,24 @@ class RowDocuments:
                 'set "text_field" to a text column'
             )
         if text:
+            self._one_kind("text", row_index)
             return text
+        if self.spec.text_field is None and isinstance(row.get(TOKENS_FIELD), list) and row[TOKENS_FIELD]:
+            self._one_kind("token ids", row_index)  # a row of ids among text rows: not a row without a document
+            return None
         self._warn_empty(row_index, "text")
         return None
+
+    def _one_kind(self, kind: str, row_index: int) -> None:
+        """Records the first row of `kind`; refuses the source once it holds rows of both kinds (half of them would
+        be skipped as rows without a document, or trained as text of another meaning)."""
+        self.first_of_kind.setdefault(kind, row_index)
+        if len(self.first_of_kind) > 1:
+            text_row, ids_row = self.first_of_kind["text"], self.first_of_kind["token ids"]
+            raise UserError(
+                f"source {self.spec.label!r} mixes rows of text and rows of token ids ({TOKENS_FIELD!r}): row "
+                f"{text_row} is the first with text, row {ids_row} the first with token ids (rows counted from 0): "
+                "a source is one or the other; split its rows into two sources of the mix")
 
     def _ids(self, ids: Any, row_index: int) -> list[int] | None:
         if not ids:
@@ -313,10 +332,16 @@ def unreadable(spec: SourceSpec, rows: Any, exc: BaseException) -> UserError:
     it is known, the reader's own words (pyarrow's name the row within the block it parsed), and what to do."""
     where = _file_being_read(rows) or ", ".join(_data_file_names(spec)) or spec.name
     message = " ".join(str(exc).split()) or type(exc).__name__
+    if spec.local and any(isinstance(e, UnicodeDecodeError) for e in exception_chain(exc)):
+        # the decoder names a byte's position within the block it was decoding, not where it is in the file
+        for path in _local_paths(spec, rows):
+            bad = first_bad_utf8_line(path)
+            if bad is not None:
+                return UnreadableSource(
+                    f"cannot read source {spec.label!r} ({path}): line {bad[0]} is not valid UTF-8 ({bad[1]}): "
+                    "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`), or fix or remove the line", exc)
     if spec.local is not None and spec.local.first_bad_row is not None:  # the kind can name the row by its line
-        files = [where] if _file_being_read(rows) else [str(p) for f in _data_file_names(spec) for p in
-                                                         expand_pattern(f)]
-        for path in files:
+        for path in _local_paths(spec, rows):
             bad = spec.local.first_bad_row(path, spec.text_field or "text")
             if bad is not None:
                 return UnreadableSource(f"cannot read source {spec.label!r} ({path}): {bad}; fix or remove the line",
@@ -328,6 +353,31 @@ def unreadable(spec: SourceSpec, rows: Any, exc: BaseException) -> UserError:
                "position)")
     return UnreadableSource(f"cannot read source {spec.label!r} ({where}): {type(exc).__name__}: {message}; {fix}",
                             exc)
+
+
+def _local_paths(spec: SourceSpec, rows: Any) -> list[str]:
+    """The file being read when it is known, else every file of the source's data_files (patterns expanded)."""
+    being_read = _file_being_read(rows)
+    return [being_read] if being_read else [str(p) for f in _data_file_names(spec) for p in expand_pattern(f)]
+
+
+def first_bad_utf8_line(path: str) -> tuple[int, str] | None:
+    """The first line of a text file that is not UTF-8, as (its number from 1, the byte and its column from 1), or
+    None (all are, or the file cannot be read: the reader's own message says why). A compressed file (.gz) is read
+    decompressed."""
+    import gzip
+
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    return number, f"byte 0x{line[exc.start]:02x} at column {exc.start + 1}"
+    except (OSError, EOFError):
+        return None
+    return None
 
 
 def _file_being_read(rows: Any) -> str | None:
