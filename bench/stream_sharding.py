@@ -40,12 +40,13 @@ def measure(files: list[str], world: int, split: str | None) -> tuple[int, int, 
     """(rows read over all ranks, rows trained over all ranks, seconds) for one split."""
     from sparknet.config import SourceSpec
     from sparknet.data.source.rank_reader import SourceReader
+    from sparknet.data.spec import HeldOutRows
 
     spec = SourceSpec(name="parquet", prob=1, data_files=files, label="src")
     read = trained = 0
     started = time.perf_counter()
     for rank in range(world):
-        reader = SourceReader(spec, skip=HOLD_OUT, rank=rank, world_size=world,
+        reader = SourceReader(spec, held_out=HeldOutRows(HOLD_OUT), rank=rank, world_size=world,
                               state={"split": split} if split else None)
         trained += sum(1 for _ in reader)
         read += reader.rows + reader.rows_counting

@@ -34,6 +34,7 @@ def main() -> None:
 
     from sparknet.bpe import train_bpe
     from sparknet.config import load_config
+    from sparknet.data.spec import DataSpec
     from sparknet.data.stream.token_stream import TokenStream
     from sparknet.demo.corpus import write_demo_corpus
     from sparknet.tokenizer import EOT
@@ -65,8 +66,8 @@ def main() -> None:
         n_ceiling, ceiling_before = encode_all()
 
         # the stream, iterated to its end (both sources dry), nothing done with the blocks
-        stream = TokenStream(config=config, tokenizer_json=tokenizer_json, eos_id=eos_id, block_size=BLOCK, seed=0,
-                             num_workers=cores)
+        stream = TokenStream(DataSpec(config=config, tokenizer_json=tokenizer_json, eos_id=eos_id, block_size=BLOCK,
+                                      seed=0, num_workers=cores))
         t = time.perf_counter()
         times = [time.perf_counter() for _ in stream]  # when each block came
         stats = stream.stats()

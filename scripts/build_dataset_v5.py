@@ -67,7 +67,8 @@ def main() -> None:
             print(f"    {label:<24} {s['tokens']:>14,} tokens  {s['share']:6.2%} (asked {s['requested_share']:.2%})")
         for phase in info.get("phases", []):  # a config in phases: each phase's blocks and mix
             first, end = phase["blocks"]
-            print(f"    phase {phase['name']}: blocks {first}-{end - 1}, {phase['tokens']:,} tokens")
+            where = f"blocks {first}-{end - 1}" if end > first else "no blocks (its sources ran dry before it)"
+            print(f"    phase {phase['name']}: {where}, {phase['tokens']:,} tokens")
             for label, s in phase["sources"].items():
                 print(f"      {label:<22} {s['tokens']:>14,} tokens  {s['share']:6.2%} (asked "
                       f"{s['requested_share']:.2%})")
