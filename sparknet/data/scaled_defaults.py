@@ -4,9 +4,8 @@ when the user leaves them unset (None), so that a few MB of one's own text works
 - VAL_TOKENS: one validation token per VAL_BYTES_PER_TOKEN bytes of the sources' files (about 2.5-4% of their
   tokens at 2.5-4 bytes per token), at most the recipe's figure (2M for a build, 1M for the stream). A fixed 2M
   held out the whole of a 4 MB corpus.
-- SHUFFLE_BUFFER (the stream): 1/BUFFER_ROWS_SHARE of the smallest local source's rows, at most 10,000. The
-  stream's hold-out skips the documents still in each source's buffer, so a buffer near a source's size left it
-  nothing to train on.
+- SHUFFLE_BUFFER (the stream): 1/BUFFER_ROWS_SHARE of the smallest local source's rows, at most 10,000: a buffer
+  near a source's size shuffles little (it holds most of the source before giving its first document).
 
 A value the user sets (in the script or as a flag) is kept as it is: only None scales. A Hub source's size is not
 known before reading it: where it decides, the recipe's figure is kept. Each choice is one log line. The chosen

@@ -290,7 +290,7 @@ def _check_training_left(report: dict[str, Any], spec: StreamSpec) -> None:
         where = f", in phase {', '.join(phase.name for phase in mixed_in)}" if spec.config.phased else ""
         if left <= 0:
             problems.append(f"{label!r} ({total} rows{where}) would give no training tokens: all its rows held out "
-                            "for validation or left in the shuffle buffer")
+                            "for validation")
         elif spec.on_exhausted == "renormalise" and per_doc and left * per_doc < 0.5 * need:
             alone = [phase.name for phase in mixed_in if len(phase.prob_of()) == 1]
             problems.append(f"{label!r} ({total} rows{where}) would give about {left * per_doc:,.0f} training tokens "
@@ -298,10 +298,8 @@ def _check_training_left(report: dict[str, Any], spec: StreamSpec) -> None:
                             + (f" (phase {', '.join(alone)} mixes it alone: the stream would end there)"
                                if alone and spec.config.phased else ""))
     if problems:
-        raise UserError(f"source {'; source '.join(problems)} (VAL_TOKENS={spec.val_tokens:,}, SHUFFLE_BUFFER="
-                        f"{spec.shuffle_buffer:,}): lower SHUFFLE_BUFFER well below the source's rows (or to 0), lower "
-                        "VAL_TOKENS, give the source more data or a lower prob, or set ON_EXHAUSTED=restart to "
-                        "reuse it")
+        raise UserError(f"source {'; source '.join(problems)} (VAL_TOKENS={spec.val_tokens:,}): lower VAL_TOKENS, "
+                        "give the source more data or a lower prob, or set ON_EXHAUSTED=restart to reuse it")
 
 
 # rows of a source encoded to learn its tokens per document where the hold-out cut its documents
