@@ -479,6 +479,8 @@ def tagged_documents(tokens: Any, block_size: int, eos_id: int, decode: Callable
             if runs_on and k + 1 < len(segments) and segments[k + 1][2] else text
         if tag is None:
             tag = tag_of(joined)
+        if tag is None and runs_on and re.fullmatch(r"[A-Za-z]\d{0,4}", text) and tag_of(text.ljust(6, "0") + " "):
+            tag = text  # a validation piece cut at its block's end inside its tag (the rest was training's)
         probe = joined.rstrip("\ufffd")[:60]  # (a segment may end inside a character)
         # a rest is known by its first 20+ characters (or all of a shorter one): a chance match is then out of reach
         rest = None if tag is not None else next(

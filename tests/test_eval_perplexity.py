@@ -163,12 +163,22 @@ def test_a_mix_config_scores_the_rows_the_streaming_run_held_out(corpus_config: 
     proc = run_script("train_sparknet.py", *flags)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = tmp_path / "ckpt" / "streamed"
-    held = json.loads((run / "val_report.json").read_text())["rows_held_out"]
+    held = json.loads((run / "val_report.json").read_text())["held_out"]
     mix = load_config(corpus_config).mix
-    expected = [t for spec in mix for t in _first_rows(Path(spec.data_files), held[spec.label])]
     tok = load_tokenizer(str(run))
 
-    # the mix config as DATA: every row the run held out, whole
+    def start(text: str, n: int) -> str:
+        return tok.decode(tok.encode(text, add_special_tokens=False)[:n])
+
+    # every row the run held out: whole, or (a document cut to the hold-out's cap) the tokens it took of it
+    expected = []
+    for spec in mix:
+        rests = {int(row): int(n) for row, n in dict(held[spec.label]["rests"]).items()}
+        texts = _first_rows(Path(spec.data_files), held[spec.label]["rows"])
+        expected += [start(text, rests[i]) if i in rests else text for i, text in enumerate(texts)]
+    assert 0 < sum(len(tok.encode(t, add_special_tokens=False)) for t in expected) < 3 * 2048
+
+    # the mix config as DATA: what the run held out of each row
     proc = run_script("eval_perplexity.py", "--models", json.dumps([str(run)]), "--data", corpus_config, "--context",
                       64, "--eval_dir", tmp_path / "eval")
     assert proc.returncode == 0, proc.stderr

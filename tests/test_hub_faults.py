@@ -146,7 +146,8 @@ def test_a_rate_limit_mid_run_is_retried_and_the_streamed_run_trains_the_same_bl
     # the outage test's dataset (tests/test_hub_path.py): short documents in 64 shards, read all along the run
     online, offline = hub_mix(corpus_dir, tmp_path, add_many_shards(hub, corpus_dir, tmp_path), repo=HUB_MANY)
     settings = dict(target_tokens=120 * 8 * 128, eval_steps=20, save_steps=20, logging_steps=10, record_batches=True,
-                    shuffle_buffer=4, global_batch_size=8, batch_size=4, num_workers=0)
+                    shuffle_buffer=4, global_batch_size=8, batch_size=4, num_workers=0,
+                    shuffle_window=8)  # one step's blocks: the stream reads only a step ahead
     reference = run_script("train_sparknet.py", *stream_args(tmp_path / "a", offline, tokenizer_dir, **settings))
     assert reference.returncode == 0, reference.stderr[-3000:]
 

@@ -43,7 +43,8 @@ def test_two_processes_stopped_by_a_hub_outage_save_their_last_step_and_resume_e
     online, offline = hub_mix(corpus_dir, tmp_path, add_many_shards(hub, corpus_dir, tmp_path), repo=HUB_MANY)
     settings = dict(target_tokens=80 * 8 * 128, eval_steps=20, save_steps=20, logging_steps=10, record_batches=True,
                     shuffle_buffer=4, global_batch_size=8, batch_size=2,  # 2 processes x 2 micro-batches of 2
-                    num_workers=0)
+                    num_workers=0,
+                    shuffle_window=8)  # one step's blocks: the stream reads only a step ahead
     reference = _launch(stream_args(tmp_path / "a", offline, tokenizer_dir, **settings), OFFLINE_ENV)
     out = finish(reference)
     assert reference.returncode == 0, out[-3000:]

@@ -215,7 +215,8 @@ def test_a_streamed_run_stopped_by_a_hub_outage_saves_its_last_step_and_resumes_
     online, offline = hub_mix(corpus_dir, tmp_path, add_many_shards(hub, corpus_dir, tmp_path), repo=HUB_MANY)
     settings = dict(target_tokens=120 * 8 * 128, eval_steps=20, save_steps=20, logging_steps=10, record_batches=True,
                     shuffle_buffer=4, global_batch_size=8, batch_size=4,  # accumulation 2: a step can be cut mid-way
-                    num_workers=0)
+                    num_workers=0,
+                    shuffle_window=8)  # one step's blocks: the stream reads only a step ahead
     reference = run_script("train_sparknet.py", *stream_args(tmp_path / "a", offline, tokenizer_dir, **settings))
     assert reference.returncode == 0, reference.stderr[-3000:]
 

@@ -42,10 +42,11 @@ def test_a_second_build_into_the_same_folder_refuses_and_a_dead_builders_lock_is
     assert first.returncode == 0, out_first[-2000:]
     assert len(PackedDataset(out, "train")) == 4_000_000 // 128  # the first build published whole
 
-    # kill -9 leaves the lock file behind; the operating system has released the lock itself
-    rebuild = [*build, "--target_tokens", 4_100_000, "--overwrite", "true"]
+    # kill -9 leaves the lock file behind; the operating system has released the lock itself (another seed: a
+    # rebuild from the start, not a growth, which would be over before the kill)
+    rebuild = [*build, "--target_tokens", 4_100_000, "--seed", 7, "--overwrite", "true"]
     again = start_script("build_dataset_v5.py", rebuild)
-    wait_for(tmp_path / ".ds.building" / "build_state.json", again)
+    wait_for(tmp_path / ".ds.building" / "position.json", again)
     again.send_signal(signal.SIGKILL)
     again.wait()
     holder = tmp_path / ".ds.lock.json"

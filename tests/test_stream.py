@@ -401,11 +401,12 @@ def test_large_file_first_block_and_memory(tmp_path: Path, tokenizer) -> None:
     child = textwrap.dedent(f"""
         import json, sys, time, psutil
         from sparknet.config import load_config
+        from sparknet.data.spec import DataSpec
         from sparknet.data.stream.token_stream import TokenStream
         start = psutil.Process().create_time()
         config = load_config(sys.argv[1])
-        stream = TokenStream(config=config, tokenizer_json=open({str(tmp_path / "tok.json")!r}).read(),
-                             eos_id={tokenizer[1]}, block_size=1024, seed=0, num_workers=2)
+        stream = TokenStream(DataSpec(config=config, tokenizer_json=open({str(tmp_path / "tok.json")!r}).read(),
+                                      eos_id={tokenizer[1]}, block_size=1024, seed=0, num_workers=2))
         n, first = 0, None
         for _ in stream:
             n += 1

@@ -280,11 +280,11 @@ def test_a_small_source_the_hold_out_would_use_up_is_refused_at_the_start(tokeni
         {"name": "json", "data_files": str(write_jsonl(tmp_path / "short.jsonl", many)), "prob": 0.3},
         {"name": "json", "data_files": str(write_jsonl(tmp_path / "long.jsonl", few)), "prob": 0.7}])
     settings = dict(target_tokens=60 * 4 * 128, shuffle_buffer=8)
-    proc = run_script("train_sparknet.py", *stream_args(tmp_path / "a", config, tokenizer_dir, val_tokens=150_000,
+    proc = run_script("train_sparknet.py", *stream_args(tmp_path / "a", config, tokenizer_dir, val_tokens=300_000,
                                                         **settings))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")][0]
-    assert "source 'long' (325 rows)" in error and "VAL_TOKENS=150,000" in error, error
+    assert "source 'long' (325 rows)" in error and "VAL_TOKENS=300,000" in error, error
     assert not list((tmp_path / "a" / "ckpt" / "run").glob("checkpoint-*"))  # refused before training
 
     proc = run_script("train_sparknet.py", *stream_args(tmp_path / "b", config, tokenizer_dir, val_tokens=40_000,

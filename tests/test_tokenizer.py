@@ -368,13 +368,14 @@ def test_special_token_text_in_a_document_is_text_in_every_stage_and_the_counts_
     import numpy as np
     from transformers import AutoTokenizer
 
+    from sparknet.bpe import train_bpe
     from sparknet.config import load_config
     from sparknet.data.encoding.packer import DocumentEncoder
     from sparknet.data.packed.build import BuildSpec, build_dataset
     from sparknet.eval.data import DataRequest
     from sparknet.eval.perplexity import evaluate_perplexity
     from sparknet.export import export_model
-    from sparknet.tokenizer import save, train_bpe, wrap
+    from sparknet.tokenizer import save, wrap
     from tests.helpers import random_run_folder
 
     rng = random.Random(3)

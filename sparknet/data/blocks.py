@@ -243,8 +243,9 @@ class StreamBlocks:
                 # its realised share so far (of the tokens mixed): what the run trains on from here on differs
                 total = sum(c.units for c in self.mixer.counts.values())
                 count = self.mixer.counts[label]
-                log.warning("source %r ran dry after %d pieces, %.1f%% of the tokens so far (asked %.1f%%): %s "
-                            "(ON_EXHAUSTED=%s; the training mix is in the metadata)", label, count.documents,
+                log.warning("source %r ran dry after %d documents, %.1f%% of the tokens so far (asked %.1f%%): %s "
+                            "(ON_EXHAUSTED=%s; the training mix is in the metadata)", label,
+                            self.packer.documents_by_source[label],
                             100 * count.units / max(total, 1), 100 * count.requested, then, self.on_exhausted)
         return dry
 

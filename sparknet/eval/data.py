@@ -269,14 +269,16 @@ def _dataset_documents(request: DataRequest) -> list[str]:
 
 
 def _config_documents(request: DataRequest) -> list[str]:
-    """The rows each source of the mix held out for validation (never trained on), read in the source's order;
+    """The rows each source of the mix held out for validation (never trained on; of a document the hold-out cut,
+    the start it took), read in the source's order;
     the sources' documents interleaved so that the first MAX_DOCUMENTS cover every source."""
     from sparknet.config import load_config
     from sparknet.data.source.opening import decoded
     from sparknet.data.source.rank_reader import SourceReader
 
     config = load_config(request.data)
-    rows, cut = _held_out_rows(config, request)
+    rows, cut, run = _held_out_rows(config, request)
+    start = _start_of(run) if any(cut.values()) else None
     per_source = []
     for spec in config.mix:
         texts = []
@@ -285,8 +287,10 @@ def _config_documents(request: DataRequest) -> list[str]:
         for text, read in SourceReader(spec, vocab_size=vocab):
             if read > rows[spec.label]:
                 break
-            if read - 1 not in cut[spec.label]:  # a document the hold-out cut: its rest was trained on
-                texts.append(decoded(text, tokenizer))
+            text = decoded(text, tokenizer)
+            if read - 1 in cut[spec.label]:  # a document the hold-out cut: only its start was held out
+                text = start(text, cut[spec.label][read - 1])
+            texts.append(text)
         per_source.append(texts)
     return [t for group in itertools.zip_longest(*per_source) for t in group if t is not None]
 
@@ -333,15 +337,18 @@ def streamed_from(folder: Path | None, data: str) -> bool:
     return False
 
 
-def _held_out_rows(config: Any, request: DataRequest) -> tuple[dict[str, int], dict[str, set[int]]]:
-    """Rows per source from the start, and among them those of documents the hold-out took only the start of (their
-    rest was trained on): `holdout_rows` for every source, else the fewest that any streaming run among the models
-    held out, and every run's cut rows (so no model scores a document it was trained on)."""
+def _held_out_rows(config: Any, request: DataRequest) -> tuple[dict[str, int], dict[str, dict[int, int]],
+                                                               Path | None]:
+    """Rows per source from the start; among them, per source, the documents the hold-out took only the start of
+    (row -> the tokens it took; their rest was trained on); and the run whose tokenizer counted those tokens:
+    `holdout_rows` for every source (nothing cut, no run), else the fewest rows any streaming run among the models
+    held out, and of each cut document the fewest tokens any of them held out (so no model scores text it was
+    trained on)."""
     labels = [s.label for s in config.mix]
     if request.holdout_rows > 0:
-        return {label: request.holdout_rows for label in labels}, {label: set() for label in labels}
+        return {label: request.holdout_rows for label in labels}, {label: {} for label in labels}, None
     mix = config.to_dict()["mix"]
-    recorded = []
+    recorded, tokenizer_run = [], None
     for folder in request.runs:
         for run in (folder, folder.parent):
             identity, report = run / RUN_CONFIG, run / VAL_REPORT
@@ -352,6 +359,7 @@ def _held_out_rows(config: Any, request: DataRequest) -> tuple[dict[str, int], d
                     _check_files_unchanged(recorded_identity, config, run, request.data)
                     try:
                         recorded.append(read_val_report(report)["held_out"])
+                        tokenizer_run = tokenizer_run or run
                     except ValueError as exc:
                         raise UserError(f"{report} is damaged ({exc}): {fix}") from None
                 break
@@ -363,5 +371,22 @@ def _held_out_rows(config: Any, request: DataRequest) -> tuple[dict[str, int], d
             "folder as DATA"
         )
     rows = {label: min(int(r.get(label, {}).get("rows", 0)) for r in recorded) for label in labels}
-    cut = {label: {int(row) for r in recorded for row in r.get(label, {}).get("rests", {})} for label in labels}
-    return rows, cut
+    cut: dict[str, dict[int, int]] = {label: {} for label in labels}
+    for r in recorded:
+        for label in labels:
+            for row, token in dict(r.get(label, {}).get("rests", {})).items():
+                cut[label][int(row)] = min(int(token), cut[label].get(int(row), int(token)))
+    return rows, cut, tokenizer_run
+
+
+def _start_of(run: Path | None) -> Any:
+    """`start(text, n)`: the text of `text`'s first n tokens with the tokenizer of `run` (what its hold-out took of
+    a document it cut)."""
+    from sparknet.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(str(run))
+
+    def start(text: str, n: int) -> str:
+        return tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)[:n])
+
+    return start

@@ -267,8 +267,11 @@ def _check_training_left(report: dict[str, Any], spec: StreamSpec) -> None:
     phases never trained). Its rows: the hold-out's count when it read the source to its end, else the local files'
     (sizes.source_size; a Hub source's are not known cheaply: not checked). Its tokens per document: the hold-out's,
     or, where the hold-out cut documents to its cap (then those are a lower bound), the mean of the source's first
-    rows encoded. Its need: its share of the budget in each phase that mixes it. ON_EXHAUSTED=stop or restart says
-    the user expects a source to run dry, and then only an empty one is refused."""
+    rows encoded. What it gives: its rows times that, less the tokens validation took (the rest of each document
+    the hold-out cut is training's). Its need: its share of the budget in each phase that mixes it; a source a
+    phase mixes alone must hold all of it (the stream ends where it runs dry: each token short is a step lost),
+    any other half. ON_EXHAUSTED=stop or restart says the user expects a source to run dry, and then only an empty
+    one is refused."""
     budget = spec.target_tokens or spec.config.target_tokens
     phases = spec.config.phases
     problems = []
@@ -282,21 +285,25 @@ def _check_training_left(report: dict[str, Any], spec: StreamSpec) -> None:
         held = source.get("rows_held_out", 0)
         per_doc = _tokens_per_document(source, source_spec, spec)
         total = source.get("rows_in_source")
-        if total is None:  # the rows that would cover half its need tell: counting stops there
-            total = _local_rows(source_spec, held + (math.ceil(0.5 * need / per_doc) if per_doc else 0) + 1)
+        if total is None:  # the rows that would cover its need tell: counting stops there
+            total = _local_rows(source_spec, held + (math.ceil(need / per_doc) if per_doc else 0) + 1)
         if total is None:
             continue
-        left = total - held
         where = f", in phase {', '.join(phase.name for phase in mixed_in)}" if spec.config.phased else ""
-        if left <= 0:
+        # the rest of each document the hold-out cut is training's: the source's tokens less those validation took
+        taken = int(source.get("tokens", 0))
+        left = total * per_doc - taken if per_doc else None
+        # a phase that mixes the source alone ends the stream where it runs dry: every token short is a step lost
+        alone = [phase.name for phase in mixed_in if len(phase.prob_of()) == 1] if spec.config.phased else []
+        if total <= held and not source.get("documents_cut"):
             problems.append(f"{label!r} ({total} rows{where}) would give no training tokens: all its rows held out "
                             "for validation")
-        elif spec.on_exhausted == "renormalise" and per_doc and left * per_doc < 0.5 * need:
-            alone = [phase.name for phase in mixed_in if len(phase.prob_of()) == 1]
-            problems.append(f"{label!r} ({total} rows{where}) would give about {left * per_doc:,.0f} training tokens "
-                            f"after the {held} rows held out for validation, far less than its share of {need:,.0f}"
+        elif spec.on_exhausted == "renormalise" and left is not None and left < (1.0 if alone else 0.5) * need:
+            problems.append(f"{label!r} ({total} rows{where}) would give about {max(left, 0):,.0f} training tokens "
+                            f"after the {taken:,} validation took, {'less' if alone else 'far less'} than its share "
+                            f"of {need:,.0f}"
                             + (f" (phase {', '.join(alone)} mixes it alone: the stream would end there)"
-                               if alone and spec.config.phased else ""))
+                               if alone else ""))
     if problems:
         raise UserError(f"source {'; source '.join(problems)} (VAL_TOKENS={spec.val_tokens:,}): lower VAL_TOKENS, "
                         "give the source more data or a lower prob, or set ON_EXHAUSTED=restart to reuse it")

@@ -137,8 +137,12 @@ class TokenStream(torch.utils.data.IterableDataset):
         while True:
             if self._window is None:
                 start = loop.state_dict()
+                # the position while the window is being made is its start: a failure part-way (a Hub outage)
+                # saves a position that makes the whole window again, not one past the blocks read into it
+                self._window, self._window_index = (start, []), 0
                 window = list(itertools.islice(loop.blocks(), self._window_size(loop.blocks_yielded)))
                 if not window:
+                    self._window = None
                     return
                 order = np.random.default_rng([self.spec.seed, self.part.rank, start["blocks_yielded"]]) \
                     .permutation(len(window))
