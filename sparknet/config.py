@@ -71,8 +71,9 @@ LOCAL_KINDS: dict[str, LocalKind] = {
 
 
 # How a source's label is made (recorded in every dataset's manifest, so that what a label meant stays with it)
-LABEL_RULE = (f"for a local kind ({', '.join(LOCAL_KINDS)}) its first data file's stem (a glob's folder), else the "
-              "dataset id's last part; then /subset and @revision when set; repeated labels numbered #1, #2, ...")
+LABEL_RULE = (f"for a local kind ({', '.join(LOCAL_KINDS)}) its first data file's stem (a glob's folder; a hidden "
+              "file's name after its dot; the kind if that is empty), else the dataset id's last part; then /subset "
+              "and @revision when set; control characters escaped (\\n); repeated labels numbered #1, #2, ...")
 
 
 def local_kind_of_file(path: str) -> str | None:
@@ -585,16 +586,17 @@ def _labels(sources: list[dict[str, Any]]) -> list[str]:
             while not isinstance(first, str):
                 first = next(iter(first.values())) if isinstance(first, dict) else first[0]
             # a glob's files are named by their folder (`prose` for data/prose/*.txt)
-            label = ((Path(first).parent.name or s["name"]) if glob.has_magic(Path(first).name)
-                     else Path(first).name.split(".")[0])
+            # a hidden file's stem is its name after the dot (`hid` for .hid.jsonl), never empty
+            label = ((Path(first).parent.name if glob.has_magic(Path(first).name) else
+                      Path(first).name.lstrip(".").split(".")[0]) or s["name"])
         else:
-            label = s["name"].rstrip("/").split("/")[-1]
+            label = s["name"].rstrip("/").split("/")[-1] or s["name"]
         if s["subset"]:
             label += f"/{s['subset']}"
         if s["revision"]:
             revision = s["revision"]
             label += "@" + (revision[:7] if COMMIT_SHA.fullmatch(revision) else revision)
-        labels.append(label)
+        labels.append(printable(label))
     counts = {lab: labels.count(lab) for lab in labels}
     taken = {lab for lab in labels if counts[lab] == 1}  # unique labels stay as they are
     seen: dict[str, int] = {}
@@ -611,6 +613,12 @@ def _labels(sources: list[dict[str, Any]]) -> list[str]:
             lab = candidate
         out.append(lab)
     return out
+
+
+def printable(text: str) -> str:
+    """`text` with every control or other unprintable character written as its Python escape (`\\n`, `\\x1b`):
+    a label is written into tables, log lines, TensorBoard tags and the card, where a newline would break a row."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def load_config(path: str | Path) -> MixConfig:

@@ -221,6 +221,15 @@ def test_labels_are_unique_even_when_a_file_name_looks_numbered(tmp_path: Path) 
     assert labels == ["a#1", "a#2", "a#3"]
 
 
+def test_no_label_is_empty_or_holds_a_control_character(tmp_path: Path) -> None:
+    """A hidden file's stem is its name after the dot; a newline or escape in a file name is written escaped, so that
+    a label never breaks a table row, a log line or a TensorBoard tag."""
+    files = [write_jsonl(tmp_path / ".hid.jsonl", ["x"]), write_jsonl(tmp_path / "...jsonl", ["y"]),
+             write_jsonl(tmp_path / "two\nlines\x1b.jsonl", ["z"]), write_jsonl(tmp_path / "café.jsonl", ["w"])]
+    cfg = parse_config(_top([{**GOOD, "data_files": str(f)} for f in files]))
+    assert [s.label for s in cfg.mix] == ["hid", "jsonl", "two\\nlines\\x1b", "café"]
+
+
 def test_a_duplicate_json_key_is_refused(data_file: str, tmp_path: Path) -> None:
     path = tmp_path / "dup.json"
     path.write_text('{"seed": 1, "context_length": 8, "target_tokens": 8, "mix": [{"name": "json", '

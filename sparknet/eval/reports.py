@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sparknet.config import printable
 from sparknet.outputs import Output
 from sparknet.runtime import project_path, read_json_object, write_json_atomic
 
@@ -88,13 +89,14 @@ def update_json(path: Path, update: Callable[[dict[str, Any]], None]) -> dict[st
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
-    """A GitHub markdown table; floats to 4 decimals, ints with thousands separators."""
+    """A GitHub markdown table; floats to 4 decimals, ints with thousands separators; a cell's `|` and control
+    characters escaped (a file name with a newline would end its row)."""
     def cell(value: Any) -> str:
         if isinstance(value, float):
             return f"{value:.4f}"
         if isinstance(value, int) and not isinstance(value, bool):
             return f"{value:,}"
-        return str(value).replace("|", "\\|")
+        return printable(str(value)).replace("|", "\\|")
 
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
