@@ -36,7 +36,15 @@ from sparknet.model import (
     peak_flops,
     set_for_use,
 )
-from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic, writes_to
+from sparknet.runtime import (
+    device_info,
+    follow_umask,
+    process_rank,
+    project_path,
+    world_size,
+    write_json_atomic,
+    writes_to,
+)
 from sparknet.tokenizer import portable_config
 from sparknet.train.batch import BatchPlan, TokenCount, budget, check_enough_blocks, plan_batch
 from sparknet.train.callbacks import MetricsCallback, SamplingCallback
@@ -315,6 +323,8 @@ def export(trainer: SparkTrainer, tokenizer: Any, out_dir: Path) -> None:
         # (transformers issue 30491): the export gathers the full weights for from_pretrained
         plugin.set_state_dict_type("FULL_STATE_DICT")
     trainer.save_model(str(out_dir))
+    if process_rank() == 0:
+        follow_umask(out_dir)  # safetensors writes 0600
     if process_rank() == 0 and (out_dir / "tokenizer_config.json").is_file():
         portable_config(out_dir)
 
