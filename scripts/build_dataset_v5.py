@@ -63,8 +63,11 @@ def main() -> None:
             f"  {split}: {info['blocks']} blocks of {manifest['block_size']} = {info['tokens']:,} tokens, "
             f"{info['documents']:,} documents"
         )
+        columns = manifest.get("text_columns", {})
         for label, s in info["sources"].items():
-            print(f"    {label:<24} {s['tokens']:>14,} tokens  {s['share']:6.2%} (asked {s['requested_share']:.2%})")
+            column = f"  column {columns[label]!r}" if columns.get(label) else ""
+            print(f"    {label:<24} {s['tokens']:>14,} tokens  {s['share']:6.2%} (asked {s['requested_share']:.2%})"
+                  f"{column}")
         for phase in info.get("phases", []):  # a config in phases: each phase's blocks and mix
             first, end = phase["blocks"]
             print(f"    phase {phase['name']}: blocks {first}-{end - 1}, {phase['tokens']:,} tokens")

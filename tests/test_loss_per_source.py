@@ -139,6 +139,9 @@ def packed_run(mix: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory)
     proc = run_script("build_dataset_v5.py", "--config", config, "--tokenizer_dir", tokenizer, "--output_dir",
                       tmp / "ds", "--target_tokens", 60_000, "--val_tokens", 1_600, "--num_workers", 0)
     assert proc.returncode == 0, proc.stderr
+    # the summary and the manifest say which column each source was read from
+    assert proc.stdout.count("column 'text'") == 4, proc.stdout
+    assert set(json.loads((tmp / "ds" / "manifest.json").read_text())["text_columns"].values()) == {"text"}
     proc = run_script("train_sparknet_v5.py", *train_args(tmp, tmp / "ds", target_tokens=24 * 4 * BLOCK,
                                                             sample_steps=0, sample_prompts=[]))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -150,6 +150,8 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
         identity={"dataset_dir": dataset_dir, "dataset_inputs": manifest.get("inputs")},
         manifest_metadata={
             "config": manifest["config"],
+            "source_revisions": manifest.get("source_revisions", {}),
+            "text_columns": manifest.get("text_columns", {}),
             "dataset": {"path": str(train.folder), "inputs": manifest.get("inputs"),
                         "realised_mixture": {k: v["sources"] for k, v in manifest["splits"].items()}},
         },

@@ -64,11 +64,14 @@ class StreamPlan(DataPlan):
         realised = {k: stats[k] for k in ("shares", "tokens", "documents", "validation_repeats_removed", "blocks",
                                           "restarts", "exhausted", "end")}
         validation = {k: v for k, v in self.report.items() if k != "document_hashes"}  # thousands of hashes
+        from sparknet.data.source.opening import text_column
+
         config = self.spec.config
         return {"config": {"path": config.path, **config.to_dict()},
                 "source_revisions": {s.label: {"revision": s.revision, "commit": self.commits.get(s.label)}
                                      for s in config.mix},
-                "stream": {"validation": validation,
+                "text_columns": {s.label: text_column(s) for s in config.mix},  # the column each source was read from
+                "stream": {"data_seed": self.spec.seed, "validation": validation,
                            "training": {**realised, "requested_shares": requested_shares(self.stream.config)}},
                 **({"phases": self.phase_record()} if self.phase_steps else {})}
 

@@ -13,6 +13,7 @@ from sparknet.data.encoding.packer import BlockPacker
 from sparknet.data.mixing import Mixer
 from sparknet.data.packed.dataset import FORMAT_VERSION, SPLITS, SplitWriter
 from sparknet.data.pieces import piece_tokens_for
+from sparknet.data.source.opening import text_column
 
 # How far a split's realised share may stand from the requested one before the mix counts as missed: 2 points, or
 # the longest item's share of the split (a validation document's cap, a training piece) where that is more.
@@ -37,6 +38,9 @@ def description(spec: Any, tok: Any, dtype: np.dtype, inputs: dict[str, Any], co
         "config": {"path": config.path, **config.to_dict()},
         "source_revisions": {s.label: {"revision": s.revision, "commit": commits.get(s.label)}
                              for s in config.mix if not s.local},
+        # the column each source's documents were read from (its text_field, or the one picked from its columns;
+        # input_ids for a pre-tokenized source); None: not known (a Hub source that could not be opened again)
+        "text_columns": {s.label: text_column(s) for s in config.mix},
         "label_rule": LABEL_RULE,
         "seed": spec.seed,
         "block_size": spec.block_size,
