@@ -423,6 +423,34 @@ def test_a_train_bin_with_ids_beyond_the_vocabulary_is_one_line(tiny_dataset: Pa
         packed_plan(str(damaged), None, None)
 
 
+def test_a_config_of_another_mix_than_the_datasets_is_refused(tiny_dataset: Path, corpus_config: Path, tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """CONFIG is recorded as the run's mix: one that is not the dataset's is refused in one line naming both and the
+    change, before any work; the dataset's own config (or none: then the dataset's is taken, said in a line) is
+    accepted."""
+    from sparknet.config import load_config
+    from sparknet.errors import UserError
+    from tests.helpers import write_config
+
+    mix = json.loads(corpus_config.read_text())["mix"]
+    other = write_config(tmp_path / "other.json", [{**mix[0], "prob": 0.9}, {**mix[1], "prob": 0.1}],
+                         context_length=128)
+    with pytest.raises(UserError) as caught:
+        packed_plan(str(tiny_dataset), None, load_config(other))
+    message = str(caught.value)
+    assert f"dataset {tiny_dataset} was built from another mix than CONFIG={other} (mix[0].prob: 0.6 -> 0.9; " \
+           "mix[1].prob: 0.4 -> 0.1;" in message
+    assert f"it was built from {corpus_config}): pass that config, or leave CONFIG out" in message
+    assert packed_plan(str(tiny_dataset), None, load_config(corpus_config)).target_tokens == 10_000
+    with caplog.at_level("INFO", logger="sparknet"):
+        packed_plan(str(tiny_dataset), None, None)
+    assert f"CONFIG not given: the mix is the dataset's, {corpus_config}" in caplog.text
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset, config=other))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "was built from another mix than CONFIG=" in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "ckpt").exists()
+
+
 @pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"])
 def test_a_checkpoint_damaged_in_place_is_skipped_naming_the_file(finished, name: str, tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:

@@ -115,7 +115,8 @@ class PackedPlan(DataPlan):
 def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig | None) -> PackedPlan:
     """The packed dataset (scripts/build_dataset_v5.py) with the tokenizer it was built with.
 
-    `config`, the script's CONFIG, is checked against the mix the dataset was built from."""
+    `config`, the script's CONFIG, must be the mix the dataset was built from (the metadata and the card record the
+    dataset's as the run's): another is refused in one line, before any work. None takes the dataset's."""
     from sparknet.data.packed.dataset import PackedDataset
     from sparknet.tokenizer import load_tokenizer, tokenizer_fingerprint
 
@@ -125,8 +126,15 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
     ours = config.to_dict() if config is not None else {}
     if config is not None and (ours["mix"], ours.get("phases")) != (manifest["config"]["mix"],
                                                                     manifest["config"].get("phases")):
-        log.warning("dataset %s was built from another mix than CONFIG=%s (%s): the metadata records the dataset's",
-                    train.folder, config.path, manifest["config"]["path"])
+        from sparknet.identity import describe_changes
+
+        theirs = {key: manifest["config"].get(key) for key in ("mix", "phases")}
+        changes = "; ".join(describe_changes(theirs, {"mix": ours["mix"], "phases": ours.get("phases")}))
+        raise UserError(f"dataset {dataset_dir} was built from another mix than CONFIG={config.path} ({changes}; it "
+                        f"was built from {manifest['config']['path']}): pass that config, or leave CONFIG out to "
+                        "train on the dataset's, or build a dataset from this one")
+    if config is None:
+        log.info("CONFIG not given: the mix is the dataset's, %s", manifest["config"]["path"])
     source = tokenizer_dir or manifest["tokenizer"]["path"]
     tokenizer = load_tokenizer(source)
     if tokenizer_fingerprint(source, tokenizer) != manifest["tokenizer"]["sha256"]:
