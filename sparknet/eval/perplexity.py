@@ -145,7 +145,7 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
     import logging
     import time
 
-    from sparknet.eval.data import check_unchanged, data_kind, load_labelled_documents, trained_on
+    from sparknet.eval.data import check_unchanged, data_kind, load_labelled_documents
     from sparknet.eval.reports import check_results, eval_dir, merge_json
     from sparknet.eval.results import perplexity_setting
 
@@ -160,14 +160,6 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
     log = logging.getLogger("sparknet.eval")
     if len(refs) > 1 or not request.data:
         log.info(line)
-    for ref, source in zip(refs, sources, strict=True):
-        try:
-            own = trained_on(ref.folder, ref.spec)
-        except UserError:
-            continue  # no record of its training data (a Hub model)
-        if own != source and len(set(sources)) == 1:
-            log.warning("%s was trained on other data (%s): it may have seen parts of %s in training", ref.spec,
-                        own, source)
     documents: dict[str, tuple[list[str], list[str] | None]] = {}
     rows = []
     for ref, source in zip(refs, sources, strict=True):
@@ -175,6 +167,7 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
             # a pre-tokenized source is decoded with the first model's tokenizer
             documents[source] = load_labelled_documents(dataclasses.replace(
                 request, data=source, runs=runs, decode_with=tokenizer_source(refs[0])))
+        _say_what_it_may_have_seen(ref, source, *documents[source])
         model, tokenizer, device = load_model(ref)
         window = model_context(model) if context is None else context
         if not 0 < window <= model_context(model):
@@ -196,6 +189,32 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
         rows.append(row)
         del model
     return rows
+
+
+def _say_what_it_may_have_seen(ref: ModelRef, source: str, texts: list[str], labels: list[str] | None) -> None:
+    """A warning when a model is scored on data other than its own held-out data and some of the documents come from
+    sources it was trained on (their files' sha256s, or Hub ids, against its run's records), with how many; none for
+    its own held-out data, for data it never trained on, and for a model that records no training data."""
+    import logging
+
+    from sparknet.eval.data import data_kind, trained_on
+    from sparknet.eval.overlap import documents_trained_on
+
+    try:
+        own = trained_on(ref.folder, ref.spec)
+    except UserError:
+        return  # no record of its training data (a Hub model)
+    if own == source:
+        return
+    kind = data_kind(source)
+    found = documents_trained_on(ref.folder, source, kind, labels, len(texts))
+    if found is None or not found[0]:
+        return
+    count, names = found
+    logging.getLogger("sparknet.eval").warning(
+        "%s may have trained on up to %d of the %d documents of %s: they come from sources it was trained on (%s), "
+        "and only its own held-out data (%s) is known to be unseen", ref.spec, count, len(texts), source,
+        ", ".join(names), own)
 
 
 def _say_when_fuller_is_kept(row: dict[str, Any], kept: dict[str, Any]) -> None:
