@@ -419,3 +419,9 @@ def test_may_have_seen_is_said_only_of_documents_from_sources_the_model_trained_
     assert 0 < prose_documents < len(texts)
     assert f"may have trained on up to {prose_documents} of the {len(texts)} documents of {tiny_dataset}: they " \
            "come from sources it was trained on (prose.train.jsonl)" in warned(str(tiny_dataset))
+    # a streaming run scored on its own validation blocks, however the path is spelled: no warning
+    blocks = np.fromfile(tiny_dataset / "val.bin", dtype=np.uint16).reshape(-1, 128)
+    np.save(run / "val_blocks.npy", blocks)
+    (run / "training_metadata.json").write_text(json.dumps({"config": {"mix": [prose]}}))
+    (run / "run_config.json").write_text(json.dumps({"mix": [prose], "local_files_sha256": {prose["data_files"]: sha}}))
+    assert "may have trained on" not in warned(f"{tmp_path}/checkpoints/./base/val_blocks.npy")

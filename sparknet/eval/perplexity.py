@@ -199,12 +199,13 @@ def _say_what_it_may_have_seen(ref: ModelRef, source: str, texts: list[str], lab
 
     from sparknet.eval.data import data_kind, trained_on
     from sparknet.eval.overlap import documents_trained_on
+    from sparknet.runtime import project_path
 
     try:
         own = trained_on(ref.folder, ref.spec)
     except UserError:
         return  # no record of its training data (a Hub model)
-    if own == source:
+    if project_path(own).resolve() == project_path(source).resolve():  # its own held-out data, however spelled
         return
     kind = data_kind(source)
     found = documents_trained_on(ref.folder, source, kind, labels, len(texts))
