@@ -79,7 +79,40 @@ def test_packed_script_from_a_run_folder_starts_at_its_final_weights_and_records
     assert metadata["base_model"] == {"init_from": str(base), "name": "run", "commit": None,
                                       "sha256": sha256(base / "model.safetensors"), "step": None}
     card = card_data("mine", metadata, {}, license="", language=["en"])
-    assert card.base_model == "run" and "base_model: run" in card.to_yaml()
+    assert card.base_model is None and "base_model" not in card.to_yaml()  # a local run's name is no Hub id
+    # the base was exported with <|endoftext|> as its pad token; training never pads (packed blocks), so transformers
+    # has no reason to ask for an attention mask (its warning came at blocks that begin or end with one)
+    assert "attention_mask" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_base_trains_without_transformers_asking_for_an_attention_mask(finished) -> None:
+    """The base is exported with <|endoftext|> as its pad token (for batched generation); loaded to train, it has
+    none, as a fresh model: training never pads (packed blocks), and transformers otherwise warns, once, to pass an
+    attention mask at the first block that begins or ends with <|endoftext|> (the INIT_FROM run's log had it)."""
+    from transformers.utils import logging as hf_logging
+
+    from sparknet.train.init_from import load_base, resolve_base
+
+    _, base_tmp = finished
+    base = base_tmp / "ckpt" / "run"
+    assert json.loads((base / "config.json").read_text())["pad_token_id"] is not None  # as exported
+    model = load_base(resolve_base(str(base)), dropout=0.0)
+    eos = model.config.eos_token_id
+    ids = torch.tensor([[eos, 5, 6, 7], [8, 9, 10, eos]])  # blocks that begin and end with <|endoftext|>
+    import logging
+
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    library = hf_logging.get_logger("transformers")  # its own handler, not propagated: listened to directly
+    library.warning_once.cache_clear()  # a warning said once per process
+    library.addHandler(handler)
+    try:
+        model(input_ids=ids, labels=ids)
+    finally:
+        library.removeHandler(handler)
+    assert not [line for line in said if "attention_mask" in line], said
+    assert model.generation_config.pad_token_id == eos  # generation (the samples) still pads with it
 
 
 def test_from_a_checkpoint_with_a_fresh_warmup(finished, tiny_dataset: Path, tmp_path: Path) -> None:
@@ -97,7 +130,7 @@ def test_from_a_checkpoint_with_a_fresh_warmup(finished, tiny_dataset: Path, tmp
     record = result.metadata["base_model"]
     assert record["name"] == f"run/{checkpoint.name}" and record["step"] == int(checkpoint.name.split("-")[1])
     assert record["sha256"] == sha256(checkpoint / "model.safetensors")
-    assert card_data("mine", result.metadata, {}, license="", language=["en"]).base_model == f"run/{checkpoint.name}"
+    assert card_data("mine", result.metadata, {}, license="", language=["en"]).base_model is None  # local
 
 
 def hub_layout(base: Path, out: Path, commit: str = "a" * 40) -> Path:
@@ -140,6 +173,8 @@ def test_packed_script_from_a_hub_model_id(finished, tiny_dataset: Path, hub: Hu
     assert_same_weights(run_dir, folder)
     record = json.loads((run_dir / METADATA).read_text())["base_model"]
     assert record["name"] == "tinyco/tiny-base" and record["commit"] == commit, record
+    metadata = json.loads((run_dir / METADATA).read_text())
+    assert card_data("mine", metadata, {}, license="", language=["en"]).base_model == "tinyco/tiny-base"  # a Hub id
     assert any(r.kind == "resolve-get" and r.path.endswith("/model.safetensors") for r in hub.requests), hub.requests
     # an id the Hub does not have is one line
     proc = run_script("train_sparknet_v5.py", *train_args(tmp_path / "other", tiny_dataset,

@@ -202,6 +202,10 @@ def load_base(base: BaseModel, dropout: float) -> Any:
                 else ("attention_dropout",))
     for key in dropouts:
         setattr(config, key, dropout)
+    # as a fresh model has it: no pad token while training (packed blocks never pad). A base exported with
+    # <|endoftext|> as its pad token made transformers warn for an attention mask at the first block that begins or
+    # ends with one; generation keeps its pad id (with_special_ids), and the export sets it again (set_for_use)
+    config.pad_token_id = None
     # a Hub id's weights at the commit its config was read at (a local folder has no revisions)
     revision = base.commit if base.folder is None else None
     model = AutoModelForCausalLM.from_pretrained(base.source, config=config, dtype=torch.float32,
