@@ -19,7 +19,8 @@ ON_EXHAUSTED = "renormalise"  # a source runs dry: renormalise (the others fill 
 NUM_WORKERS: int | None = None  # tokenizer processes per training process (None: the cores / processes on this node)
 DATA_SEED: int | None = None  # seed of the per-source shuffle (None: the config's seed)
 HUB_RETRY_MINUTES = 15.0  # a Hub source that fails (429, 5xx, a dropped connection) is retried this long
-MODEL_PRESET = "sparknet-70m"  # sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each
+# sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each (None: INIT_FROM's shape, else sparknet-70m)
+MODEL_PRESET: str | None = None
 # weights to start from (fresh optimizer, LR schedule, data): a run folder, its checkpoint-N or a Hub id (None: new)
 INIT_FROM: str | None = None
 TARGET_TOKENS: int | None = None  # training tokens (None: MAX_STEPS's, else the config's target_tokens)

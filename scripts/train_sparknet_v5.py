@@ -10,7 +10,8 @@ RUN_NAME = "sparknet-70m-v5"  # run folder name under checkpoints/ and logs/
 CONFIG: str | None = None  # mix config: the dataset's must be its mix (None: the one the dataset was built from)
 DATASET_DIR = "datasets/sparknet-v5-1b"  # packed dataset from build_dataset_v5.py
 TOKENIZER_DIR: str | None = None  # tokenizer folder or Hub id (None: the one the dataset was built with)
-MODEL_PRESET = "sparknet-70m"  # sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each
+# sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each (None: INIT_FROM's shape, else sparknet-70m)
+MODEL_PRESET: str | None = None
 # weights to start from (fresh optimizer, LR schedule, data): a run folder, its checkpoint-N or a Hub id (None: new)
 INIT_FROM: str | None = None
 TARGET_TOKENS: int | None = None  # training tokens (None: MAX_STEPS's, else the config's target_tokens)

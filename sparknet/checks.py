@@ -82,7 +82,7 @@ LR = number(0, low_open=True, expected="a positive number")
 RULES: dict[str, Rule] = {
     # training (both trainers)
     "RUN_NAME": Rule(_plain_name, "a plain folder name such as sparknet-70m-v5"),
-    "MODEL_PRESET": choice(*PRESETS),
+    "MODEL_PRESET": Rule(choice(*PRESETS).test, choice(*PRESETS).expected, none=True, choices=tuple(PRESETS)),
     "TARGET_TOKENS": integer(1, expected="a positive number of tokens", none=True),
     "MAX_STEPS": integer(0, expected="an integer >= 0 (0: not set, TARGET_TOKENS decides)"),
     "BATCH_SIZE": POSITIVE,

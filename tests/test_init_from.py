@@ -247,6 +247,21 @@ def test_another_presets_shape_is_refused(finished, tiny_dataset: Path, tmp_path
     assert "MODEL_PRESET=sparknet-demo" in one_line(exc) and "set MODEL_PRESET=sparknet-tiny" in str(exc.value)
 
 
+def test_without_model_preset_the_run_takes_the_bases(finished, tiny_dataset: Path, tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """MODEL_PRESET left out: a run from a base takes the preset of its shape, says so, and records it (so a resume
+    that names it is the same run); only a preset that contradicts the base is refused (the test above)."""
+    _, base_tmp = finished
+    settings = train_settings(tmp_path, init_from=str(base_tmp / "ckpt" / "run"), model_preset=None, **FROZEN)
+    with caplog.at_level("INFO", logger="sparknet"):
+        result = train_packed(settings, tiny_dataset)
+    assert result.status == "finished" and result.metadata["model"]["name"] == "sparknet-tiny"
+    assert f"MODEL_PRESET not set: sparknet-tiny, the shape of INIT_FROM={base_tmp / 'ckpt' / 'run'}" in caplog.text
+    again = train_packed(train_settings(tmp_path, init_from=str(base_tmp / "ckpt" / "run"),
+                                        model_preset="sparknet-tiny", **FROZEN), tiny_dataset)
+    assert again.status == "already_finished"  # the same run: its identity names the preset either way
+
+
 def test_blocks_longer_than_the_bases_context_are_refused(random_model: Path, tiny_dataset: Path,
                                                           tmp_path: Path) -> None:
     """A base of a shape no preset has (here 2 layers of width 32) is taken as it is; its context (32) is fixed."""

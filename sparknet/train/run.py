@@ -28,6 +28,7 @@ from sparknet.errors import UserError
 from sparknet.eval.metrics import bytes_of_tokens, perplexity, tokens_and_bytes_by_source
 from sparknet.locks import exclusive
 from sparknet.model import (
+    DEFAULT_PRESET,
     Preset,
     build_model,
     flops_per_token,
@@ -59,7 +60,7 @@ from sparknet.train.folders import (
 )
 from sparknet.train.fused_loss import fuse_head
 from sparknet.train.hf_trainer import SparkTrainer, check_launch, compiles, training_arguments
-from sparknet.train.init_from import BaseModel, check_base, load_base, resolve_base
+from sparknet.train.init_from import BaseModel, base_preset, check_base, load_base, resolve_base
 from sparknet.train.safety import Interrupted, SafetyCallback, signals_interrupt, stop_on_signals
 from sparknet.train.settings import TrainSettings, check_settings
 from sparknet.train.step_speed import collector_paused, pad_head
@@ -89,6 +90,7 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
     check_settings(settings)
     check_launch(settings, device_info())
     base = resolve_base(settings.init_from) if settings.init_from else None
+    settings.model_preset = preset_name(settings.model_preset, base)
     preset = model_preset(settings, data, base)
     batch = plan_batch(settings.global_batch_size, settings.batch_size, world_size())
     asked = settings.tokens_asked(data.block_size)  # MAX_STEPS gives a whole number of steps: exactly those
@@ -155,12 +157,25 @@ def report_outcome(result: TrainResult, logs_dir: str) -> None:
           f"tensorboard --logdir {logs_dir}/{result.run_dir.name})")
 
 
+def preset_name(asked: str | None, base: BaseModel | None) -> str | None:
+    """MODEL_PRESET as the run records it: as set; not set, the preset of INIT_FROM's shape (None for a base of a shape
+    no preset has), else DEFAULT_PRESET. A set one that contradicts the base is refused by `check_base`."""
+    if asked is not None:
+        return asked
+    if base is None:
+        return DEFAULT_PRESET
+    name = base_preset(base)
+    if name is not None:
+        log.info("MODEL_PRESET not set: %s, the shape of INIT_FROM=%s", name, base.spec)
+    return name
+
+
 def model_preset(settings: TrainSettings, data: DataPlan, base: BaseModel | None = None) -> Preset:
     """The model's shape: the preset's width and depth, and a context that follows the data. A model trained from
     scratch gets the blocks' length; a run that resumes keeps its model's (from its checkpoint), which must hold
     the blocks: checked here, before the run folder is touched. A run from a base model (INIT_FROM) has the base's
     shape and context (sparknet.train.init_from.check_base)."""
-    preset = get_preset(settings.model_preset)
+    preset = get_preset(settings.model_preset) if settings.model_preset is not None else None
     if not RULES["BLOCK_SIZE"].test(data.block_size):  # a dataset not built by SparkNet (the build refuses them)
         raise UserError(f"blocks of {data.block_size} token: a block needs 2 tokens or more (one to predict the next "
                         "from): use a larger BLOCK_SIZE (or context_length)")
@@ -174,6 +189,7 @@ def model_preset(settings: TrainSettings, data: DataPlan, base: BaseModel | None
                         f"{saved[0]} tokens, or choose a new RUN_NAME")
     # runs begun before the context followed the data kept the preset's, which may be longer than their blocks
     if base is None:
+        assert preset is not None  # preset_name gives one without a base
         preset = dataclasses.replace(preset, n_positions=data.block_size if saved is None else saved[0])
     if settings.sample_prompts and settings.sample_max_new_tokens >= preset.n_positions:
         raise UserError(f"SAMPLE_MAX_NEW_TOKENS={settings.sample_max_new_tokens} leaves no room for a prompt in "
@@ -337,7 +353,8 @@ def run_metadata(s: TrainSettings, data: DataPlan, run: RunFolder, parts: Traine
     train_losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     mean = metrics.mean_tokens_per_second
     # None for a base model of a shape no preset has (INIT_FROM's, MODEL_PRESET ignored)
-    same_shape = dataclasses.replace(get_preset(s.model_preset), n_positions=parts.preset.n_positions) == parts.preset
+    same_shape = s.model_preset is not None and dataclasses.replace(
+        get_preset(s.model_preset), n_positions=parts.preset.n_positions) == parts.preset
     preset_name = s.model_preset if same_shape else None
     return {
         "run_name": s.run_name,
