@@ -12,7 +12,8 @@ RUN_NAME = "sparknet-70m-stream"  # run folder name under checkpoints/ and logs/
 CONFIG = "configs/datasets_v1.json"  # mix config: its sources are streamed
 TOKENIZER_DIR = "tokenizer-v5"  # tokenizer folder or Hub id
 BLOCK_SIZE: int | None = None  # tokens per training block (None: the config's context_length)
-VAL_TOKENS: int | None = None  # validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most 1M)
+# validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most a tenth of the budget and 1M)
+VAL_TOKENS: int | None = None
 # documents shuffled per source (0: each source's order; None: 1/20 of the smallest source's rows, at most 10,000)
 SHUFFLE_BUFFER: int | None = None
 ON_EXHAUSTED = "renormalise"  # a source runs dry: renormalise (the others fill in, a warning), stop, or restart it
@@ -81,12 +82,15 @@ def main() -> None:
     if settings.target_tokens is None and not settings.max_steps:
         settings.target_tokens = config.target_tokens
     workers = max(1, runtime.available_cores() // runtime.local_world_size()) if NUM_WORKERS is None else NUM_WORKERS
-    spec = StreamSpec(config=config, tokenizer_dir=TOKENIZER_DIR, block_size=BLOCK_SIZE or config.context_length,
-                      val_tokens=default_val_tokens(config, STREAM_VAL_TOKENS) if VAL_TOKENS is None else VAL_TOKENS,
+    block = BLOCK_SIZE or config.context_length
+    budget = settings.tokens_asked(block)  # the validation split is scaled to it too
+    spec = StreamSpec(config=config, tokenizer_dir=TOKENIZER_DIR, block_size=block,
+                      val_tokens=default_val_tokens(config, STREAM_VAL_TOKENS, budget) if VAL_TOKENS is None else
+                      VAL_TOKENS,
                       seed=config.seed if DATA_SEED is None else DATA_SEED,
                       shuffle_buffer=default_shuffle_buffer(config) if SHUFFLE_BUFFER is None else SHUFFLE_BUFFER,
                       on_exhausted=ON_EXHAUSTED, num_workers=workers,
-                      target_tokens=settings.tokens_asked(BLOCK_SIZE or config.context_length))
+                      target_tokens=budget)
     run_dir = runtime.project_path(CHECKPOINTS_DIR) / RUN_NAME
     report_outcome(train(settings, stream_plan(spec, run_dir)), LOGS_DIR)
 
