@@ -106,3 +106,18 @@ def test_what_the_data_package_hands_on_resolves() -> None:
     assert sparknet.data.__all__ == ["PackedDataset", "TokenStream", "hold_out_validation"]
     assert (sparknet.data.PackedDataset, sparknet.data.TokenStream, sparknet.data.hold_out_validation) == (
         PackedDataset, TokenStream, hold_out_validation)
+
+
+def test_what_the_scripts_write_at_the_top_is_ignored_by_git() -> None:
+    """Outputs under the names the docs use (any tokenizer-NAME/, the datasets, runs, exports), the folders being
+    written or replaced, and a killed job's lock files are never offered to `git add`."""
+    import subprocess
+
+    written = ["tokenizer-mine/tokenizer.json", "tokenizer-anything/vocab.json", "datasets/mine/train.bin",
+               "checkpoints/run/model.safetensors", "exports/run/README.md", ".tokenizer-mine.building/x",
+               ".exports.replaced/x", ".tokenizer-mine.lock", ".tokenizer-mine.lock.json"]
+    for path in written:
+        proc = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=PROJECT_ROOT)
+        assert proc.returncode == 0, f"{path} is not ignored by .gitignore"
+    kept = subprocess.run(["git", "check-ignore", "-q", "--no-index", "sparknet/tokenizer.py"], cwd=PROJECT_ROOT)
+    assert kept.returncode == 1  # the code itself is not

@@ -66,15 +66,14 @@ def update_json(path: Path, update: Callable[[dict[str, Any]], None]) -> dict[st
     (`<name>.damaged`, with a warning) and a new one is written."""
     import logging
 
-    from filelock import FileLock
-
     from sparknet.errors import UserError
+    from sparknet.locks import held
 
     path.parent.mkdir(parents=True, exist_ok=True)
     # one writer at a time: evaluations of one model may run at once (perplexity beside benchmarks, two datasets),
     # and each adds its results to the file; unlocked, the later write dropped the other's (a lost update). The
     # lock is held for a read and a write, so a second evaluation waits for it rather than being refused.
-    with FileLock(str(path.with_name(f".{path.name}.lock"))):
+    with held(path.with_name(f".{path.name}.lock")):  # removed when done: no lock file stays beside the results
         try:
             data = read_results(path)
         except UserError as exc:
