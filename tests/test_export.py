@@ -72,8 +72,10 @@ def test_export_folder_and_card(run: tuple[Path, Path]) -> None:
                  "![loss curve](loss.png)", "AutoModelForCausalLM.from_pretrained", 'pipeline("text-generation"',
                  "## Limitations", "arc_easy"):
         assert fact in card.text, fact
-    proc = run_script("export_model.py", "--model", folder, "--output_dir", out)
-    assert proc.returncode == 1 and "not empty" in proc.stderr  # never replaced silently
+    from sparknet.export import export_model
+
+    with pytest.raises(UserError, match="is not empty: choose another OUTPUT_DIR or pass --overwrite true"):
+        export_model(str(folder), out)  # never replaced silently (as the script calls it)
 
 
 def test_push_is_attempted_and_fails_clearly_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -359,7 +361,8 @@ def test_the_card_of_an_annealed_run_tells_the_whole_story(run: tuple[Path, Path
     (tmp / "eval" / "myrun" / "perplexity.json").write_text(json.dumps({"ds": {
         "data": "datasets/own", "split": "val", "documents": 9, "tokens": 2988, "nll": 5.0, "perplexity": 148.4,
         "bits_per_byte": 2.0, "sources": {"manuals": {"documents": 5, "tokens": 2000, "nll": 4.9, "perplexity": 134.3,
-                                                      "bits_per_byte": 1.9}}}}))
+                                                      "bits_per_byte": 1.9}}},
+        "odd": {"data": "notes\nof 2026.jsonl", "documents": 2, "tokens": 40, "nll": 5.5}}))  # a newline in a name
     card_file = export_model(str(folder), tmp / "out", eval_root=str(tmp / "eval"))
     card = ModelCard.load(card_file)
     assert "base_model" not in card.data.to_dict()  # a local run's name is no Hub repository id
@@ -380,6 +383,7 @@ def test_the_card_of_an_annealed_run_tells_the_whole_story(run: tuple[Path, Path
             "`0123456789abcdef0123456789abcdef01234567` | `raw_content` |") in text
     assert "| manuals | 1,270 | 4.5000 |" in text  # the trainer's per-source eval, its tokens named
     assert "| datasets/own (val) | 9 | 2,988 |" in text and "| datasets/own (val) [manuals] | 5 | 2,000 |" in text
+    assert "| notes\\nof 2026.jsonl | 2 | 40 |" in text  # escaped: the row stays one line
     mask = os.umask(0)
     os.umask(mask)
     mode = 0o666 & ~mask  # safetensors alone would write 0600

@@ -88,14 +88,17 @@ def update_json(path: Path, update: Callable[[dict[str, Any]], None]) -> dict[st
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
-    """A GitHub markdown table; floats to 4 decimals, ints with thousands separators; a cell's `|` and control
-    characters escaped (a file name with a newline would end its row)."""
+    """A GitHub markdown table; floats to 4 decimals, ints with thousands separators; a cell's `|` escaped, and any
+    character that ends a line (a file name with a newline would end its row) written as its escape."""
     def cell(value: Any) -> str:
         if isinstance(value, float):
             return f"{value:.4f}"
         if isinstance(value, int) and not isinstance(value, bool):
             return f"{value:,}"
-        return printable(str(value)).replace("|", "\\|")
+        text = str(value)
+        if len(text.splitlines()) > 1 or text.endswith(("\n", "\r")):  # \n, \r, \x0b, \x1c, \u2028, ...
+            text = "".join(printable(c) if len(f"a{c}b".splitlines()) > 1 else c for c in text)
+        return text.replace("|", "\\|")
 
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
