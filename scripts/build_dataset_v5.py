@@ -62,8 +62,8 @@ def main() -> None:
     print(f"dataset: {spec.output_dir}  ({manifest['build_seconds']:.0f} s to build)")
     for split, info in manifest["splits"].items():
         print(
-            f"  {split}: {info['blocks']} blocks of {manifest['block_size']} = {info['tokens']:,} tokens, "
-            f"{info['documents']:,} documents"
+            f"  {split}: {info['blocks']} blocks of {manifest['block_size']} = {info['tokens']:,} tokens (each "
+            f"document's <|endoftext|> included), {info['documents']:,} documents"
         )
         columns = manifest.get("text_columns", {})
         for label, s in info["sources"].items():

@@ -89,7 +89,10 @@ def test_script_writes_json_and_table(random_model: Path, tmp_path: Path) -> Non
     assert saved["tokens"] > 0 and saved["context"] == 16 and saved["stride"] == 8
     assert saved["bytes"] == sum(len(t.encode("utf-8")) for t in TEXTS)
     table = (tmp_path / "eval" / "randrun_vs_other" / "perplexity.md").read_text()
-    assert table.count("\n") == 4  # header, rule, one row per model
+    assert table.count("\n| ") == 2 and table.startswith("| model")  # header, rule, one row per model
+    # what the tokens column counts, said under the table and in the log (the build and the trainer count others)
+    assert "\nTokens: each document's own tokens, each scored once from those before it; the build's count" in table
+    assert "\ntokens: each document's own tokens, each scored once" in proc.stdout  # under the console table too
 
 
 def test_bad_input_is_one_line(random_model: Path, tmp_path: Path) -> None:
