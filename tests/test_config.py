@@ -207,8 +207,10 @@ def test_a_file_read_twice_is_refused_whatever_the_spelling(data_file: str, tmp_
             parse_config(_top(mix))
     # other files, or other columns of one file (text_field), are other sources
     parse_config(_top([{**GOOD, "data_files": data_file}, {**GOOD, "data_files": other}]))
-    both = parse_config(_top([{**GOOD, "data_files": data_file, "text_field": "text"},
-                              {**GOOD, "data_files": data_file, "text_field": "title"}]))
+    titled = tmp_path / "titled.jsonl"
+    titled.write_text("".join(json.dumps({"title": f"t{i}", "text": "words"}) + "\n" for i in range(3)))
+    both = parse_config(_top([{**GOOD, "data_files": str(titled), "text_field": "text"},
+                              {**GOOD, "data_files": str(titled), "text_field": "title"}]))
     assert len(both.mix) == 2
 
 
