@@ -158,6 +158,7 @@ def test_streamed_script_from_a_hub_layout_folder(finished, corpus_config: Path,
     assert record["sha256"] == sha256(snapshot / "model.safetensors")
 
 
+@pytest.mark.slow  # end to end through the loopback Hub (two trainer scripts): the full tier
 def test_packed_script_from_a_hub_model_id(finished, tiny_dataset: Path, hub: HubServer, tmp_path: Path) -> None:
     """A Hub model id, downloaded through the loopback Hub (the real huggingface_hub and transformers over HTTP):
     the run starts at its weights, and the metadata records the id and the commit it resolved to."""
@@ -190,10 +191,12 @@ def refusal(proc) -> str:
     return lines[-1]
 
 
-def test_packed_script_refuses_a_missing_folder_in_one_line(tiny_dataset: Path, tmp_path: Path) -> None:
-    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset,
-                                                          init_from=tmp_path / "checkpoints" / "nope"))
-    line = refusal(proc)
+def test_a_missing_folder_is_refused_in_one_line(tiny_dataset: Path, tmp_path: Path) -> None:
+    """The trainer as the script runs it (a UserError is the script's one line: the script's own refusals are
+    tested in tests/test_training.py)."""
+    with pytest.raises(UserError) as exc:
+        train_packed(train_settings(tmp_path, init_from=str(tmp_path / "checkpoints" / "nope")), tiny_dataset)
+    line = one_line(exc)
     assert "INIT_FROM model folder" in line and "not found" in line and "nope" in line
     assert not (tmp_path / "ckpt").exists()  # before any work
 

@@ -250,8 +250,10 @@ def run_with_checkpoint(random_model: Path, tmp_path: Path) -> Path:
     return run
 
 
-@pytest.mark.parametrize("spelling", ["{run}/checkpoint-1/..", "{run}/", *(pytest.param(s, marks=pytest.mark.slow)
-                                                                     for s in ("{run}/.", "{run}", "runs/run/../run"))])
+# one spelling in the fast tier (through a checkpoint and back up: the one that wrote outside EVAL_DIR), the rest in
+# the full tier: each is a script run
+@pytest.mark.parametrize("spelling", ["{run}/checkpoint-1/..", *(pytest.param(s, marks=pytest.mark.slow) for s in (
+    "{run}/", "{run}/.", "{run}", "runs/run/../run"))])
 def test_perplexity_results_land_inside_eval_dir_however_the_model_is_spelled(
         spelling: str, run_with_checkpoint: Path, corpus_dir: Path, tmp_path: Path) -> None:
     eval_root = tmp_path / "results" / "eval"

@@ -95,21 +95,29 @@ def test_a_tokenizer_from_each_kind_is_the_jsonl_tokenizer(kind: str, files: dic
 
 
 def test_perplexity_of_each_kind_is_that_of_the_jsonl(files: dict, token_files: Path, random_model: Path,
-                                                      tmp_path: Path) -> None:
-    from sparknet.eval.data import load_documents
+                                                      tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from sparknet.eval.data import DataRequest, load_documents
+    from sparknet.eval.perplexity import evaluate_perplexity
 
     reference = load_documents(files["json"][0])
     assert len(reference) == 150
     for kind in KINDS:
         assert load_documents(files[kind][0]) == reference, kind
     saved = {}
-    # the script, as users run it: Parquet, and pre-tokenized rows (decoded with the model's own tokenizer)
-    for kind, data in (("json", files["json"][0]), ("parquet", files["parquet"][0]), ("ids", token_files)):
-        proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", data,
-                          "--context", 16, "--max_documents", 20, "--eval_dir", tmp_path / kind)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        assert ("is pre-tokenized and records no tokenizer: its ids are decoded with" in proc.stderr) == (kind == "ids")
-        saved[kind] = next(iter(json.loads((tmp_path / kind / "randrun" / "perplexity.json").read_text()).values()))
+    # the script, as users run it, on Parquet; the JSONL and the pre-tokenized rows (decoded with the model's own
+    # tokenizer) through the evaluation the script calls, in this process
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data",
+                      files["parquet"][0], "--context", 16, "--max_documents", 20, "--eval_dir", tmp_path / "parquet")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "is pre-tokenized" not in proc.stderr
+    saved["parquet"] = next(iter(json.loads((tmp_path / "parquet" / "randrun" / "perplexity.json").read_text())
+                                 .values()))
+    for kind, data in (("json", files["json"][0]), ("ids", str(token_files))):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="sparknet"):
+            (saved[kind],) = evaluate_perplexity([str(random_model)], DataRequest(data, max_documents=20), context=16,
+                                                 eval_root=str(tmp_path / kind))
+        assert ("is pre-tokenized and records no tokenizer: its ids are decoded with" in caplog.text) == (kind == "ids")
     for kind in ("parquet", "ids"):
         assert saved[kind]["tokens"] == saved["json"]["tokens"] > 0 and saved[kind]["bytes"] == saved["json"]["bytes"]
         assert saved[kind]["nll"] == saved["json"]["nll"], kind
