@@ -39,7 +39,7 @@ demo: $(STAMP)
 TEST_WORKERS ?= 3
 PYTEST := $(OFFLINE) OMP_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
-# the fast tier (about 2 minutes on 2 cores): every test not marked slow
+# the fast tier (3-5 minutes on 2 cores, by CPU kind: README's Tests): every test not marked slow
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PYTEST) -m "not slow" $(PYTEST_ARGS)

@@ -3,7 +3,7 @@
 # (carry [".whl"]; see bench/gpu_check.sh for fetching them):   bash bench/gpu_stream_check.sh
 # 1. bench/stream_throughput.py with every core of that machine (the stream alone against encode_batch);
 # 2. scripts/train_sparknet.py training sparknet-70m (compiled, 64 x 1024 tokens a step) on the demo corpus
-#    streamed live, so the stream's own rate (data/tokens_per_second) shows next to the GPU's (perf/tokens_per_second).
+#    streamed live, so the stream's own rate (data/capacity_tokens_per_second) shows next to the GPU's (perf/tokens_per_second).
 # Everything is also written to $OUT/gpu_stream_check.log.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check-out}
@@ -37,7 +37,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 acc = EventAccumulator(sys.argv[1])
 acc.Reload()
-for tag in ("perf/tokens_per_second", "data/tokens_per_second", "data/wait_fraction", "perf/mfu"):
+for tag in ("perf/tokens_per_second", "data/capacity_tokens_per_second", "data/wait_fraction", "perf/mfu"):
     if tag in acc.Tags()["scalars"]:
         print(f"{tag:26}", " ".join(f"{e.step}:{e.value:,.3g}" for e in acc.Scalars(tag)))
 PY

@@ -12,7 +12,9 @@ CONFIG = "configs/datasets_v5.json"  # mix config
 TOKENIZER_DIR = "tokenizer-v5"  # tokenizer folder or Hub id (e.g. gpt2)
 OUTPUT_DIR = "datasets/sparknet-v5-1b"  # dataset folder
 TARGET_TOKENS: int | None = None  # training tokens (None: the config's target_tokens)
-VAL_TOKENS: int | None = None  # validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most 2M)
+# validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most a tenth of the config's target_tokens
+# and 2M)
+VAL_TOKENS: int | None = None
 BLOCK_SIZE: int | None = None  # tokens per training block (None: the config's context_length)
 NUM_WORKERS: int | None = None  # tokenizer processes (None: all cores; 0: encode in this process)
 SEED: int | None = None  # seed of the per-source shuffle (None: the config's seed)
@@ -60,11 +62,14 @@ def main() -> None:
     print(f"dataset: {spec.output_dir}  ({manifest['build_seconds']:.0f} s to build)")
     for split, info in manifest["splits"].items():
         print(
-            f"  {split}: {info['blocks']} blocks of {manifest['block_size']} = {info['tokens']:,} tokens, "
-            f"{info['documents']:,} documents"
+            f"  {split}: {info['blocks']} blocks of {manifest['block_size']} = {info['tokens']:,} tokens (each "
+            f"document's <|endoftext|> included), {info['documents']:,} documents"
         )
+        columns = manifest.get("text_columns", {})
         for label, s in info["sources"].items():
-            print(f"    {label:<24} {s['tokens']:>14,} tokens  {s['share']:6.2%} (asked {s['requested_share']:.2%})")
+            column = f"  column {columns[label]!r}" if columns.get(label) else ""
+            print(f"    {label:<24} {s['tokens']:>14,} tokens  {s['share']:6.2%} (asked {s['requested_share']:.2%})"
+                  f"{column}")
         for phase in info.get("phases", []):  # a config in phases: each phase's blocks and mix
             first, end = phase["blocks"]
             where = f"blocks {first}-{end - 1}" if end > first else "no blocks (its sources ran dry before it)"

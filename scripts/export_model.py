@@ -6,7 +6,7 @@ With --push_to_hub USER/REPO the folder is uploaded (token from HF_TOKEN or `hf 
 
 MODEL = "checkpoints/demo"  # run folder (checkpoints/RUN_NAME) or a checkpoint-N inside it
 OUTPUT_DIR = ""  # where the folder goes ("": exports/<RUN_NAME>)
-LICENSE = ""  # the card's license, a Hub license id (apache-2.0, mit, gpl-3.0): "" is `other`, with a warning
+LICENSE = ""  # the card's license, a Hub licence id (apache-2.0, mit, gpl-3.0; checked): "" is `other`, with a warning
 LANGUAGE = ["en"]  # the card's languages (ISO 639-1 codes)
 EVAL_DIR = "eval"  # eval results and plots are read from EVAL_DIR/<RUN_NAME>/
 OVERWRITE = False  # replace a non-empty OUTPUT_DIR

@@ -3,8 +3,9 @@
 The mix's sources are read as streams, encoded on NUM_WORKERS processes, mixed by tokens (every stretch of the stream
 carries the mix) and packed into blocks on the fly; nothing proportional to the data is held. Validation blocks are
 held out from the start of the mix, never trained on, and kept in the run folder. Everything else is as in
-train_sparknet_v5.py: TensorBoard (plus data/share/<source> and data/tokens_per_second), samples, checkpoints with
-the stream's exact position (run the same command to resume; Ctrl-C saves first), the best model exported.
+train_sparknet_v5.py: TensorBoard (plus data/share/<source> and data/capacity_tokens_per_second), samples,
+checkpoints with the stream's exact position (run the same command to resume; Ctrl-C saves first), the best model
+exported.
 Multi-GPU: `torchrun --nproc_per_node N scripts/train_sparknet.py` (each process streams its own documents).
 """
 
@@ -12,7 +13,8 @@ RUN_NAME = "sparknet-70m-stream"  # run folder name under checkpoints/ and logs/
 CONFIG = "configs/datasets_v1.json"  # mix config: its sources are streamed
 TOKENIZER_DIR = "tokenizer-v5"  # tokenizer folder or Hub id
 BLOCK_SIZE: int | None = None  # tokens per training block (None: the config's context_length)
-VAL_TOKENS: int | None = None  # validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most 1M)
+# validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most a tenth of the budget and 1M)
+VAL_TOKENS: int | None = None
 # documents shuffled per source (0: each source's order; None: 1/20 of the smallest source's rows, at most 10,000)
 SHUFFLE_BUFFER: int | None = None
 # training blocks handed out in a shuffled order per window, so a step mixes documents (0: the stream's order)
@@ -21,7 +23,8 @@ ON_EXHAUSTED = "renormalise"  # a source runs dry: renormalise (the others fill 
 NUM_WORKERS: int | None = None  # tokenizer processes per training process (None: the cores / processes on this node)
 DATA_SEED: int | None = None  # seed of the per-source shuffle (None: the config's seed)
 HUB_RETRY_MINUTES = 15.0  # a Hub source that fails (429, 5xx, a dropped connection) is retried this long
-MODEL_PRESET = "sparknet-70m"  # sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each
+# sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each (None: INIT_FROM's shape, else sparknet-70m)
+MODEL_PRESET: str | None = None
 # weights to start from (fresh optimizer, LR schedule, data): a run folder, its checkpoint-N or a Hub id (None: new)
 INIT_FROM: str | None = None
 TARGET_TOKENS: int | None = None  # training tokens (None: MAX_STEPS's, else the config's target_tokens)
@@ -82,17 +85,19 @@ def main() -> None:
     settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
     if settings.target_tokens is None and not settings.max_steps:
         settings.target_tokens = config.target_tokens
+    block = BLOCK_SIZE or config.context_length
     if config.phased:  # a phase the budget gives no step: refused before the validation blocks are held out
-        _, _, max_steps, per_step = step_budget(settings, BLOCK_SIZE or config.context_length, config.target_tokens)
+        _, _, max_steps, per_step = step_budget(settings, block, config.target_tokens)
         check_every_phase_trains([(phase.name, phase.share) for phase in config.phases], max_steps, per_step)
     workers = max(1, runtime.available_cores() // runtime.local_world_size()) if NUM_WORKERS is None else NUM_WORKERS
-    spec = StreamSpec(config=config, tokenizer_dir=TOKENIZER_DIR, block_size=BLOCK_SIZE or config.context_length,
-                      val_tokens=default_val_tokens(config, STREAM_VAL_TOKENS) if VAL_TOKENS is None else VAL_TOKENS,
+    budget = settings.tokens_asked(block)  # the validation split is scaled to it too
+    spec = StreamSpec(config=config, tokenizer_dir=TOKENIZER_DIR, block_size=block,
+                      val_tokens=default_val_tokens(config, STREAM_VAL_TOKENS, budget) if VAL_TOKENS is None else
+                      VAL_TOKENS,
                       seed=config.seed if DATA_SEED is None else DATA_SEED,
                       shuffle_buffer=default_shuffle_buffer(config) if SHUFFLE_BUFFER is None else SHUFFLE_BUFFER,
                       on_exhausted=ON_EXHAUSTED, num_workers=workers,
-                      target_tokens=settings.tokens_asked(BLOCK_SIZE or config.context_length),
-                      window_blocks=SHUFFLE_WINDOW)
+                      target_tokens=budget, window_blocks=SHUFFLE_WINDOW)
     run_dir = runtime.project_path(CHECKPOINTS_DIR) / RUN_NAME
     report_outcome(train(settings, stream_plan(spec, run_dir)), LOGS_DIR)
 

@@ -7,12 +7,13 @@ checkpoint first. Multi-GPU: `torchrun --nproc_per_node N scripts/train_sparknet
 """
 
 RUN_NAME = "sparknet-70m-v5"  # run folder name under checkpoints/ and logs/
-CONFIG = "configs/datasets_v5.json"  # mix config (recorded in the metadata; the dataset must come from it)
+CONFIG: str | None = None  # mix config: the dataset's must be its mix (None: the one the dataset was built from)
 DATASET_DIR = "datasets/sparknet-v5-1b"  # packed dataset from build_dataset_v5.py
 TOKENIZER_DIR: str | None = None  # tokenizer folder or Hub id (None: the one the dataset was built with)
 # train a phase its build left short (a source ran dry: blocks or mix missing; blocks repeated 4x the rest's)
 ALLOW_SHORT_PHASES = False
-MODEL_PRESET = "sparknet-70m"  # sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each
+# sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each (None: INIT_FROM's shape, else sparknet-70m)
+MODEL_PRESET: str | None = None
 # weights to start from (fresh optimizer, LR schedule, data): a run folder, its checkpoint-N or a Hub id (None: new)
 INIT_FROM: str | None = None
 TARGET_TOKENS: int | None = None  # training tokens (None: MAX_STEPS's, else the config's target_tokens)
@@ -58,16 +59,17 @@ def main() -> None:
     from sparknet.train.folders import run_outputs
 
     check_outputs(*run_outputs(RUN_NAME, CHECKPOINTS_DIR, LOGS_DIR))
-    config = load_config(CONFIG)
+    config = load_config(CONFIG) if CONFIG is not None else None
     runtime.setup(SEED)
     from sparknet.train.data_plan import packed_plan
     from sparknet.train.run import report_outcome, train
     from sparknet.train.settings import TrainSettings
 
     settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
+    plan = packed_plan(DATASET_DIR, TOKENIZER_DIR, config, ALLOW_SHORT_PHASES)
     if settings.target_tokens is None and not settings.max_steps:
-        settings.target_tokens = config.target_tokens
-    report_outcome(train(settings, packed_plan(DATASET_DIR, TOKENIZER_DIR, config, ALLOW_SHORT_PHASES)), LOGS_DIR)
+        settings.target_tokens = plan.target_tokens  # the config's target_tokens, as the dataset records it
+    report_outcome(train(settings, plan), LOGS_DIR)
 
 
 if __name__ == "__main__":

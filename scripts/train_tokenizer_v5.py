@@ -37,9 +37,10 @@ def main() -> None:
     print(f"tokenizer: {out} (vocab {report['vocab_size']}, {report['seconds']:.0f} s)")
     for label, s in report["sources"].items():
         bpt = s["heldout_bytes_per_token"]
+        column = f"  column {s['text_column']!r}" if s.get("text_column") else ""
         print(
             f"  {label:<24} {s['bytes'] / 2**20:8.1f} MB {s['byte_share']:6.1%} (asked {s['requested_share']:.1%})"
-            f"  {s['documents']:>8} docs  held-out bytes/token " + (f"{bpt:.2f}" if bpt else "n/a")
+            f"  {s['documents']:>8} docs  held-out bytes/token " + (f"{bpt:.2f}" if bpt else "n/a") + column
         )
 
 

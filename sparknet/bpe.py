@@ -99,6 +99,7 @@ def _train_into(config: MixConfig, out_dir: Path, *, vocab_size: int, max_bytes:
         tok = train_bpe(_sample(mixer, max_bytes, progress), vocab_size, min_frequency)
     heldout = mixer.held_out(heldout_docs)  # the documents after the sample: text the tokenizer never saw
     _warn_about_the_sample(mixer, max_bytes, heldout, heldout_docs)
+    sources = _source_report(mixer, tok, heldout, config)
 
     tmp = out_dir.with_name(f".{out_dir.name}.building")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -117,7 +118,7 @@ def _train_into(config: MixConfig, out_dir: Path, *, vocab_size: int, max_bytes:
         "eos_token": EOT,
         "eos_token_id": tok.token_to_id(EOT),
         "context_length": config.context_length,
-        "sources": _source_report(mixer, tok, heldout),
+        "sources": sources,
         "seconds": round(time.time() - started, 2),
     }
     (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
@@ -168,13 +169,22 @@ def _sample(mixer: Mixer[str], max_bytes: int, progress: Progress) -> Iterator[s
 def _warn_about_the_sample(
     mixer: Mixer[str], max_bytes: int, heldout: dict[str, list[str]], heldout_docs: int
 ) -> None:
-    """Says when the sources held less than the budget, and which have no held-out text left."""
+    """Says when the sources held less than the budget, when the sample misses the mix (as the build says of its
+    splits: a share off by more than SHARE_TOLERANCE), and which sources have no held-out text left."""
+    from sparknet.data.packed.manifest import SHARE_TOLERANCE
+
     if mixer.total_units < max_bytes:
         log.warning(
             "every source ran dry after %d of MAX_BYTES=%d bytes: the tokenizer saw all the data there is",
             mixer.total_units,
             max_bytes,
         )
+    report = mixer.report()
+    if any(abs(c["share"] - c["requested_share"]) > SHARE_TOLERANCE for c in report.values()):
+        log.warning("the tokenizer's sample misses the mix (bytes): %s; its merges follow the sample: give a source "
+                    "that ran dry more text or a lower prob, or sample more (MAX_BYTES) when one document is much of "
+                    "it", ", ".join(f"{label} {c['share']:.1%} for {c['requested_share']:.1%}"
+                                    + (" (ran dry)" if c["exhausted"] else "") for label, c in report.items()))
     empty = [label for label, docs in heldout.items() if not docs]
     if empty and heldout_docs > 0:
         log.warning(
@@ -183,12 +193,17 @@ def _warn_about_the_sample(
         )
 
 
-def _source_report(mixer: Mixer[str], tok: Any, heldout: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
-    """Per source: what was sampled (bytes, their realised share against the requested one, documents) and the
-    bytes per token on its held-out documents."""
+def _source_report(mixer: Mixer[str], tok: Any, heldout: dict[str, list[str]],
+                   config: MixConfig) -> dict[str, dict[str, Any]]:
+    """Per source: the column read, what was sampled (bytes, their realised share against the requested one,
+    documents) and the bytes per token on its held-out documents."""
+    from sparknet.data.source.opening import text_column
+
     documents = sum(count.documents for count in mixer.counts.values()) or 1
+    columns = {spec.label: text_column(spec) for spec in config.mix}
     return {
         label: {
+            "text_column": columns.get(label),
             "bytes": int(c["units"]),
             "byte_share": c["share"],
             "requested_share": c["requested_share"],

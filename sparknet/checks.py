@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparknet.errors import UserError
+from sparknet.licenses import HUB_LICENSES, LICENSES_PAGE  # plain data
 from sparknet.model import PRESETS  # plain data: no heavy imports
 from sparknet.optim import OPTIMIZERS  # names and builders; imports no torch
 
@@ -33,6 +34,7 @@ class Rule:
     expected: str
     none: bool = False  # None is allowed too (derived at run time)
     choices: tuple[str, ...] = ()  # the allowed words, for a did-you-mean hint
+    always_near: bool = False  # name the nearest choice however far (a licence id: any is a better start than none)
 
 
 def _is_int(value: Any) -> bool:
@@ -80,7 +82,7 @@ LR = number(0, low_open=True, expected="a positive number")
 RULES: dict[str, Rule] = {
     # training (both trainers)
     "RUN_NAME": Rule(_plain_name, "a plain folder name such as sparknet-70m-v5"),
-    "MODEL_PRESET": choice(*PRESETS),
+    "MODEL_PRESET": Rule(choice(*PRESETS).test, choice(*PRESETS).expected, none=True, choices=tuple(PRESETS)),
     "TARGET_TOKENS": integer(1, expected="a positive number of tokens", none=True),
     "MAX_STEPS": integer(0, expected="an integer >= 0 (0: not set, TARGET_TOKENS decides)"),
     "BATCH_SIZE": POSITIVE,
@@ -147,6 +149,9 @@ RULES: dict[str, Rule] = {
     "REPETITION_PENALTY": number(0, low_open=True, expected="> 0 (1: none)"),
     "MAX_NEW_TOKENS": integer(1, expected=">= 1"),
     "NUM_SAMPLES": integer(1, expected=">= 1"),
+    # export
+    "LICENSE": Rule(lambda v: v == "" or v in HUB_LICENSES, f"a Hub licence id ({LICENSES_PAGE}), or \"\" for "
+                    "none stated", choices=HUB_LICENSES, always_near=True),
 }
 
 
@@ -192,7 +197,8 @@ def problems(values: dict[str, Any]) -> list[str]:
             shown = value if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
             if isinstance(value, (list, tuple)):
                 shown = list(value)
-            near = difflib.get_close_matches(value, rule.choices, n=1) if isinstance(value, str) else []
+            near = difflib.get_close_matches(value.lower(), rule.choices, n=1, cutoff=0 if rule.always_near else 0.6
+                                             ) if isinstance(value, str) else []
             found.append(f"{name}={shown}: expected {rule.expected}" + (f" (did you mean {near[0]}?)" if near else ""))
     for names, relation in RELATIONS:
         if all(n in values for n in names) and not any(n in {p.split("=")[0] for p in found} for n in names):

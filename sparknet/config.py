@@ -165,8 +165,9 @@ LOCAL_KINDS: dict[str, LocalKind] = {
 
 
 # How a source's label is made (recorded in every dataset's manifest, so that what a label meant stays with it)
-LABEL_RULE = (f"for a local kind ({', '.join(LOCAL_KINDS)}) its first data file's stem (a glob's folder), else the "
-              "dataset id's last part; then /subset and @revision when set; repeated labels numbered #1, #2, ...")
+LABEL_RULE = (f"for a local kind ({', '.join(LOCAL_KINDS)}) its first data file's stem (a glob's folder; a hidden "
+              "file's name after its dot; the kind if that is empty), else the dataset id's last part; then /subset "
+              "and @revision when set; control characters escaped (\\n); repeated labels numbered #1, #2, ...")
 
 
 def local_kind_of_file(path: str) -> str | None:
@@ -424,11 +425,78 @@ def _parse_mix(check: _Checker, mix: Any, where_mix: str) -> list[dict[str, Any]
         elif local:
             raise check.fail(f"{where}.data_files", f'a "{name}" source needs "data_files": the local {local.files} '
                              "file(s)")
-        raw_sources.append(
-            dict(name=name, prob=float(prob), split=split, data_files=data_files, subset=subset, text_field=text_field,
-                 revision=revision, tokenizer=tokenizer)
-        )
+        raw = dict(name=name, prob=float(prob), split=split, data_files=data_files, subset=subset,
+                   text_field=text_field, revision=revision, tokenizer=tokenizer)
+        if local:
+            _check_file_kinds(check, raw, where)
+            _check_text_field(check, raw, where)
+        raw_sources.append(raw)
     return raw_sources
+
+
+def _check_file_kinds(check: _Checker, source: dict[str, Any], where: str) -> None:
+    """A file whose suffix is another local kind's (a CSV matched by a text entry's glob) would be read as this
+    entry's kind without a word: a CSV as one plain document, a text file as broken JSON. Refused, naming the file.
+    A suffix no kind has (.py, .log) is read as the entry's kind."""
+    for named, real in _local_files(source):
+        kind = local_kind_of_file(real)
+        if kind is not None and kind != source["name"]:
+            theirs, ours = LOCAL_KINDS[kind].files, LOCAL_KINDS[source["name"]].files
+            raise check.fail(f"{where}.data_files", f"{named!r} names {real}, a {theirs} file, in a "
+                             f"\"{source['name']}\" entry that would read it as {ours}: name only "
+                             f"{source['name']} files here (e.g. *{LOCAL_KINDS[source['name']].suffixes[0]}), and give "
+                             f"the {kind} files an entry of their own (\"name\": \"{kind}\")")
+
+
+def _check_text_field(check: _Checker, source: dict[str, Any], where: str) -> None:
+    """A text_field that is not a column of a local file is refused now, as a key's typo is, not seconds into a
+    build: each file's columns are read cheaply (`local_file_columns`)."""
+    field = source["text_field"]
+    if field is None:
+        return
+    for _named, real in _local_files(source):
+        columns = local_file_columns(source["name"], real)
+        if columns is not None and field not in columns:
+            near = difflib.get_close_matches(field, columns, n=1, cutoff=0.6)
+            hint = f": did you mean {near[0]!r}?" if near else ": name the column that holds the text"
+            found = ", ".join(columns[:20]) + (", ..." if len(columns) > 20 else "") or "none"
+            raise check.fail(f"{where}.text_field", f"{field!r} is not a column of {real} (columns: {found}){hint}")
+
+
+# JSONL rows whose keys are read for `local_file_columns` (a column no row among the first has is taken as missing)
+COLUMN_ROWS = 1000
+
+
+def local_file_columns(kind: str, path: str) -> list[str] | None:
+    """The columns of one local data file, read cheaply: a CSV's header row, a Parquet file's schema, the keys of a
+    JSONL file's first COLUMN_ROWS rows, a plain-text file's `text`. None where they are not known without reading
+    the whole file (a .json file that is one JSON document) or the file cannot be read here (its reader says why)."""
+    import csv
+    import gzip
+
+    if kind == "text":
+        return ["text"]
+    try:
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(path).names)
+        opener = gzip.open if path.lower().endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8", newline="") as f:
+            if kind == "csv":
+                return next(csv.reader(f), [])
+            columns: dict[str, None] = {}
+            for number, line in enumerate(f):
+                if number >= COLUMN_ROWS:
+                    break
+                if line.strip():
+                    row = json.loads(line)
+                    if not isinstance(row, dict):
+                        return None
+                    columns.update(dict.fromkeys(row))
+            return list(columns)
+    except (OSError, UnicodeDecodeError, ValueError, EOFError):
+        return None  # json.JSONDecodeError and pyarrow's errors are ValueErrors: not lines of objects, or damaged
 
 
 def _normalised_sources(check: _Checker, raw_sources: list[dict[str, Any]], where: str) -> tuple[SourceSpec, ...]:
@@ -681,16 +749,17 @@ def _labels(sources: list[dict[str, Any]]) -> list[str]:
             while not isinstance(first, str):
                 first = next(iter(first.values())) if isinstance(first, dict) else first[0]
             # a glob's files are named by their folder (`prose` for data/prose/*.txt)
-            label = ((Path(first).parent.name or s["name"]) if glob.has_magic(Path(first).name)
-                     else Path(first).name.split(".")[0])
+            # a hidden file's stem is its name after the dot (`hid` for .hid.jsonl), never empty
+            label = ((Path(first).parent.name if glob.has_magic(Path(first).name) else
+                      Path(first).name.lstrip(".").split(".")[0]) or s["name"])
         else:
-            label = s["name"].rstrip("/").split("/")[-1]
+            label = s["name"].rstrip("/").split("/")[-1] or s["name"]
         if s["subset"]:
             label += f"/{s['subset']}"
         if s["revision"]:
             revision = s["revision"]
             label += "@" + (revision[:7] if COMMIT_SHA.fullmatch(revision) else revision)
-        labels.append(label)
+        labels.append(printable(label))
     counts = {lab: labels.count(lab) for lab in labels}
     taken = {lab for lab in labels if counts[lab] == 1}  # unique labels stay as they are
     seen: dict[str, int] = {}
@@ -707,6 +776,12 @@ def _labels(sources: list[dict[str, Any]]) -> list[str]:
             lab = candidate
         out.append(lab)
     return out
+
+
+def printable(text: str) -> str:
+    """`text` with every control or other unprintable character written as its Python escape (`\\n`, `\\x1b`):
+    a label is written into tables, log lines, TensorBoard tags and the card, where a newline would break a row."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def load_config(path: str | Path) -> MixConfig:

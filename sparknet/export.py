@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sparknet.config import LOCAL_KINDS
+from sparknet.config import LOCAL_KINDS, printable
 from sparknet.data.spec import PIECE_BLOCKS
 from sparknet.errors import UserError
 from sparknet.eval.models import ModelRef, load_model, resolve_model
@@ -35,8 +35,10 @@ def export_model(spec: str, output_dir: Path, *, license: str = "", language: li
     written beside OUTPUT_DIR and put in place by renames, so an interrupted export leaves the old one whole; one
     export into a folder at a time (a second at once is refused in one line: both would build in one hidden folder).
     """
+    from sparknet.checks import check_values
     from sparknet.locks import exclusive
 
+    check_values({"LICENSE": license})  # the script's rule, for callers without the script
     ref = resolve_model(spec)
     if ref.folder is None:
         raise UserError(f"{spec}: export takes a run folder (checkpoints/RUN_NAME), not a Hub id")
@@ -64,7 +66,7 @@ def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str
     """`export_model`'s work, under its lock."""
     from sparknet.eval.results import check_benchmarks, check_perplexities
     from sparknet.run_files import RUN_CONFIG
-    from sparknet.runtime import replace_folder, writes_to
+    from sparknet.runtime import follow_umask, replace_folder, writes_to
     from sparknet.tokenizer import save as save_tokenizer
     from sparknet.write_faults import writing
 
@@ -89,6 +91,7 @@ def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str
     building.mkdir(parents=True)
     with writing(building / "model.safetensors"):  # safetensors names no path in its errors
         model.save_pretrained(building)  # safetensors, config.json, generation_config.json
+    follow_umask(building)  # safetensors writes 0600
     save_tokenizer(tokenizer, building)
     image = results / "plots" / CARD_IMAGE
     if image.is_file():
@@ -176,10 +179,29 @@ def card_data(name: str, metadata: dict[str, Any], benchmarks: dict[str, Any], *
 
 
 def base_model_name(metadata: dict[str, Any]) -> str | None:
-    """The model the run started from (INIT_FROM), as the Hub's `base_model` names it: its Hub id, or for a local
-    base its run's name; None for a model trained from scratch."""
+    """The YAML's `base_model`, which the Hub reads as a repository id: the Hub model the run started from (INIT_FROM),
+    None for a local base (named in the card's text instead, `base_model_text`) and for a model trained from
+    scratch. A base is a Hub model when its record has a Hub commit (a Hub id, or a Hub cache snapshot) or no
+    weights hash (a Hub id whose commit was not known)."""
     base = metadata.get("base_model")
-    return base.get("name") if isinstance(base, dict) else None
+    if not isinstance(base, dict) or not base.get("name"):
+        return None
+    return base["name"] if base.get("commit") is not None or base.get("sha256") is None else None
+
+
+def base_model_text(metadata: dict[str, Any]) -> str:
+    """How the model came to be, for the card's first sentence: from scratch, or trained further from a Hub model (at
+    its commit) or from a local model (its run's name, checkpoint step and weights' sha256, which identify it where
+    its name does not)."""
+    base = metadata.get("base_model")
+    if not isinstance(base, dict) or not base.get("name"):
+        return "trained from scratch"
+    if base_model_name(metadata) is not None:
+        commit = f" at commit `{base['commit']}`" if base.get("commit") else ""
+        return f"trained further from the Hub model `{base['name']}`{commit}"
+    step = f", step {base['step']}" if base.get("step") is not None else ""
+    return (f"trained further from a local model (run `{printable(base['name'])}`{step}; weights sha256 "
+            f"`{base.get('sha256')}`, not on the Hub)")
 
 
 def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict[str, Any],
@@ -191,8 +213,7 @@ def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict
     config = model.config
     parameters = sum(p.numel() for p in model.parameters())
     settings, metrics = metadata.get("settings", {}), metadata.get("metrics", {})
-    base = base_model_name(metadata)
-    origin = f"trained further from `{base}`" if base else "trained from scratch"
+    origin = base_model_text(metadata)
     body = [f"# {name.replace('/', '-')}", "",
             f"A {parameters / 1e6:.1f}M-parameter {config.model_type} causal language model {origin} with "
             "SparkNet (the Hugging Face Trainer, `transformers`).", "", "## Model", "",
@@ -244,33 +265,11 @@ def _usage_section(repo_id: str, local_path: tuple[str, str]) -> list[str]:
 def _training_section(metadata: dict[str, Any], settings: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
     if not metadata:
         return ["## Training", "", "No training_metadata.json was found for this model.", ""]
-    out = ["## Training data", ""]
-    mix = metadata.get("dataset", {}).get("realised_mixture", {}).get("train", {})
-    streamed = metadata.get("stream", {}).get("training", {})
-    if not mix and streamed.get("shares"):  # the streaming trainer's realised mix, per figure
-        mix = {label: {"tokens": streamed.get("tokens", {}).get(label, 0),
-                       "documents": streamed.get("documents", {}).get(label, 0), "share": share,
-                       "requested_share": streamed.get("requested_shares", {}).get(label, 0),
-                       "validation_repeats_removed": streamed.get("validation_repeats_removed", {}).get(label, 0)}
-               for label, share in streamed["shares"].items()}
-    if mix:
-        rows = [[source, info.get("tokens", 0), info.get("documents", 0), f"{info.get('share', 0):.2%}",
-                 f"{info.get('requested_share', 0):.2%}", info.get("validation_repeats_removed", 0)]
-                for source, info in mix.items()]
-        out += [markdown_table(["source", "tokens", "documents", "share", "requested",
-                                "validation repeats removed"], rows),
-                "Documents that repeat a validation document verbatim are removed from training (counted above); "
-                f"a document longer than {PIECE_BLOCKS} blocks is mixed in pieces, each counted as a document.", ""]
-    out += [f"Mix config: `{card_path(metadata.get('config', {}).get('path', '-'))}`.", "", "## Training", ""]
-    keys = ["target_tokens", "global_batch_size", "batch_size", "optimizer", "learning_rate", "muon_learning_rate",
-            "min_lr_ratio", "warmup_ratio", "weight_decay", "adam_betas", "max_grad_norm", "dropout", "seed"]
-    # as written in the settings (0.002, not 0.0020): str() keeps the table from reformatting them
-    rows = [[key, json.dumps(settings[key]) if isinstance(settings[key], list) else str(settings[key])]
-            for key in keys if key in settings]
-    rows += [["steps", metadata.get("steps", "-")], ["tokens seen", metadata.get("tokens_seen", "-")],
-             ["world size", metadata.get("world_size", "-")], ["device", metadata.get("device", {}).get("name", "-")],
-             ["wall time (s)", str(metadata.get("wall_seconds", "-"))]]
-    out += [markdown_table(["setting", "value"], rows)]
+    out = ["## Training data", ""] + _sources_table(metadata)
+    out += [f"Mix config: `{card_path(metadata.get('config', {}).get('path', '-'))}` (not shipped with the model; "
+            "the sources above are what it named).", ""]
+    out += _phases_table(metadata)
+    out += ["## Training", "", markdown_table(["setting", "value"], _settings_rows(metadata, settings))]
     final_keys = ("train_loss", "eval_loss", "eval_perplexity", "eval_bits_per_byte", "tokens_per_second_mean")
     final = [[key, str(round(metrics[key], 4))] for key in final_keys if metrics.get(key) is not None]
     if final:
@@ -281,9 +280,140 @@ def _training_section(metadata: dict[str, Any], settings: dict[str, Any], metric
 
         rows = [[label, figures.get("tokens", "-"), figures["loss"], perplexity(figures["loss"]),
                  figures.get("bits_per_byte", "-")] for label, figures in per_source.items()]
-        out += ["Final eval loss per source (over the validation tokens of each source of the mix):", "",
-                markdown_table(["source", "tokens", "loss", "perplexity", "bits/byte"], rows)]
+        out += ["Final eval loss per source, over the tokens of each source that the validation blocks predict (every "
+                "token of a block but its first, `<|endoftext|>` included):", "",
+                markdown_table(["source", "predicted tokens", "loss", "perplexity", "bits/byte"], rows)]
     return out
+
+
+def _sources_table(metadata: dict[str, Any]) -> list[str]:
+    """Each source of the mix: its kind, its files or Hub id (subset, split, revision and the commit read), the column
+    its documents were read from, and what training took of it (the realised share against the requested one)."""
+    mix = metadata.get("dataset", {}).get("realised_mixture", {}).get("train", {})
+    streamed = metadata.get("stream", {}).get("training", {})
+    if not mix and streamed.get("shares"):  # the streaming trainer's realised mix, per figure
+        mix = {label: {"tokens": streamed.get("tokens", {}).get(label, 0),
+                       "documents": streamed.get("documents", {}).get(label, 0), "share": share,
+                       "requested_share": streamed.get("requested_shares", {}).get(label, 0),
+                       "validation_repeats_removed": streamed.get("validation_repeats_removed", {}).get(label, 0)}
+               for label, share in streamed["shares"].items()}
+    entries = {entry.get("label"): entry for entry in metadata.get("config", {}).get("mix", [])}
+    columns, revisions = metadata.get("text_columns") or {}, metadata.get("source_revisions") or {}
+    rows = []
+    for label in mix or entries:
+        entry, info = entries.get(label, {}), mix.get(label, {})
+        kind, where = _source_place(entry, revisions.get(label) or {})
+        column = columns.get(label) or entry.get("text_field")
+        rows.append([label, kind, where, f"`{printable(column)}`" if column else "-", info.get("tokens", "-"),
+                     info.get("documents", "-"), f"{info['share']:.2%}" if "share" in info else "-",
+                     f"{info['requested_share']:.2%}" if "requested_share" in info else "-",
+                     info.get("validation_repeats_removed", "-")])
+    if not rows:
+        return []
+    return [markdown_table(["source", "kind", "files or Hub id", "column read", "tokens", "documents", "share",
+                            "requested", "validation repeats removed"], rows),
+            "Documents that repeat a validation document verbatim are removed from training (counted above); "
+            f"a document longer than {PIECE_BLOCKS} blocks is mixed in pieces, each counted as a document.", ""]
+
+
+def _source_place(entry: dict[str, Any], revision: dict[str, Any]) -> tuple[str, str]:
+    """A mix entry's kind and where its documents come from, as the card shows them: a local kind's files (paths
+    as `card_path` shows them: no path of this machine), or a Hub dataset's id with its subset, split and the
+    revision and commit it was read at."""
+    name = str(entry.get("name", "-"))
+    if name in LOCAL_KINDS:
+        files = entry.get("data_files")
+        groups = files.items() if isinstance(files, dict) else [(None, files)]
+        shown = []
+        for split, group in groups:
+            paths = [group] if isinstance(group, str) else list(group or [])
+            listed = ", ".join(f"`{printable(card_path(path))}`" for path in paths[:5])
+            listed += f" and {len(paths) - 5} more" if len(paths) > 5 else ""
+            shown.append(f"{split}: {listed}" if split else listed)
+        return f"local {LOCAL_KINDS[name].files}", "; ".join(shown) or "-"
+    where = f"`{printable(card_path(name))}`"
+    where += f", subset `{entry['subset']}`" if entry.get("subset") else ""
+    where += f", split `{entry.get('split', 'train')}`"
+    if revision.get("commit"):
+        pinned = f"revision `{entry['revision']}`, " if entry.get("revision") else ""
+        where += f", {pinned}commit `{revision['commit']}`"
+    elif entry.get("revision"):
+        where += f", revision `{entry['revision']}`"
+    else:
+        where += ", default branch (commit not recorded)"
+    return "Hub dataset", where
+
+
+def _phases_table(metadata: dict[str, Any]) -> list[str]:
+    """A run in phases: each phase's share of the training tokens, its optimizer steps and its mix."""
+    asked = metadata.get("config", {}).get("phases") or []
+    ran = {phase.get("name"): phase for phase in metadata.get("phases") or []}
+    if len(asked) < 2:
+        return []
+    rows = []
+    for phase in asked:
+        steps = ran.get(phase.get("name"), {}).get("steps")
+        mix = ", ".join(f"{printable(label)} {prob:.0%}" for label, prob in (phase.get("probs") or {}).items())
+        rows.append([phase.get("name", "-"), f"{phase.get('share', 0):.0%}",
+                     f"{steps[0]:,}-{steps[1]:,}" if steps else "-", mix])
+    return ["Phases (each a mix over its share of the training tokens, in order):", "",
+            markdown_table(["phase", "share of tokens", "steps", "mix"], rows)]
+
+
+def _settings_rows(metadata: dict[str, Any], settings: dict[str, Any]) -> list[list[str]]:
+    """The training settings the card lists: the optimizer's own (not another optimizer's), the LR schedule as the
+    steps it took, and the two seeds, each named for what it seeds."""
+    from sparknet.optim import OPTIMIZERS
+
+    optimizer = OPTIMIZERS.get(str(settings.get("optimizer")))
+    keys = ["target_tokens", "global_batch_size", "batch_size", "optimizer", "learning_rate",
+            *(optimizer.settings if optimizer else ()), "weight_decay", "adam_betas", "max_grad_norm", "dropout"]
+    # as written in the settings (0.002, not 0.0020): str() keeps the table from reformatting them
+    rows = [[key, json.dumps(settings[key]) if isinstance(settings[key], list) else str(settings[key])]
+            for key in keys if key in settings]
+    schedule = lr_schedule_text(metadata, settings)
+    if schedule:
+        rows.append(["lr schedule", schedule])
+    if "seed" in settings:
+        rows.append(["training seed (SEED: initialisation, dropout, the order blocks are drawn in)",
+                     str(settings["seed"])])
+    data_seed = data_seed_of(metadata)
+    if data_seed is not None:
+        rows.append(["data seed (each source's shuffle and the validation hold-out)", str(data_seed)])
+    rows += [["steps", metadata.get("steps", "-")], ["tokens seen", metadata.get("tokens_seen", "-")],
+             ["world size", metadata.get("world_size", "-")], ["device", metadata.get("device", {}).get("name", "-")],
+             ["wall time (s)", str(metadata.get("wall_seconds", "-"))]]
+    return rows
+
+
+def data_seed_of(metadata: dict[str, Any]) -> int | None:
+    """The seed of the data: the packed build's SEED (its manifest's inputs), the stream's DATA_SEED, else the mix
+    config's seed (their default)."""
+    for value in (metadata.get("dataset", {}).get("inputs", {}) or {}).get("seed"), \
+            metadata.get("stream", {}).get("data_seed"), metadata.get("config", {}).get("seed"):
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def lr_schedule_text(metadata: dict[str, Any], settings: dict[str, Any]) -> str:
+    """The LR schedule as the steps it took (sparknet.train.hf_trainer.lr_schedule): the warmup, then cosine to the
+    floor, or (wsd) the peak held and a linear decay over the last fifth of the steps or the last phase."""
+    from sparknet.train.hf_trainer import warmup_steps, wsd_decay_steps
+
+    steps, schedule = metadata.get("steps"), settings.get("lr_schedule")
+    if not isinstance(steps, int) or steps <= 0 or schedule not in ("cosine", "wsd"):
+        return ""
+    peak, floor = settings.get("learning_rate"), settings.get("min_lr_ratio", 0)
+    warmup = warmup_steps(float(settings.get("warmup_ratio", 0)), steps)  # as the run took it
+    start = f"linear warmup over steps 1-{warmup}, then " if warmup else ""
+    if schedule == "cosine":
+        return f"cosine: {start}a cosine decay from {peak} to {floor} x {peak} at step {steps:,}"
+    phases = [phase["steps"][1] for phase in metadata.get("phases") or [] if phase.get("steps")]
+    decay = wsd_decay_steps(steps, phases or None)
+    last = " (the last phase)" if len(phases) > 1 else ""
+    return (f"wsd: {start}{peak} held to step {steps - decay:,}, then a linear decay to {floor} x {peak} over steps "
+            f"{steps - decay + 1:,}-{steps:,}{last}")
 
 
 def _results_section(perplexity: dict[str, Any], benchmarks: dict[str, Any], has_image: bool) -> list[str]:
@@ -296,12 +426,19 @@ def _results_section(perplexity: dict[str, Any], benchmarks: dict[str, Any], has
         out += ["## Loss curve", "", f"![loss curve]({CARD_IMAGE})", ""]
     shown = fullest_perplexities(perplexity)
     if shown:
-        rows = [[card_path(row.get("data", "-")) + (f" ({row['split']})" if row.get("split") else ""),
-                 row.get("documents", "-"), row.get("tokens", "-"), row.get("context", "-"), row.get("stride", "-"),
-                 row.get("nll", "-"), row.get("perplexity", "-"), row.get("bits_per_byte", "-")] for row in shown]
+        rows = []
+        for row in shown:
+            data = card_path(row.get("data", "-")) + (f" ({row['split']})" if row.get("split") else "")
+            # under each result, a row per mix source it was scored on (as eval_perplexity.py prints them)
+            parts = [("", row), *((f" [{label}]", part) for label, part in row.get("sources", {}).items())]
+            for label, figures in parts:
+                rows.append([data + label, figures.get("documents", "-"), figures.get("tokens", "-"),
+                             row.get("context", "-"), row.get("stride", "-"), figures.get("nll", "-"),
+                             figures.get("perplexity", "-"), figures.get("bits_per_byte", "-")])
         out += ["## Evaluation", "", "Sliding-window perplexity (scripts/eval_perplexity.py), the fullest evaluation "
-                "on each data source:", "",
-                markdown_table(["data", "documents", "tokens", "context", "stride", "nll", "perplexity",
+                "on each data source, and per source of the mix where the data records them; tokens scored: the "
+                "documents' tokens, each predicted from those before it in its document:", "",
+                markdown_table(["data", "documents", "tokens scored", "context", "stride", "nll", "perplexity",
                                 "bits/byte"], rows)]
     if benchmarks.get("results"):
         rows = [[task, metrics.get("items", "-"), metrics.get("shots", "-"),

@@ -36,6 +36,8 @@ PRESETS: dict[str, Preset] = {
     "sparknet-llama-demo": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="llama", intermediate=704),
     "sparknet-llama-tiny": Preset(n_layer=2, n_embd=64, n_head=2, n_positions=128, arch="llama", intermediate=176),
 }
+# MODEL_PRESET when the trainers' constant is not set and no INIT_FROM base gives the shape
+DEFAULT_PRESET = "sparknet-70m"
 
 
 def get_preset(name: str) -> Preset:

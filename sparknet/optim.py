@@ -24,6 +24,9 @@ class OptimizerChoice:
     doc: str
     build: Callable[[Any, Any], torch.optim.Optimizer]
     not_under_fsdp: str | None = None
+    # the settings it reads beyond those every optimizer does (LEARNING_RATE, WEIGHT_DECAY, ADAM_BETAS): what a
+    # model card lists for a run that used it
+    settings: tuple[str, ...] = ()
 
 
 def _adamw(trainer: Any, model: Any) -> torch.optim.Optimizer:
@@ -49,5 +52,6 @@ OPTIMIZERS: dict[str, OptimizerChoice] = {
     "adamw": OptimizerChoice("AdamW, no weight decay on biases and norms (fused on CUDA)", _adamw),
     "muon": OptimizerChoice(
         "Muon for the hidden weight matrices, AdamW for the rest", _muon,
-        not_under_fsdp="Muon orthogonalises each whole weight matrix, and FSDP gives each process a shard of it"),
+        not_under_fsdp="Muon orthogonalises each whole weight matrix, and FSDP gives each process a shard of it",
+        settings=("muon_learning_rate",)),
 }

@@ -129,6 +129,28 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def umask() -> int:
+    """This process's umask (read from /proc where the kernel says it; else set and put back at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(folder: Path, pattern: str = "*.safetensors") -> None:
+    """Gives the files of `folder` matching `pattern` the mode every other file gets (0666 less the umask):
+    safetensors writes its files 0600, readable by their owner only, where a model folder's other files are not."""
+    mode = 0o666 & ~umask()
+    for path in folder.glob(pattern):
+        if path.is_file() and path.stat().st_mode & 0o777 != mode:
+            path.chmod(mode)
+
+
 def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
     """Writes JSON to a temporary file, fsyncs it and renames it over `path`: readers see all or nothing."""
     tmp = temporary_path(path)

@@ -8,7 +8,8 @@ scenarios (torchrun, kill -9, Hub faults, a full disk, the demo) included."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,14 +32,33 @@ from tests.helpers import (
 os.environ.update(OFFLINE_ENV)
 
 
+def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
+    """The folder `name`, made by `make` once per test run: under pytest-xdist each worker process has its own
+    session fixtures, and the corpus, tokenizer and dataset were made once per worker (about 20 CPU-seconds each
+    time). The first worker to ask makes it under a file lock, in the run's base folder that all workers share; the
+    others wait for it and read it. Read-only for the tests, as every session fixture here."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    root.mkdir(parents=True, exist_ok=True)
+    out, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.is_file():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            make(out)
+            done.touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo corpus (prose and code from the stdlib), code capped at 2 MB to keep the tests quick."""
     from sparknet.demo.corpus import write_demo_corpus
 
-    out = tmp_path_factory.mktemp("corpus")
-    write_demo_corpus(out, max_code_bytes=2 * 2**20, val_percent=5)
-    return out
+    return shared(tmp_path_factory, "corpus", lambda out: write_demo_corpus(out, max_code_bytes=2 * 2**20,
+                                                                              val_percent=5))
 
 
 @pytest.fixture(scope="session")
@@ -47,17 +67,19 @@ def corpus_config(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         {"name": "json", "prob": 0.6, "data_files": str(corpus_dir / "prose.train.jsonl")},
         {"name": "json", "prob": 0.4, "data_files": str(corpus_dir / "code.train.jsonl")},
     ]
-    return write_config(tmp_path_factory.mktemp("cfg") / "mix.json", mix, context_length=128)
+    return shared(tmp_path_factory, "cfg", lambda out: write_config(out / "mix.json", mix, context_length=128)) / \
+        "mix.json"
 
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(corpus_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1024-token byte-level BPE trained by the real script."""
-    out = tmp_path_factory.mktemp("tok") / "tokenizer"
-    proc = run_script("train_tokenizer_v5.py", "--config", corpus_config, "--vocab_size", 1024, "--max_bytes", 300_000,
-                      "--heldout_docs", 10, "--output_dir", out)
-    assert proc.returncode == 0, proc.stderr
-    return out
+    def make(out: Path) -> None:
+        proc = run_script("train_tokenizer_v5.py", "--config", corpus_config, "--vocab_size", 1024, "--max_bytes",
+                          300_000, "--heldout_docs", 10, "--output_dir", out)
+        assert proc.returncode == 0, proc.stderr
+
+    return shared(tmp_path_factory, "tok", lambda out: make(out / "tokenizer")) / "tokenizer"
 
 
 @pytest.fixture(scope="session")
@@ -66,10 +88,11 @@ def tiny_dataset(corpus_config: Path, tokenizer_dir: Path, tmp_path_factory: pyt
     from sparknet.config import load_config
     from sparknet.data.packed.build import BuildSpec, build_dataset
 
-    out = tmp_path_factory.mktemp("tiny") / "ds"
-    build_dataset(BuildSpec(config=load_config(corpus_config), tokenizer=str(tokenizer_dir), output_dir=out,
-                            target_tokens=100_000, val_tokens=4_000, block_size=128, seed=0, num_workers=0))
-    return out
+    def make(out: Path) -> None:
+        build_dataset(BuildSpec(config=load_config(corpus_config), tokenizer=str(tokenizer_dir), output_dir=out,
+                                target_tokens=100_000, val_tokens=4_000, block_size=128, seed=0, num_workers=0))
+
+    return shared(tmp_path_factory, "tiny", lambda out: make(out / "ds")) / "ds"
 
 
 @pytest.fixture(scope="session")
@@ -85,7 +108,7 @@ def finished(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def random_model(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A randomly initialised 2-layer GPT-2 (context 32) saved with the test tokenizer, as a run folder."""
-    return random_run_folder(tokenizer_dir, tmp_path_factory.mktemp("models") / "randrun")
+    return shared(tmp_path_factory, "models", lambda out: random_run_folder(tokenizer_dir, out / "randrun")) / "randrun"
 
 
 @pytest.fixture(scope="session")

@@ -350,8 +350,8 @@ def _flags(values: dict[str, Any]) -> list[str]:
 def train_args(tmp_path: Path, dataset: Path, **kw: object) -> list[str]:
     """scripts/train_sparknet_v5.py's arguments for a FAST run on `dataset` under `tmp_path` (`kw` overrides)."""
     values = {**FAST, "run_name": "run", "dataset_dir": str(dataset), "checkpoints_dir": str(tmp_path / "ckpt"),
-              "logs_dir": str(tmp_path / "logs"), **kw}
-    values["config"] = json.loads((dataset / "manifest.json").read_text())["config"]["path"]
+              "logs_dir": str(tmp_path / "logs"),
+              "config": json.loads((dataset / "manifest.json").read_text())["config"]["path"], **kw}
     return _flags(values)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from sparknet.train.callbacks import MetricsCallback, MetricsSpec
@@ -52,3 +53,23 @@ def test_pauses_are_excluded_once_and_the_compile_warmup_is_left_out(tmp_path: P
     assert [s for s, _ in events["perf/mfu"]] == [6]
     assert metrics.mean_tokens_per_second is not None
     assert abs(metrics.mean_tokens_per_second - rates[6]) / rates[6] < 1e-3  # the warm-up is not in the mean
+
+
+def test_the_first_window_after_a_resume_leaves_out_the_restore(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """What happens between train_begin and the first step (a resume's checkpoint restore and skipped batches) is
+    not training: the first speed line and its eta are the steps' own (it read 256 tok/s, eta 43m56s)."""
+    metrics, writer = _callback(tmp_path)
+    state = TrainerState()
+    state.max_steps, state.global_step = 100, 50  # resumed at step 50
+    args, control = TrainingArguments(output_dir="unused", report_to="none"), TrainerControl()
+    metrics.on_train_begin(args, state, control)
+    time.sleep(0.6)  # the restore
+    with caplog.at_level("INFO", logger="sparknet"):
+        read_steps(metrics, state, 4, train_s=0.05)  # 4 x 1000 tokens in about 0.2 s
+    writer.close()  # type: ignore[attr-defined]
+    rate = dict(read_events(tmp_path)["perf/tokens_per_second"])[54]
+    assert 4000 / 0.2 * 0.6 < rate <= 4000 / 0.2 * 1.05, rate  # with the restore it would be under 4000 / 0.8
+    eta = caplog.text.split("eta ")[-1].split()[0]
+    assert eta in ("0m02s", "0m03s"), caplog.text  # 46 steps left at ~0.05 s each
+    assert pytest.approx(rate, rel=1e-3) == metrics.mean_tokens_per_second

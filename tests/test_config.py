@@ -207,8 +207,10 @@ def test_a_file_read_twice_is_refused_whatever_the_spelling(data_file: str, tmp_
             parse_config(_top(mix))
     # other files, or other columns of one file (text_field), are other sources
     parse_config(_top([{**GOOD, "data_files": data_file}, {**GOOD, "data_files": other}]))
-    both = parse_config(_top([{**GOOD, "data_files": data_file, "text_field": "text"},
-                              {**GOOD, "data_files": data_file, "text_field": "title"}]))
+    titled = tmp_path / "titled.jsonl"
+    titled.write_text("".join(json.dumps({"title": f"t{i}", "text": "words"}) + "\n" for i in range(3)))
+    both = parse_config(_top([{**GOOD, "data_files": str(titled), "text_field": "text"},
+                              {**GOOD, "data_files": str(titled), "text_field": "title"}]))
     assert len(both.mix) == 2
 
 
@@ -219,6 +221,15 @@ def test_labels_are_unique_even_when_a_file_name_looks_numbered(tmp_path: Path) 
     labels = [s.label for s in cfg.mix]
     assert len(set(labels)) == 3, labels
     assert labels == ["a#1", "a#2", "a#3"]
+
+
+def test_no_label_is_empty_or_holds_a_control_character(tmp_path: Path) -> None:
+    """A hidden file's stem is its name after the dot; a newline or escape in a file name is written escaped, so that
+    a label never breaks a table row, a log line or a TensorBoard tag."""
+    files = [write_jsonl(tmp_path / ".hid.jsonl", ["x"]), write_jsonl(tmp_path / "...jsonl", ["y"]),
+             write_jsonl(tmp_path / "two\nlines\x1b.jsonl", ["z"]), write_jsonl(tmp_path / "café.jsonl", ["w"])]
+    cfg = parse_config(_top([{**GOOD, "data_files": str(f)} for f in files]))
+    assert [s.label for s in cfg.mix] == ["hid", "jsonl", "two\\nlines\\x1b", "café"]
 
 
 def test_a_duplicate_json_key_is_refused(data_file: str, tmp_path: Path) -> None:

@@ -160,6 +160,7 @@ def test_a_mistyped_model_folder_or_an_unreachable_hub_model_is_one_line(script:
         assert "Hub ids need network access or a cached copy" in lines[-1]
 
 
+@pytest.mark.slow  # lm-eval's import and run in a script for an edge case: the fast tier runs the suite above
 def test_a_choice_longer_than_the_model_context_is_one_line(random_model: Path, tmp_path: Path) -> None:
     """lm-eval asserts that each answer choice fits the model's context: a choice of 8 long made-up words is more
     than the random model's 32 tokens, which is one line naming the model, the task and its context (no traceback,

@@ -76,8 +76,10 @@ def test_export_folder_and_card(run: tuple[Path, Path]) -> None:
                  "![loss curve](loss.png)", "AutoModelForCausalLM.from_pretrained", 'pipeline("text-generation"',
                  "## Limitations", "arc_easy"):
         assert fact in card.text, fact
-    proc = run_script("export_model.py", "--model", folder, "--output_dir", out)
-    assert proc.returncode == 1 and "not empty" in proc.stderr  # never replaced silently
+    from sparknet.export import export_model
+
+    with pytest.raises(UserError, match="is not empty: choose another OUTPUT_DIR or pass --overwrite true"):
+        export_model(str(folder), out)  # never replaced silently (as the script calls it)
 
 
 def test_push_is_attempted_and_fails_clearly_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -160,20 +162,19 @@ def test_an_interrupted_overwrite_leaves_the_old_export_whole(run: tuple[Path, P
                                repo_id="someone/renamed")  # the same command
     assert sorted(p.name for p in out.iterdir()) == sorted(before)
     assert renamed in (out / "README.md").read_text()
-    # nothing left beside it but the one-writer lock's file, which stays as beside a dataset or a run
-    assert [p.name for p in tmp.glob(".exported.*")] == [".exported.lock"]
+    # nothing left beside it, the one-writer lock's file included
+    assert [p.name for p in tmp.glob(".exported*")] == []
 
 
 def test_a_run_that_did_not_finish_is_not_exported_unless_asked(run: tuple[Path, Path]) -> None:
     folder, tmp = run
     (folder / "training_metadata.json").unlink()  # stopped while writing the final model
     (folder / "run_config.json").write_text("{}")
-    proc = run_script("export_model.py", "--model", folder, "--output_dir", tmp / "a", "--eval_dir", tmp / "eval")
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert "its training did not finish" in proc.stderr and "--unfinished true" in proc.stderr
-    proc = run_script("export_model.py", "--model", folder, "--output_dir", tmp / "a", "--eval_dir", tmp / "eval",
-                      "--unfinished", "true")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    from sparknet.export import export_model  # as export_model.py calls it, --unfinished as `unfinished`
+
+    with pytest.raises(UserError, match="its training did not finish .*--unfinished true"):
+        export_model(str(folder), tmp / "a", eval_root=str(tmp / "eval"))
+    assert (export_model(str(folder), tmp / "a", eval_root=str(tmp / "eval"), unfinished=True)).is_file()
     _assert_exported_as_it_is(folder, tmp / "a")
 
 
@@ -282,6 +283,8 @@ def test_no_absolute_local_path_goes_into_the_card(finished, tmp_path: Path,
     """A real run's card (its mix config, tokenizer and dataset recorded with absolute paths, evaluated on its own
     held-out data by absolute path): no absolute path of this machine appears in it; paths inside the project are
     relative to its root, others are their names."""
+    import os
+
     from sparknet.eval.data import DataRequest
     from sparknet.eval.perplexity import evaluate_perplexity
     from sparknet.export import export_model
@@ -295,6 +298,15 @@ def test_no_absolute_local_path_goes_into_the_card(finished, tmp_path: Path,
     assert config.is_absolute() and dataset.is_absolute()  # what the card must not copy
     for absolute in (str(tmp_path_factory.getbasetemp()), str(tmp_path), str(PROJECT_ROOT)):
         assert absolute not in card, absolute
+    # the sources as the run read them: the column recorded by the build, and the data seed beside the training one
+    assert re.search(r"\| prose \| local JSONL \| `[^`]*prose\.train\.jsonl` \| `text` \|", card), card
+    seed = recorded["dataset"]["inputs"]["seed"]
+    assert f"| data seed (each source's shuffle and the validation hold-out) | {seed} |" in card
+    # the run folder's and its checkpoints' weights as the umask makes files (safetensors alone writes 0600)
+    mask = os.umask(0)
+    os.umask(mask)
+    for weights in [result.run_dir / "model.safetensors", *result.run_dir.glob("checkpoint-*/model.safetensors")]:
+        assert weights.stat().st_mode & 0o777 == 0o666 & ~mask, weights
     assert f"Mix config: `{config.name}`" in card
     assert f"| {dataset.name} (val) |" in card.split("## Evaluation")[1]  # the packed dataset's split
 
@@ -336,5 +348,108 @@ def test_an_overwrite_under_a_file_size_limit_is_one_line_and_leaves_the_old_exp
     assert errors == [f"error: cannot write {tmp / '.exported.building' / 'model.safetensors'}: File too large "
                       "(EFBIG): the file size limit (`ulimit -f`) or the file system's largest file is reached: raise "
                       "the limit, or write elsewhere; then run the same command again"], proc.stderr[-3000:]
-    assert [p.name for p in tmp.glob(".exported.*")] == [".exported.lock"]
+    assert [p.name for p in tmp.glob(".exported*")] == []  # no lock file left either
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_license_that_is_not_a_hub_id_is_refused_with_the_nearest(tmp_path: Path) -> None:
+    """The card's `license:` is what the Hub indexes: a misspelt id, or one that smuggles a second YAML key, is one
+    line naming the nearest Hub id, before any work (nothing is written)."""
+    for given, nearest in (("not-a-license", "unlicense"), ("mit\nx: y", "mit"), ("Apache-2", "apache-2.0")):
+        proc = run_script("export_model.py", "--model", tmp_path / "run", "--output_dir", tmp_path / "out",
+                          "--license", given)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        line = proc.stderr.strip().splitlines()[-1]
+        assert f"LICENSE={given!r}: expected a Hub licence id" in line and f"did you mean {nearest}?" in line, line
+    assert not (tmp_path / "out").exists()
+    from sparknet.export import export_model
+
+    with pytest.raises(UserError, match="did you mean mit"):
+        export_model(str(tmp_path / "run"), tmp_path / "out", license="MIT")
+
+
+ANNEALED = {
+    "run_name": "own-anneal",
+    "settings": {"optimizer": "adamw", "learning_rate": 0.002, "muon_learning_rate": 0.001, "weight_decay": 0.1,
+                 "adam_betas": [0.9, 0.95], "lr_schedule": "wsd", "warmup_ratio": 0.02, "min_lr_ratio": 0.1,
+                 "seed": 42},
+    "config": {"path": "configs/own.json", "seed": 7, "phases": [
+        {"name": "main", "share": 0.8, "probs": {"manuals": 0.7, "code": 0.3}},
+        {"name": "anneal", "share": 0.2, "probs": {"notes": 1.0}}],
+        "mix": [{"name": "csv", "data_files": "data/manuals.csv", "text_field": None, "label": "manuals"},
+                {"name": "parquet", "data_files": ["/elsewhere/code.parquet"], "text_field": "content",
+                 "label": "code"},
+                {"name": "text", "data_files": "data/notes/*.txt", "text_field": None, "label": "notes"},
+                {"name": "someone/web", "subset": "en", "split": "train", "revision": "v1", "text_field": None,
+                 "label": "web/en@v1"}]},
+    "source_revisions": {"web/en@v1": {"revision": "v1", "commit": "0123456789abcdef0123456789abcdef01234567"}},
+    "text_columns": {"manuals": "text", "code": "content", "notes": "text", "web/en@v1": "raw_content"},
+    "dataset": {"inputs": {"seed": 7}, "realised_mixture": {"train": {
+        "manuals": {"tokens": 500, "documents": 5, "share": 0.5, "requested_share": 0.56},
+        "code": {"tokens": 240, "documents": 2, "share": 0.24, "requested_share": 0.24},
+        "notes": {"tokens": 200, "documents": 4, "share": 0.2, "requested_share": 0.2},
+        "web/en@v1": {"tokens": 60, "documents": 1, "share": 0.06, "requested_share": 0.0}}}},
+    "phases": [{"name": "main", "steps": [1, 400], "blocks": [0, 6400]},
+               {"name": "anneal", "steps": [401, 500], "blocks": [6400, 8000]}],
+    "base_model": {"init_from": "checkpoints/own-tiny", "name": "own-tiny", "commit": None,
+                   "sha256": "ab" * 32, "step": None},
+    "steps": 500,
+    "metrics": {"eval_loss": 5.0, "eval_per_source": {"manuals": {"loss": 4.5, "tokens": 1270, "bits_per_byte": 2.1}}},
+}
+
+
+def test_the_card_of_an_annealed_run_tells_the_whole_story(run: tuple[Path, Path]) -> None:
+    """An annealed run's card: its phases (mix and steps) and LR schedule as steps, a local base named in the text
+    with its weights' sha256 and never as the Hub's `base_model`, both seeds named for what they seed, only the
+    optimizer's own settings, each source described (kind, files or Hub id at its commit, the column read, the
+    realised share), eval_perplexity's per-source rows; and every file of the folder as the umask makes files."""
+    import os
+
+    from huggingface_hub import ModelCard
+
+    from sparknet.export import export_model
+
+    folder, tmp = run
+    (folder / "training_metadata.json").write_text(json.dumps(ANNEALED))
+    (tmp / "eval" / "myrun" / "perplexity.json").write_text(json.dumps({"ds": {
+        "data": "datasets/own", "split": "val", "documents": 9, "tokens": 2988, "nll": 5.0, "perplexity": 148.4,
+        "bits_per_byte": 2.0, "sources": {"manuals": {"documents": 5, "tokens": 2000, "nll": 4.9, "perplexity": 134.3,
+                                                      "bits_per_byte": 1.9}}},
+        "odd": {"data": "notes\nof 2026.jsonl", "documents": 2, "tokens": 40, "nll": 5.5}}))  # a newline in a name
+    card_file = export_model(str(folder), tmp / "out", eval_root=str(tmp / "eval"))
+    card = ModelCard.load(card_file)
+    assert "base_model" not in card.data.to_dict()  # a local run's name is no Hub repository id
+    text = card.text
+    assert f"from a local model (run `own-tiny`; weights sha256 `{'ab' * 32}`, not on the Hub)" in text
+    assert "| main | 80% | 1-400 | manuals 70%, code 30% |" in text
+    assert "| anneal | 20% | 401-500 | notes 100% |" in text
+    assert ("| lr schedule | wsd: linear warmup over steps 1-10, then 0.002 held to step 400, then a linear decay to "
+            "0.1 x 0.002 over steps 401-500 (the last phase) |") in text
+    assert "| training seed (SEED: initialisation, dropout, the order blocks are drawn in) | 42 |" in text
+    assert "| data seed (each source's shuffle and the validation hold-out) | 7 |" in text
+    assert "muon_learning_rate" not in text and "| learning_rate | 0.002 |" in text
+    assert "| manuals | local CSV (with a header row) | `data/manuals.csv` | `text` | 500 | 5 | 50.00% | 56.00% |" \
+        in text
+    assert "| code | local Parquet | `code.parquet` | `content` |" in text  # outside the project: its name
+    assert "| notes | local plain-text (one document per file) | `data/notes/*.txt` | `text` |" in text
+    assert ("| web/en@v1 | Hub dataset | `someone/web`, subset `en`, split `train`, revision `v1`, commit "
+            "`0123456789abcdef0123456789abcdef01234567` | `raw_content` |") in text
+    assert "| manuals | 1,270 | 4.5000 |" in text  # the trainer's per-source eval, its tokens named
+    assert "| datasets/own (val) | 9 | 2,988 |" in text and "| datasets/own (val) [manuals] | 5 | 2,000 |" in text
+    assert "| notes\\nof 2026.jsonl | 2 | 40 |" in text  # escaped: the row stays one line
+    mask = os.umask(0)
+    os.umask(mask)
+    mode = 0o666 & ~mask  # safetensors alone would write 0600
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in (tmp / "out").iterdir()} == {
+        p.name: oct(mode) for p in (tmp / "out").iterdir()}
+    # a Hub base is the Hub's base_model, named at its commit
+    hub_base = {**ANNEALED, "base_model": {"init_from": "someone/base", "name": "someone/base", "commit": "c" * 40,
+                                           "sha256": None, "step": None}, "settings": {
+        **ANNEALED["settings"], "optimizer": "muon", "lr_schedule": "cosine"}}
+    (folder / "training_metadata.json").write_text(json.dumps(hub_base))
+    card = ModelCard.load(export_model(str(folder), tmp / "hub", eval_root=str(tmp / "eval")))
+    assert card.data.to_dict()["base_model"] == "someone/base"
+    assert f"trained further from the Hub model `someone/base` at commit `{'c' * 40}`" in card.text
+    assert "| muon_learning_rate | 0.001 |" in card.text
+    assert "| lr schedule | cosine: linear warmup over steps 1-10, then a cosine decay from 0.002 to 0.1 x 0.002 at " \
+           "step 500 |" in card.text

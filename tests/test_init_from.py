@@ -81,7 +81,40 @@ def test_packed_script_from_a_run_folder_starts_at_its_final_weights_and_records
     assert metadata["base_model"] == {"init_from": str(base), "name": "run", "commit": None,
                                       "sha256": sha256(base / "model.safetensors"), "step": None}
     card = card_data("mine", metadata, {}, license="", language=["en"])
-    assert card.base_model == "run" and "base_model: run" in card.to_yaml()
+    assert card.base_model is None and "base_model" not in card.to_yaml()  # a local run's name is no Hub id
+    # the base was exported with <|endoftext|> as its pad token; training never pads (packed blocks), so transformers
+    # has no reason to ask for an attention mask (its warning came at blocks that begin or end with one)
+    assert "attention_mask" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_base_trains_without_transformers_asking_for_an_attention_mask(finished) -> None:
+    """The base is exported with <|endoftext|> as its pad token (for batched generation); loaded to train, it has
+    none, as a fresh model: training never pads (packed blocks), and transformers otherwise warns, once, to pass an
+    attention mask at the first block that begins or ends with <|endoftext|> (the INIT_FROM run's log had it)."""
+    from transformers.utils import logging as hf_logging
+
+    from sparknet.train.init_from import load_base, resolve_base
+
+    _, base_tmp = finished
+    base = base_tmp / "ckpt" / "run"
+    assert json.loads((base / "config.json").read_text())["pad_token_id"] is not None  # as exported
+    model = load_base(resolve_base(str(base)), dropout=0.0)
+    eos = model.config.eos_token_id
+    ids = torch.tensor([[eos, 5, 6, 7], [8, 9, 10, eos]])  # blocks that begin and end with <|endoftext|>
+    import logging
+
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    library = hf_logging.get_logger("transformers")  # its own handler, not propagated: listened to directly
+    library.warning_once.cache_clear()  # a warning said once per process
+    library.addHandler(handler)
+    try:
+        model(input_ids=ids, labels=ids)
+    finally:
+        library.removeHandler(handler)
+    assert not [line for line in said if "attention_mask" in line], said
+    assert model.generation_config.pad_token_id == eos  # generation (the samples) still pads with it
 
 
 def test_from_a_checkpoint_with_a_fresh_warmup(finished, tiny_dataset: Path, tmp_path: Path) -> None:
@@ -99,7 +132,7 @@ def test_from_a_checkpoint_with_a_fresh_warmup(finished, tiny_dataset: Path, tmp
     record = result.metadata["base_model"]
     assert record["name"] == f"run/{checkpoint.name}" and record["step"] == int(checkpoint.name.split("-")[1])
     assert record["sha256"] == sha256(checkpoint / "model.safetensors")
-    assert card_data("mine", result.metadata, {}, license="", language=["en"]).base_model == f"run/{checkpoint.name}"
+    assert card_data("mine", result.metadata, {}, license="", language=["en"]).base_model is None  # local
 
 
 def hub_layout(base: Path, out: Path, commit: str = "a" * 40) -> Path:
@@ -127,6 +160,7 @@ def test_streamed_script_from_a_hub_layout_folder(finished, corpus_config: Path,
     assert record["sha256"] == sha256(snapshot / "model.safetensors")
 
 
+@pytest.mark.slow  # end to end through the loopback Hub (two trainer scripts): the full tier
 def test_packed_script_from_a_hub_model_id(finished, tiny_dataset: Path, hub: HubServer, tmp_path: Path) -> None:
     """A Hub model id, downloaded through the loopback Hub (the real huggingface_hub and transformers over HTTP):
     the run starts at its weights, and the metadata records the id and the commit it resolved to."""
@@ -142,6 +176,8 @@ def test_packed_script_from_a_hub_model_id(finished, tiny_dataset: Path, hub: Hu
     assert_same_weights(run_dir, folder)
     record = json.loads((run_dir / METADATA).read_text())["base_model"]
     assert record["name"] == "tinyco/tiny-base" and record["commit"] == commit, record
+    metadata = json.loads((run_dir / METADATA).read_text())
+    assert card_data("mine", metadata, {}, license="", language=["en"]).base_model == "tinyco/tiny-base"  # a Hub id
     assert any(r.kind == "resolve-get" and r.path.endswith("/model.safetensors") for r in hub.requests), hub.requests
     # an id the Hub does not have is one line
     proc = run_script("train_sparknet_v5.py", *train_args(tmp_path / "other", tiny_dataset,
@@ -157,10 +193,12 @@ def refusal(proc) -> str:
     return lines[-1]
 
 
-def test_packed_script_refuses_a_missing_folder_in_one_line(tiny_dataset: Path, tmp_path: Path) -> None:
-    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset,
-                                                          init_from=tmp_path / "checkpoints" / "nope"))
-    line = refusal(proc)
+def test_a_missing_folder_is_refused_in_one_line(tiny_dataset: Path, tmp_path: Path) -> None:
+    """The trainer as the script runs it (a UserError is the script's one line: the script's own refusals are
+    tested in tests/test_training.py)."""
+    with pytest.raises(UserError) as exc:
+        train_packed(train_settings(tmp_path, init_from=str(tmp_path / "checkpoints" / "nope")), tiny_dataset)
+    line = one_line(exc)
     assert "INIT_FROM model folder" in line and "not found" in line and "nope" in line
     assert not (tmp_path / "ckpt").exists()  # before any work
 
@@ -213,6 +251,21 @@ def test_another_presets_shape_is_refused(finished, tiny_dataset: Path, tmp_path
         train_packed(train_settings(tmp_path, init_from=str(base_tmp / "ckpt" / "run"), model_preset="sparknet-demo"),
                      tiny_dataset)
     assert "MODEL_PRESET=sparknet-demo" in one_line(exc) and "set MODEL_PRESET=sparknet-tiny" in str(exc.value)
+
+
+def test_without_model_preset_the_run_takes_the_bases(finished, tiny_dataset: Path, tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """MODEL_PRESET left out: a run from a base takes the preset of its shape, says so, and records it (so a resume
+    that names it is the same run); only a preset that contradicts the base is refused (the test above)."""
+    _, base_tmp = finished
+    settings = train_settings(tmp_path, init_from=str(base_tmp / "ckpt" / "run"), model_preset=None, **FROZEN)
+    with caplog.at_level("INFO", logger="sparknet"):
+        result = train_packed(settings, tiny_dataset)
+    assert result.status == "finished" and result.metadata["model"]["name"] == "sparknet-tiny"
+    assert f"MODEL_PRESET not set: sparknet-tiny, the shape of INIT_FROM={base_tmp / 'ckpt' / 'run'}" in caplog.text
+    again = train_packed(train_settings(tmp_path, init_from=str(base_tmp / "ckpt" / "run"),
+                                        model_preset="sparknet-tiny", **FROZEN), tiny_dataset)
+    assert again.status == "already_finished"  # the same run: its identity names the preset either way
 
 
 def test_blocks_longer_than_the_bases_context_are_refused(random_model: Path, tiny_dataset: Path,

@@ -120,7 +120,7 @@ def test_no_import_circle_between_folders() -> None:
 FLOORS: list[tuple[str, set[str]]] = [
     ("ground", {"__init__", "errors", "runtime", "progress", "locks", "folder_or_hub", "write_faults"}),
     # what the rules, the trainer and evaluation share: plain tables and functions of a model, a loss, a run folder
-    ("leaves", {"model", "optim", "muon", "metrics", "continuations", "run_files"}),
+    ("leaves", {"model", "optim", "muon", "metrics", "continuations", "run_files", "licenses"}),
     ("settings", {"cli", "checks", "outputs", "config", "identity"}),
     ("tokenizer loading", {"tokenizer"}),  # below data/: the build and the stream load the tokenizer
     ("data", {"data"}),
@@ -187,3 +187,18 @@ def test_what_the_data_package_hands_on_resolves() -> None:
     assert sparknet.data.__all__ == ["DataSpec", "PackedDataset", "Part", "TokenStream", "hold_out"]
     assert (sparknet.data.DataSpec, sparknet.data.PackedDataset, sparknet.data.Part, sparknet.data.TokenStream,
             sparknet.data.hold_out) == (DataSpec, PackedDataset, Part, TokenStream, hold_out)
+
+
+def test_what_the_scripts_write_at_the_top_is_ignored_by_git() -> None:
+    """Outputs under the names the docs use (any tokenizer-NAME/, the datasets, runs, exports), the folders being
+    written or replaced, and a killed job's lock files are never offered to `git add`."""
+    import subprocess
+
+    written = ["tokenizer-mine/tokenizer.json", "tokenizer-anything/vocab.json", "datasets/mine/train.bin",
+               "checkpoints/run/model.safetensors", "exports/run/README.md", ".tokenizer-mine.building/x",
+               ".exports.replaced/x", ".tokenizer-mine.lock", ".tokenizer-mine.lock.json"]
+    for path in written:
+        proc = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=PROJECT_ROOT)
+        assert proc.returncode == 0, f"{path} is not ignored by .gitignore"
+    kept = subprocess.run(["git", "check-ignore", "-q", "--no-index", "sparknet/tokenizer.py"], cwd=PROJECT_ROOT)
+    assert kept.returncode == 1  # the code itself is not

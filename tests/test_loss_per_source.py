@@ -24,7 +24,8 @@ from tests.helpers import (
     start_script,
     stream_args,
     tagged_owners,
-    train_args,
+    train_packed,
+    train_settings,
     write_config,
     write_jsonl,
 )
@@ -127,16 +128,21 @@ def _check_run(run_dir: Path, log_dir: Path, blocks: np.ndarray) -> dict[str, di
 
 @pytest.fixture(scope="module")
 def packed_run(mix: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The mix built and trained on by the packed scripts, run as a user runs them (under the returned folder:
-    ds/, ckpt/run/, logs/run/)."""
+    """The mix built by the build script, as a user runs it, and trained on by the packed trainer in this process,
+    as the script runs it (under the returned folder: ds/, ckpt/run/, logs/run/). The trainer script's own path is
+    tested end to end elsewhere (tests/test_training.py); here the figures are what count, once for the module."""
     config, tokenizer = mix
     tmp = tmp_path_factory.mktemp("packed")
     proc = run_script("build_dataset_v5.py", "--config", config, "--tokenizer_dir", tokenizer, "--output_dir",
                       tmp / "ds", "--target_tokens", 60_000, "--val_tokens", 1_600, "--num_workers", 0)
     assert proc.returncode == 0, proc.stderr
-    proc = run_script("train_sparknet_v5.py", *train_args(tmp, tmp / "ds", target_tokens=24 * 4 * BLOCK,
-                                                            sample_steps=0, sample_prompts=[]))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the summary and the manifest say which column each source was read from
+    assert proc.stdout.count("column 'text'") == 4, proc.stdout
+    assert proc.stdout.count("tokens (each document's <|endoftext|> included)") == 2  # what the count counts
+    assert set(json.loads((tmp / "ds" / "manifest.json").read_text())["text_columns"].values()) == {"text"}
+    result = train_packed(train_settings(tmp, target_tokens=24 * 4 * BLOCK, sample_steps=0, sample_prompts=[]),
+                          tmp / "ds")
+    assert result.status == "finished"
     return tmp
 
 
@@ -149,13 +155,14 @@ def test_packed_run_reports_the_loss_of_each_source(packed_run: Path) -> None:
 
 
 def test_the_model_card_has_a_row_per_source(packed_run: Path, tmp_path: Path) -> None:
-    """export_model.py: the card's results hold each source's tokens, loss, perplexity and bits per byte."""
+    """The export's card (export_model, as export_model.py calls it: the script itself is tested in
+    tests/test_export.py) holds each source's tokens, loss, perplexity and bits per byte."""
+    from sparknet.export import export_model
+
     run_dir = packed_run / "ckpt" / "run"
     recorded = json.loads((run_dir / "training_metadata.json").read_text())["metrics"]["eval_per_source"]
-    proc = run_script("export_model.py", "--model", run_dir, "--output_dir", tmp_path / "exported", "--eval_dir",
-                      tmp_path / "eval", "--license", "mit")
-    assert proc.returncode == 0, proc.stderr
-    card = (tmp_path / "exported" / "README.md").read_text()
+    card = export_model(str(run_dir), tmp_path / "exported", eval_root=str(tmp_path / "eval"),
+                        license="mit").read_text()
     for label, figures in recorded.items():
         row = (f"| {label} | {figures['tokens']:,} | {figures['loss']:.4f} | {math.exp(figures['loss']):.4f} | "
                f"{figures['bits_per_byte']:.4f} |")
@@ -185,6 +192,8 @@ def test_eval_perplexity_reports_each_source_of_a_packed_dataset(mix: tuple[Path
         assert f"{dataset} [{label}]" in proc.stdout
     weighted = sum(f["nll"] * f["tokens"] for f in row["sources"].values()) / row["tokens"]
     assert weighted == pytest.approx(row["nll"], rel=1e-9)
+    # one pass over the windows, one bar (a pass per source made the user wait through a bar per source)
+    assert proc.stderr.count("windows: 100%") == 1, proc.stderr
 
 
 def test_plot_runs_draws_each_source_of_each_run_in_one_figure(packed_run: Path, tmp_path: Path) -> None:
@@ -192,11 +201,12 @@ def test_plot_runs_draws_each_source_of_each_run_in_one_figure(packed_run: Path,
     a label holding "/" and "@" (a Hub source's subset and revision) included."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from sparknet.eval.plots import draw_figure, read_scalars
+    from sparknet.eval.plots import draw_figure, plot_runs, read_scalars
 
     log_dir = packed_run / "logs" / "run"
-    proc = run_script("plot_runs.py", "--runs", json.dumps([str(log_dir)]), "--eval_dir", tmp_path / "eval")
-    assert proc.returncode == 0, proc.stderr
+    # as plot_runs.py draws them (the script itself: tests/test_eval_plots.py)
+    written = plot_runs([log_dir], tmp_path / "eval" / "run" / "plots")
+    assert (tmp_path / "eval" / "run" / "plots" / "loss_per_source.png") in written
     assert (tmp_path / "eval" / "run" / "plots" / "loss_per_source.png").stat().st_size > 5000
     hub = tmp_path / "hub"
     with SummaryWriter(str(hub)) as writer:

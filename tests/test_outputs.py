@@ -204,7 +204,26 @@ def test_the_longest_name_allowed_takes_its_lock_and_one_more_is_refused(tmp_pat
     check_outputs(Output("EVAL_DIR", tmp_path / ("x" * (limit + 1))))  # no lock beside it: the folder's own limit
     with pytest.raises(UserError, match="EVAL_DIR="):
         check_outputs(Output("EVAL_DIR", tmp_path / ("x" * (limit + 17))))
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f".{longest.name}.lock", longest.name]  # filelock's file
+    assert sorted(p.name for p in tmp_path.iterdir()) == [longest.name]  # the lock's files removed when it ended
+
+
+def test_no_lock_file_stays_beside_an_output_and_the_lock_still_holds(tmp_path: Path) -> None:
+    """A job's one-writer lock (and a results file's) leaves no `.NAME.lock` behind once it ends; while it runs, a
+    second one is refused, and the next one after it takes the lock."""
+    from sparknet.eval.reports import merge_json
+    from sparknet.locks import exclusive
+
+    target = tmp_path / "out"
+    with exclusive(target, "a test"):
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", ".out.lock.json"]
+        with pytest.raises(UserError, match="is in use: a second into it is running as process"):
+            with exclusive(target, "a second"):
+                pass
+    assert list(tmp_path.iterdir()) == []
+    with exclusive(target, "the next"):
+        pass
+    merge_json(tmp_path / "eval" / "perplexity.json", "k", {"nll": 1.0})
+    assert [p.name for p in (tmp_path / "eval").iterdir()] == ["perplexity.json"]
 
 
 def test_every_problem_is_listed_at_once_and_nothing_is_created(tmp_path: Path) -> None:
@@ -234,8 +253,10 @@ def run_with_checkpoint(random_model: Path, tmp_path: Path) -> Path:
     return run
 
 
-@pytest.mark.parametrize("spelling", ["{run}/checkpoint-1/..", "{run}/", *(pytest.param(s, marks=pytest.mark.slow)
-                                                                     for s in ("{run}/.", "{run}", "runs/run/../run"))])
+# one spelling in the fast tier (through a checkpoint and back up: the one that wrote outside EVAL_DIR), the rest in
+# the full tier: each is a script run
+@pytest.mark.parametrize("spelling", ["{run}/checkpoint-1/..", *(pytest.param(s, marks=pytest.mark.slow) for s in (
+    "{run}/", "{run}/.", "{run}", "runs/run/../run"))])
 def test_perplexity_results_land_inside_eval_dir_however_the_model_is_spelled(
         spelling: str, run_with_checkpoint: Path, corpus_dir: Path, tmp_path: Path) -> None:
     eval_root = tmp_path / "results" / "eval"
@@ -243,9 +264,8 @@ def test_perplexity_results_land_inside_eval_dir_however_the_model_is_spelled(
     proc = run_script("eval_perplexity.py", "--models", json.dumps([model]), "--data", corpus_dir / "prose.val.jsonl",
                       "--max_documents", 2, "--context", 16, "--eval_dir", eval_root, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    written = sorted(p.relative_to(tmp_path / "results") for p in (tmp_path / "results").rglob("*")
-                     if p.is_file() and not p.name.endswith(".lock"))  # the results files' locks lie beside them
-    assert written == [Path("eval/run/perplexity.json"), Path("eval/run/perplexity.md")]
+    written = sorted(p.relative_to(tmp_path / "results") for p in (tmp_path / "results").rglob("*") if p.is_file())
+    assert written == [Path("eval/run/perplexity.json"), Path("eval/run/perplexity.md")]  # no lock file left
     assert f"results: {eval_root / 'run'}/perplexity.json" in proc.stdout
 
 
@@ -262,8 +282,7 @@ def test_generation_and_benchmark_results_land_inside_eval_dir(run_with_checkpoi
     proc = run_script("eval_benchmarks.py", "--models", model, "--suite_data", words, "--suite_items", 4,
                       "--suite_dir", tmp_path / "suite", "--eval_dir", eval_root, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    written = sorted(p.relative_to(tmp_path / "results") for p in (tmp_path / "results").rglob("*")
-                     if p.is_file() and not p.name.endswith(".lock"))  # the results files' locks lie beside them
+    written = sorted(p.relative_to(tmp_path / "results") for p in (tmp_path / "results").rglob("*") if p.is_file())
     assert written == [Path("eval/run/benchmarks.json"), Path("eval/run/benchmarks.md"),
                        Path("eval/run/generation.md")]
 

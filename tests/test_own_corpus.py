@@ -52,6 +52,29 @@ def _rows(path: Path) -> int:
     return sum(1 for line in path.read_text().splitlines() if line.strip())
 
 
+def test_the_default_val_tokens_follow_the_sources_and_the_budget(own_config: Path, corpus_dir: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """VAL_TOKENS not set: 1 per 100 bytes of the sources, but never more than a tenth of the training budget (a
+    validation split four times the training split made one evaluation cost more than the whole training), nor the
+    recipe's figure; one line says both reasons."""
+    from sparknet.config import load_config
+    from sparknet.data.scaled_defaults import default_val_tokens
+
+    config = load_config(own_config)
+    by_size = math.ceil(_source_bytes(corpus_dir) / 100)
+    assert 20_000 < by_size < 50_000  # the sources decide at the config's budget (500k: a tenth is 50k)
+    with caplog.at_level("INFO", logger="sparknet"):
+        assert default_val_tokens(config, 2_000_000) == by_size
+        assert default_val_tokens(config, 2_000_000, 100_000) == 10_000  # the budget decides
+        assert default_val_tokens(config, 5_000, 10**9) == 5_000  # the recipe's figure decides
+    lines = [r.getMessage() for r in caplog.records if "VAL_TOKENS" in r.getMessage()]
+    assert lines[1] == (f"VAL_TOKENS: 10,000 validation tokens (1 per 100 bytes of the sources' "
+                        f"{_source_bytes(corpus_dir):,} bytes would be {by_size:,}; a tenth of the 100,000 training "
+                        "tokens would be 10,000; at most 2,000,000; set VAL_TOKENS to choose)"), lines
+    hub = write_config(own_config.parent / "hub.json", [{"name": "someone/web", "prob": 1.0}], target_tokens=250_000)
+    assert default_val_tokens(load_config(hub), 2_000_000) == 25_000  # a size not known: the budget still bounds it
+
+
 @pytest.mark.slow
 def test_a_build_with_the_default_val_tokens_fits_a_few_mb(own_config: Path, corpus_dir: Path, tokenizer_dir: Path,
                                                           tmp_path: Path) -> None:
@@ -80,11 +103,12 @@ def test_a_build_with_the_default_val_tokens_fits_a_few_mb(own_config: Path, cor
 def test_a_stream_with_the_default_shuffle_buffer_starts_on_a_few_hundred_rows_and_resumes_exactly(
         own_config: Path, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
     """SHUFFLE_BUFFER and VAL_TOKENS not set: the buffer is 5% of the smallest source's rows, the hold-out 1 token
-    per 100 bytes, each said in one line and recorded in the run's identity; the mix is 70/30 to within 2 points;
-    killed after a checkpoint, the same command resumes to the same blocks, LR and weights."""
+    per 100 bytes (at most a tenth of the budget), each said in one line and recorded in the run's identity; the mix
+    is 70/30 to within 2 points; killed after a checkpoint, the same command resumes to the same blocks, LR and
+    weights."""
     rows = min(_rows(corpus_dir / "prose.train.jsonl"), _rows(corpus_dir / "code.train.jsonl"))
-    buffer, val = rows // 20, math.ceil(_source_bytes(corpus_dir) / 100)
     settings = dict(block_size=128, target_tokens=48 * 4 * 128, eval_steps=8, save_steps=16, record_batches=True)
+    buffer, val = rows // 20, min(math.ceil(_source_bytes(corpus_dir) / 100), settings["target_tokens"] // 10)
     args = _without(stream_args(tmp_path / "a", own_config, tokenizer_dir, **settings), "val_tokens",
                     "shuffle_buffer")
     out = finish_ok(start_script("train_sparknet.py", args))

@@ -659,8 +659,9 @@ def test_a_jsonl_line_that_is_not_an_object_stops_the_build_in_one_line(tokenize
     data = tmp_path / "rows.jsonl"
     data.write_text('{"text": "some words"}\n' * 3 + '"just a string"\n' + '{"text": "more words"}\n' * 3)
     cfg = write_config(tmp_path / "mix.json", [{"name": "json", "data_files": str(data), "prob": 1.0}])
-    proc = run_script("build_dataset_v5.py", *build_args(cfg, tmp_path / "ds", tokenizer_dir))
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(error) == 1 and f"({data}): line 4 is \"just a string\", not a JSON object" in error[0], proc.stderr
+    # the build as the script runs it (its UserError is the script's one line: test_bad_inputs_stop_the_script_...)
+    with pytest.raises(UserError) as caught:
+        build_dataset(_spec(cfg, tmp_path / "ds", tokenizer_dir, val_tokens=10_000))
+    error = [str(caught.value)]
+    assert "\n" not in error[0] and f"({data}): line 4 is \"just a string\", not a JSON object" in error[0], error
     assert "with its text in 'text'" in error[0]

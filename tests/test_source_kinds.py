@@ -93,21 +93,29 @@ def test_a_tokenizer_from_each_kind_is_the_jsonl_tokenizer(kind: str, files: dic
 
 
 def test_perplexity_of_each_kind_is_that_of_the_jsonl(files: dict, token_files: Path, random_model: Path,
-                                                      tmp_path: Path) -> None:
-    from sparknet.eval.data import load_documents
+                                                      tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from sparknet.eval.data import DataRequest, load_documents
+    from sparknet.eval.perplexity import evaluate_perplexity
 
     reference = load_documents(files["json"][0])
     assert len(reference) == 150
     for kind in KINDS:
         assert load_documents(files[kind][0]) == reference, kind
     saved = {}
-    # the script, as users run it: Parquet, and pre-tokenized rows (decoded with the model's own tokenizer)
-    for kind, data in (("json", files["json"][0]), ("parquet", files["parquet"][0]), ("ids", token_files)):
-        proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", data,
-                          "--context", 16, "--max_documents", 20, "--eval_dir", tmp_path / kind)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        assert ("is pre-tokenized and records no tokenizer: its ids are decoded with" in proc.stderr) == (kind == "ids")
-        saved[kind] = next(iter(json.loads((tmp_path / kind / "randrun" / "perplexity.json").read_text()).values()))
+    # the script, as users run it, on Parquet; the JSONL and the pre-tokenized rows (decoded with the model's own
+    # tokenizer) through the evaluation the script calls, in this process
+    proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data",
+                      files["parquet"][0], "--context", 16, "--max_documents", 20, "--eval_dir", tmp_path / "parquet")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "is pre-tokenized" not in proc.stderr
+    saved["parquet"] = next(iter(json.loads((tmp_path / "parquet" / "randrun" / "perplexity.json").read_text())
+                                 .values()))
+    for kind, data in (("json", files["json"][0]), ("ids", str(token_files))):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="sparknet"):
+            (saved[kind],) = evaluate_perplexity([str(random_model)], DataRequest(data, max_documents=20), context=16,
+                                                 eval_root=str(tmp_path / kind))
+        assert ("is pre-tokenized and records no tokenizer: its ids are decoded with" in caplog.text) == (kind == "ids")
     for kind in ("parquet", "ids"):
         assert saved[kind]["tokens"] == saved["json"]["tokens"] > 0 and saved[kind]["bytes"] == saved["json"]["bytes"]
         assert saved[kind]["nll"] == saved["json"]["nll"], kind
@@ -137,15 +145,54 @@ def test_a_local_kind_needs_its_files_and_takes_no_subset_or_revision(tmp_path: 
                                                              "subset": "a"}]))
 
 
-def test_a_missing_text_column_is_one_line_naming_the_columns(files: dict, tokenizer_dir: Path,
-                                                              tmp_path: Path) -> None:
+def test_a_missing_text_column_is_refused_when_the_config_is_read(files: dict, tokenizer_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    """A text_field that no file has is a config mistake, found as a key's typo is (before any data is opened),
+    naming the file, its columns and the nearest one; for every kind whose columns are cheap to read."""
+    import time
+
+    from sparknet.config import ConfigError
+
+    for kind, field, columns in (("csv", "texts", "id, text"), ("parquet", "txt", "id, text"),
+                                 ("json", "Text", "text")):
+        started = time.perf_counter()
+        with pytest.raises(ConfigError) as caught:
+            load_config(_config(kind, files, tmp_path, text_field=field))
+        assert time.perf_counter() - started < 1.0
+        assert (f"mix[0].text_field: {field!r} is not a column of {files[kind][0]} (columns: {columns}): did you "
+                "mean 'text'?") in str(caught.value), caught.value
+    load_config(_config("csv", files, tmp_path, text_field="text"))  # a column that is there
     cfg = _config("csv", files, tmp_path, text_field="body")
     proc = run_script("build_dataset_v5.py", "--config", cfg, "--tokenizer_dir", tokenizer_dir, "--output_dir",
                       tmp_path / "out", "--target_tokens", 5000, "--val_tokens", 500, "--block_size", 128,
                       "--shuffle_buffer", 0, "--num_workers", 0)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
-    assert "text_field 'body' is not a column; columns found: id (int), text (str)" in line
+    assert "mix[0].text_field: 'body' is not a column of" in line and "(columns: id, text): name the column" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_of_another_kind_in_a_glob_is_refused_naming_it(files: dict, tmp_path: Path) -> None:
+    """A CSV matched by a text entry's glob would be read as one plain document: refused, naming the file and its
+    kind. A suffix no kind claims (.py) is read as the entry's kind."""
+    import shutil
+
+    from sparknet.config import ConfigError
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(files["text"][1] / "docs", mixed)
+    (mixed / "notes.py").write_text("print('a plain-text document')\n")
+    entry = {"name": "text", "prob": 1, "data_files": str(mixed / "*")}
+    assert load_config(write_config(tmp_path / "ok.json", [entry])).mix[0].label == "mixed"
+    shutil.copy(files["csv"][0], mixed / "table.csv")
+    with pytest.raises(ConfigError) as caught:
+        load_config(write_config(tmp_path / "mixed.json", [entry]))
+    message = str(caught.value)
+    assert f"mix[0].data_files: {str(mixed / '*')!r} names {mixed / 'table.csv'}, a CSV (with a header row) file, in " \
+           'a "text" entry that would read it as plain-text (one document per file)' in message, message
+    assert '(e.g. *.txt), and give the csv files an entry of their own ("name": "csv")' in message
+    with pytest.raises(ConfigError, match=r"names .*docs\.jsonl, a JSONL file, in a \"csv\" entry"):
+        load_config(write_config(tmp_path / "c.json", [{"name": "csv", "prob": 1, "data_files": files["json"][0]}]))
 
 
 @pytest.fixture(scope="module")

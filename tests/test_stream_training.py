@@ -93,8 +93,14 @@ def test_a_streamed_run_reports_its_mix_to_tensorboard_and_the_metadata(corpus_c
                             save_steps=50)
     assert result.status == "finished" and result.metadata["steps"] == 100
     events = read_events(tmp_path / "logs" / "run")
-    assert {"data/share/prose", "data/share/code", "data/tokens_per_second", "train/loss", "eval/loss"} <= set(events)
-    assert all(v > 0 for _, v in events["data/tokens_per_second"])
+    capacity = "data/capacity_tokens_per_second"
+    assert {"data/share/prose", "data/share/code", capacity, "train/loss", "eval/loss"} <= set(events)
+    assert all(v > 0 for _, v in events[capacity])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "logs" / "run"))
+    acc.Reload()  # the figure says what it measures, where the user reads it
+    assert "A capacity, not the training rate" in acc.SummaryMetadata(capacity).summary_description
     assert events["eval/loss"][-1][1] < events["eval/loss"][0][1]  # it learns
     stream = result.metadata["stream"]
     shares = stream["training"]["shares"]

@@ -144,10 +144,33 @@ def test_sources_supply_their_share_of_the_bytes(corpus_dir: Path, tmp_path: Pat
         assert abs(sources[label]["byte_share"] - asked) <= 0.02, sources
     assert sources["long"]["documents"] < 0.05 * (sources["long"]["documents"] + sources["short"]["documents"])
     assert f"{sources['long']['byte_share']:6.1%} (asked 20.0%)" in proc.stdout
+    assert proc.stdout.count("column 'text'") == 2 and sources["long"]["text_column"] == "text"  # what was read
+    assert "misses the mix" not in proc.stderr  # the shares met: no warning
     if shuffle_buffer == 0:  # each source's order: the sample is the first documents of each file, counted here
         for label, docs in (("long", long), ("short", short)):
             assert sources[label]["bytes"] == _utf8(docs[: sources[label]["documents"]])
         assert abs(_utf8(long[: sources["long"]["documents"]]) / total - 0.2) <= 0.02
+
+
+def test_a_sample_that_misses_the_mix_is_a_warning_with_the_shares(corpus_dir: Path, tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A source asked at 30% that runs dry at a fraction of it: the tokenizer says so, with the shares, as the build
+    of the same config does; and its report says which column each source was read from."""
+    from sparknet.bpe import train_tokenizer
+    from sparknet.config import load_config
+
+    lines = _corpus_lines(corpus_dir, "prose")
+    cfg = write_config(tmp_path / "mix.json", [
+        {"name": "json", "prob": 0.3, "data_files": str(write_jsonl(tmp_path / "small.jsonl", lines[:20], "body")),
+         "text_field": "body"},
+        {"name": "json", "prob": 0.7, "data_files": str(write_jsonl(tmp_path / "big.jsonl", lines[20:3000]))}])
+    with caplog.at_level("WARNING", logger="sparknet"):
+        report = train_tokenizer(load_config(cfg), tmp_path / "tok", vocab_size=300, max_bytes=60_000, heldout_docs=0)
+    small = report["sources"]["small"]
+    assert small["exhausted"] and small["byte_share"] < 0.1
+    assert (f"the tokenizer's sample misses the mix (bytes): small {small['byte_share']:.1%} for 30.0% (ran dry), "
+            f"big {report['sources']['big']['byte_share']:.1%} for 70.0%") in caplog.text, caplog.text
+    assert (small["text_column"], report["sources"]["big"]["text_column"]) == ("body", "text")
 
 
 def _latin_then_cyrillic(corpus_dir: Path) -> list[str]:

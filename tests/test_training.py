@@ -104,21 +104,26 @@ def test_same_run_name_with_other_settings_is_refused(finished, tiny_dataset: Pa
     _, tmp = finished
     shutil.copytree(tmp / "ckpt", tmp_path / "ckpt")
     (tmp_path / "ckpt" / "run" / "training_metadata.json").unlink()  # as if killed before the export
-    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset, learning_rate=1e-4))
+    # CONFIG left out: the dataset's mix, and its target_tokens the budget (the same run but for the LR)
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset, learning_rate=1e-4, config=None))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "CONFIG not given: the mix is the dataset's" in proc.stderr
     assert "run run exists with other settings (LEARNING_RATE: 0.003 -> 0.0001)" in proc.stderr
     assert "--allow_config_change true" in proc.stderr
 
 
 def test_a_finished_run_with_other_settings_says_to_choose_a_new_run_name(finished, tiny_dataset: Path) -> None:
-    """Continuing a finished run with the flag would only end in "already finished": the hint is the new name."""
+    """Continuing a finished run with the flag would only end in "already finished": the hint is the new name. (The
+    trainer as the script runs it; the script's one line for such a refusal: the test above.)"""
+    from sparknet.errors import UserError
+
     _, tmp = finished
-    proc = run_script("train_sparknet_v5.py", *train_args(tmp, tiny_dataset, learning_rate=1e-4))
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(error) == 1 and "run run already finished" in error[0], proc.stderr[-3000:]
-    assert "LEARNING_RATE: 0.003 -> 0.0001" in error[0] and "choose a new RUN_NAME" in error[0]
-    assert "allow_config_change" not in proc.stderr
+    with pytest.raises(UserError) as caught:
+        train_packed(train_settings(tmp, learning_rate=1e-4), tiny_dataset)
+    error = str(caught.value)
+    assert "\n" not in error and "run run already finished" in error, error
+    assert "LEARNING_RATE: 0.003 -> 0.0001" in error and "choose a new RUN_NAME" in error
+    assert "allow_config_change" not in error
 
 
 def test_a_resume_refused_for_a_rebuilt_dataset_names_the_changed_file_and_both_sums(finished, tiny_dataset: Path,
@@ -135,11 +140,13 @@ def test_a_resume_refused_for_a_rebuilt_dataset_names_the_changed_file_and_both_
     edited = sorted(sums)[-1]
     before = sums[edited] = "0" * 40 + sums[edited][40:]  # the file as it was when the run trained on it
     identity_path.write_text(json.dumps(identity))
-    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, tiny_dataset))
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    from sparknet.errors import UserError
+
+    with pytest.raises(UserError) as caught:  # the trainer as the script runs it
+        train_packed(train_settings(tmp_path), tiny_dataset)
+    error = [str(caught.value)]
     now = json.loads((tiny_dataset / "manifest.json").read_text())["inputs"]["local_files_sha256"][edited]
-    assert len(error) == 1 and f"DATASET_INPUTS.local_files_sha256.{edited}: " in error[0], proc.stderr[-3000:]
+    assert "\n" not in error[0] and f"DATASET_INPUTS.local_files_sha256.{edited}: " in error[0], error
     shown = error[0].split(f"local_files_sha256.{edited}: ")[1]
     old, new = shown.split(" -> ")[0], shown.split(" -> ")[1].split(")")[0]
     assert old != new and old.strip('"…').startswith(before[:8]) and new.strip('"…').startswith(now[:8]), error
@@ -421,6 +428,31 @@ def test_a_train_bin_with_ids_beyond_the_vocabulary_is_one_line(tiny_dataset: Pa
     tokens.flush()
     with pytest.raises(UserError, match=r"train.bin holds token id 65535 .*rebuild the dataset"):
         packed_plan(str(damaged), None, None)
+
+
+def test_a_config_of_another_mix_than_the_datasets_is_refused(tiny_dataset: Path, corpus_config: Path, tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """CONFIG is recorded as the run's mix: one that is not the dataset's is refused in one line naming both and the
+    change, before any work; the dataset's own config (or none: then the dataset's is taken, said in a line) is
+    accepted."""
+    from sparknet.config import load_config
+    from sparknet.errors import UserError
+    from tests.helpers import write_config
+
+    mix = json.loads(corpus_config.read_text())["mix"]
+    other = write_config(tmp_path / "other.json", [{**mix[0], "prob": 0.9}, {**mix[1], "prob": 0.1}],
+                         context_length=128)
+    with pytest.raises(UserError) as caught:
+        packed_plan(str(tiny_dataset), None, load_config(other))
+    message = str(caught.value)
+    assert f"dataset {tiny_dataset} was built from another mix than CONFIG={other} (mix[0].prob: 0.6 -> 0.9; " \
+           "mix[1].prob: 0.4 -> 0.1;" in message
+    assert f"it was built from {corpus_config}): pass that config, or leave CONFIG out" in message
+    assert packed_plan(str(tiny_dataset), None, load_config(corpus_config)).target_tokens == 10_000
+    with caplog.at_level("INFO", logger="sparknet"):
+        packed_plan(str(tiny_dataset), None, None)
+    assert f"CONFIG not given: the mix is the dataset's, {corpus_config}" in caplog.text
+    assert "\n" not in message and not (tmp_path / "ckpt").exists()  # one line, before any work
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"])

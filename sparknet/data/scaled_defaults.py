@@ -2,8 +2,10 @@
 when the user leaves them unset (None), so that a few MB of one's own text works as the 1B-token recipe does.
 
 - VAL_TOKENS: one validation token per VAL_BYTES_PER_TOKEN bytes of the sources' files (about 2.5-4% of their
-  tokens at 2.5-4 bytes per token), at most the recipe's figure (2M for a build, 1M for the stream). A fixed 2M
-  held out the whole of a 4 MB corpus.
+  tokens at 2.5-4 bytes per token), at most 1/VAL_SHARE_OF_BUDGET of the training budget and at most the recipe's
+  figure (2M for a build, 1M for the stream). A fixed 2M held out the whole of a 4 MB corpus; the sources' size
+  alone held out 1.1M tokens of 109 MB of sources for a budget of 250k, so that one evaluation cost more than the
+  whole training.
 - SHUFFLE_BUFFER (the stream): 1/BUFFER_ROWS_SHARE of the smallest local source's rows, at most 10,000: a buffer
   near a source's size shuffles little (it holds most of the source before giving its first document).
 
@@ -26,22 +28,26 @@ BUILD_VAL_TOKENS = 2_000_000  # the build's VAL_TOKENS for sources of 200 MB or 
 STREAM_VAL_TOKENS = 1_000_000  # the stream's, for sources of 100 MB or more
 SHUFFLE_BUFFER = 10_000  # the stream's SHUFFLE_BUFFER for sources of 200,000 rows or more (or unknown size)
 VAL_BYTES_PER_TOKEN = 100
+VAL_SHARE_OF_BUDGET = 10  # validation tokens are at most a tenth of the training budget (TARGET_TOKENS)
 BUFFER_ROWS_SHARE = 20  # the buffer is at most 1/20 (5%) of the smallest source's rows
 
 
-def default_val_tokens(config: MixConfig, most: int) -> int:
-    """VAL_TOKENS when unset: one per VAL_BYTES_PER_TOKEN bytes of the mix's local files, at most `most` (all of
-    it when a Hub source's size is unknown)."""
+def default_val_tokens(config: MixConfig, most: int, target_tokens: int | None = None) -> int:
+    """VAL_TOKENS when unset: one per VAL_BYTES_PER_TOKEN bytes of the mix's local files (all of `most` when a Hub
+    source's size is unknown), at most 1/VAL_SHARE_OF_BUDGET of the training budget (`target_tokens`, else the
+    config's) and at most `most`; one line says which of them decided and the others' figures."""
+    budget = target_tokens if target_tokens is not None else config.target_tokens
     sizes = {spec.label: source_size(spec, row_limit=0) for spec in config.mix}
     unknown = [label for label, size in sizes.items() if size.bytes is None]
-    if unknown:
-        log.info("VAL_TOKENS: %s validation tokens (the size of %s is not known before reading it; set VAL_TOKENS "
-                 "to choose)", f"{most:,}", ", ".join(unknown))
-        return most
     total = sum(size.bytes or 0 for size in sizes.values())
-    chosen = max(1, min(most, -(-total // VAL_BYTES_PER_TOKEN)))
-    log.info("VAL_TOKENS: %s validation tokens, 1 per %d bytes of the sources' %s bytes (at most %s; set VAL_TOKENS "
-             "to choose)", f"{chosen:,}", VAL_BYTES_PER_TOKEN, f"{total:,}", f"{most:,}")
+    by_size = most if unknown else -(-total // VAL_BYTES_PER_TOKEN)
+    by_budget = max(1, budget // VAL_SHARE_OF_BUDGET)
+    chosen = max(1, min(most, by_size, by_budget))
+    size_reason = (f"the size of {', '.join(unknown)} is not known before reading it" if unknown else
+                   f"1 per {VAL_BYTES_PER_TOKEN} bytes of the sources' {total:,} bytes would be {by_size:,}")
+    budget_reason = f"a tenth of the {budget:,} training tokens would be {by_budget:,}"
+    log.info("VAL_TOKENS: %s validation tokens (%s; %s; at most %s; set VAL_TOKENS to choose)", f"{chosen:,}",
+             size_reason, budget_reason, f"{most:,}")
     return chosen
 
 

@@ -54,21 +54,43 @@ def score_documents(model: Any, tokenizer: Any, texts: list[str], context: int, 
     """Sliding-window NLL of every token of every document, each document on its own after a <|endoftext|> prefix
     (the first token is predicted from the document boundary, as in training). Bytes are the texts' UTF-8 bytes,
     so bits per byte compare across tokenizers."""
+    result = _summed(texts, _document_nll(model, tokenizer, texts, context, stride, batch_size, progress))
+    _check_scored(result, len(texts), context, stride)
+    return result
+
+
+def _summed(texts: list[str], scores: list[tuple[float, int]]) -> NllResult:
+    """The token-weighted totals of documents' (nll sum, tokens)."""
+    return NllResult(nll_sum=sum(nll for nll, _ in scores), tokens=sum(n for _, n in scores),
+                     bytes=sum(len(t.encode("utf-8")) for t in texts), documents=len(texts))
+
+
+def _check_scored(result: NllResult, documents: int, context: int, stride: int) -> None:
+    if result.tokens == 0:  # a perplexity of 1.0 from no tokens would read as a perfect score
+        raise UserError(f"no tokens were scored ({documents} documents, context {context}, stride {stride}): "
+                        "check DATA and CONTEXT")
+
+
+def _document_nll(model: Any, tokenizer: Any, texts: list[str], context: int, stride: int, batch_size: int,
+                  progress: bool) -> list[tuple[float, int]]:
+    """Each document's (nll sum in nats, tokens scored), all documents' windows in one pass (one progress bar),
+    batched by length."""
     import torch
 
-    from sparknet.progress import progress
+    from sparknet.progress import progress as progress_bar
 
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     encoded = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]  # long texts are windowed
     jobs = []  # (document, begin, stop, first_target)
-    result = NllResult(documents=len(texts), bytes=sum(len(t.encode("utf-8")) for t in texts))
     sequences = [[prefix, *ids] for ids in encoded]
     for doc, ids in enumerate(sequences):
         jobs += [(doc, *window) for window in sliding_windows(len(ids), context, stride)]
     jobs.sort(key=lambda job: job[2] - job[1])  # similar lengths together: little padding
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else prefix
-    with torch.inference_mode(), progress(total=len(jobs), desc="windows", unit="win", disable=not progress) as bar:
+    nll, counts = [0.0] * len(texts), [0] * len(texts)
+    with torch.inference_mode(), progress_bar(total=len(jobs), desc="windows", unit="win",
+                                              disable=not progress) as bar:
         for start in range(0, len(jobs), batch_size):
             batch = jobs[start:start + batch_size]
             width = max(stop - 1 - begin for _, begin, stop, _ in batch)
@@ -85,34 +107,41 @@ def score_documents(model: Any, tokenizer: Any, texts: list[str], context: int, 
             ids, labels, mask, keep = ids.to(device), labels.to(device), mask.to(device), keep.to(device)
             logits = model(input_ids=ids, attention_mask=mask).logits.float()
             losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
-            result.nll_sum += float(losses[keep].double().sum())
-            result.tokens += int(keep.sum())
+            rows = torch.where(keep, losses.double(), 0.0).sum(dim=1).tolist()  # one transfer per batch
+            for (doc, *_), row_nll, row_tokens in zip(batch, rows, keep.sum(dim=1).tolist(), strict=True):
+                nll[doc] += row_nll
+                counts[doc] += int(row_tokens)
             bar.update(len(batch))
-    if result.tokens == 0:  # a perplexity of 1.0 from no tokens would read as a perfect score
-        raise UserError(f"no tokens were scored ({len(texts)} documents, context {context}, stride {stride}): "
-                        "check DATA and CONTEXT")
-    return result
+    return list(zip(nll, counts, strict=True))
 
 
 def score_by_source(model: Any, tokenizer: Any, texts: list[str], labels: list[str] | None, context: int,
                     stride: int, batch_size: int = 8) -> tuple[NllResult, dict[str, NllResult]]:
-    """`score_documents` over all texts, and per source label when `labels` (each text's) are given: each source's
-    documents scored on their own, the whole being their sums (a document's windows never reach another's)."""
+    """`score_documents` over all texts, and per source label when `labels` (each text's) are given: every document
+    scored once, in one pass, and its figures added to its source's; the whole is their sums (a document's windows
+    never reach another's)."""
     if labels is None:
         return score_documents(model, tokenizer, texts, context, stride, batch_size), {}
-    per_source = {label: score_documents(model, tokenizer, [t for t, lab in zip(texts, labels, strict=True)
-                                                            if lab == label], context, stride, batch_size)
-                  for label in dict.fromkeys(labels)}
+    scores = _document_nll(model, tokenizer, texts, context, stride, batch_size, progress=True)
+    per_source = {}
+    for label in dict.fromkeys(labels):
+        mine = [i for i, lab in enumerate(labels) if lab == label]
+        per_source[label] = _summed([texts[i] for i in mine], [scores[i] for i in mine])
     total = NllResult()
     for figures in per_source.values():
         total.nll_sum += figures.nll_sum
         total.tokens += figures.tokens
         total.bytes += figures.bytes
         total.documents += figures.documents
+    _check_scored(total, len(texts), context, stride)
     return total, per_source
 
 
 PERPLEXITY_HEADER = ["model", "data", "documents", "tokens", "bytes", "nll", "perplexity", "bits/byte"]
+# What the tokens column counts, beside the other counts of a packed validation split (docs/evaluation.md)
+TOKENS_SCORED = ("tokens: each document's own tokens, each scored once from those before it; the build's count of the "
+                 "split adds an <|endoftext|> per document, the trainer's eval (and the card's per-source rows) every "
+                 "token of a block but its first")
 OWN_DATA = "own"  # DATA for "each model on its own held-out data" (the table then says its rows differ)
 
 
@@ -146,7 +175,7 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
     import logging
     import time
 
-    from sparknet.eval.data import check_unchanged, data_kind, load_labelled_documents, streamed_from, trained_on
+    from sparknet.eval.data import check_unchanged, data_kind, load_labelled_documents
     from sparknet.eval.reports import check_results, eval_dir, merge_json, results_kept
     from sparknet.eval.results import check_perplexities, perplexity_setting
     from sparknet.runtime import write_text_atomic
@@ -162,14 +191,6 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
     log = logging.getLogger("sparknet.eval")
     if len(refs) > 1 or not request.data:
         log.info(line)
-    for ref, source in zip(refs, sources, strict=True):
-        try:
-            own = trained_on(ref.folder, ref.spec)
-        except UserError:
-            continue  # no record of its training data (a Hub model)
-        if own != source and len(set(sources)) == 1 and not streamed_from(ref.folder, source):
-            log.warning("%s was trained on other data (%s): it may have seen parts of %s in training", ref.spec,
-                        own, source)
     documents: dict[str, tuple[list[str], list[str] | None]] = {}
     rows = []
     for ref, source in zip(refs, sources, strict=True):
@@ -177,6 +198,7 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
             # a pre-tokenized source is decoded with the first model's tokenizer
             documents[source] = load_labelled_documents(dataclasses.replace(
                 request, data=source, runs=runs, decode_with=tokenizer_source(refs[0])))
+        _say_what_it_may_have_seen(ref, source, *documents[source])
         model, tokenizer, device = load_model(ref)
         window = model_context(model) if context is None else context
         if not 0 < window <= model_context(model):
@@ -200,6 +222,35 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
         _say_when_fuller_is_kept(row, kept)
         del model
     return rows
+
+
+def _say_what_it_may_have_seen(ref: ModelRef, source: str, texts: list[str], labels: list[str] | None) -> None:
+    """A warning when a model is scored on data other than its own held-out data and some of the documents come from
+    sources it was trained on (their files' sha256s, or Hub ids, against its run's records), with how many; none for
+    its own held-out data, for data it never trained on, and for a model that records no training data."""
+    import logging
+
+    from sparknet.eval.data import data_kind, streamed_from, trained_on
+    from sparknet.eval.overlap import documents_trained_on
+    from sparknet.runtime import project_path
+
+    try:
+        own = trained_on(ref.folder, ref.spec)
+    except UserError:
+        return  # no record of its training data (a Hub model)
+    if project_path(own).resolve() == project_path(source).resolve():  # its own held-out data, however spelled
+        return
+    if streamed_from(ref.folder, source):  # a streaming run's own mix: its held-out rows, which it never trained on
+        return
+    kind = data_kind(source)
+    found = documents_trained_on(ref.folder, source, kind, labels, len(texts))
+    if found is None or not found[0]:
+        return
+    count, names = found
+    logging.getLogger("sparknet.eval").warning(
+        "%s may have trained on up to %d of the %d documents of %s: they come from sources it was trained on (%s), "
+        "and only its own held-out data (%s) is known to be unseen", ref.spec, count, len(texts), source,
+        ", ".join(names), own)
 
 
 def _say_when_fuller_is_kept(row: dict[str, Any], kept: dict[str, Any]) -> None:
@@ -228,6 +279,8 @@ def perplexity_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
         perplexity_row({**r, **figures, "data": f"{r.get('data', '-')} [{label}]"})
         for label, figures in r.get("sources", {}).items())]]
     table = (markdown_table if markdown else console_table)(PERPLEXITY_HEADER, lines)
+    # what the tokens column counts, under the table (the markdown table ends in a newline, the console one not)
+    table += f"\n{TOKENS_SCORED[0].upper()}{TOKENS_SCORED[1:]}.\n" if markdown else f"\n{TOKENS_SCORED}"
     data = sorted({str(row.get("data")) for row in rows})
     if len(data) > 1:
         note = f"note: these rows were scored on different data ({', '.join(data)}): their numbers do not compare"

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sparknet.config import printable
 from sparknet.outputs import Output
 from sparknet.runtime import project_path, read_json_object, write_json_atomic
 
@@ -67,15 +68,14 @@ def update_json(path: Path, update: Callable[[dict[str, Any]], None]) -> dict[st
     (`<name>.damaged`, with a warning) and a new one is written."""
     import logging
 
-    from filelock import FileLock
-
     from sparknet.errors import UserError
+    from sparknet.locks import held
 
     path.parent.mkdir(parents=True, exist_ok=True)
     # one writer at a time: evaluations of one model may run at once (perplexity beside benchmarks, two datasets),
     # and each adds its results to the file; unlocked, the later write dropped the other's (a lost update). The
     # lock is held for a read and a write, so a second evaluation waits for it rather than being refused.
-    with FileLock(str(path.with_name(f".{path.name}.lock"))):
+    with held(path.with_name(f".{path.name}.lock")):  # removed when done: no lock file stays beside the results
         try:
             data = read_results(path)
         except UserError as exc:
@@ -122,13 +122,17 @@ def results_kept(what: str, results: Any, table: str) -> Iterator[None]:
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
-    """A GitHub markdown table; floats to 4 decimals, ints with thousands separators."""
+    """A GitHub markdown table; floats to 4 decimals, ints with thousands separators; a cell's `|` escaped, and any
+    character that ends a line (a file name with a newline would end its row) written as its escape."""
     def cell(value: Any) -> str:
         if isinstance(value, float):
             return f"{value:.4f}"
         if isinstance(value, int) and not isinstance(value, bool):
             return f"{value:,}"
-        return str(value).replace("|", "\\|")
+        text = str(value)
+        if len(text.splitlines()) > 1 or text.endswith(("\n", "\r")):  # \n, \r, \x0b, \x1c, \u2028, ...
+            text = "".join(printable(c) if len(f"a{c}b".splitlines()) > 1 else c for c in text)
+        return text.replace("|", "\\|")
 
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]

@@ -36,7 +36,26 @@ TAG_DESCRIPTIONS = {
     "perf/mfu": "Model FLOPs utilisation of one device: FLOPs per token x global tokens/s / (peak FLOP/s x devices).",
     "perf/tokens_seen": "Training tokens consumed so far, all processes together.",
     "perf/device_memory_gb": "Peak memory of the main process's device (GPU) or its resident memory (CPU), GiB.",
+    "data/capacity_tokens_per_second": "What the stream can supply (this process): tokens handed to the trainer per "
+                                       "second spent producing them while it waited. A capacity, not the training "
+                                       "rate: far above perf/tokens_per_second when data is not the bottleneck.",
 }
+
+
+def add_described_scalar(writer: Any, tag: str, value: float, step: int) -> bool:
+    """Writes a tag's value with its TAG_DESCRIPTIONS entry (TensorBoard keeps the first description it sees), or
+    returns False where the writer cannot (then the caller writes it plainly)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.scalar import metadata
+
+    # SummaryWriter's add_scalar takes no description; its file writer (private, no public accessor) takes a
+    # summary with one. tests/test_hf_private_apis.py pins it; without it the tag is written plainly.
+    file_writer = writer._get_file_writer() if hasattr(writer, "_get_file_writer") else None
+    if file_writer is None:
+        return False
+    md = metadata.create_summary_metadata(display_name=tag, description=TAG_DESCRIPTIONS[tag])
+    file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, simple_value=value, metadata=md)]), step)
+    return True
 
 
 @dataclass(frozen=True)
@@ -61,7 +80,8 @@ class MetricsCallback(TrainerCallback):
 
     Throughput counts training time only: everything from the end of a step's training work to the start of the
     next step is excluded when evaluation, saving or sampling ran in it (so nothing is subtracted twice, and a
-    window's training time never goes below zero). With torch.compile the first window after (re)starting holds the
+    window's training time never goes below zero), and so is the time before the first step (a resume's restore of
+    its checkpoint and the batches it skips). With torch.compile the first window after (re)starting holds the
     compilation: it is printed as warm-up and left out of the perf/ figures and of the run's mean.
     """
 
@@ -78,6 +98,7 @@ class MetricsCallback(TrainerCallback):
         self._excluded = 0.0
         self._paused = False  # evaluation, saving or sampling ran since the last step's end
         self._step_end = 0.0
+        self._started = False  # a step began since train_begin: the first window opens at the first step
         self._windows = 0
         self.train_seconds = 0.0  # summed over the measured windows of this process (warm-up left out)
         self.train_tokens = 0
@@ -101,8 +122,13 @@ class MetricsCallback(TrainerCallback):
         self._window_step = state.global_step
         self._excluded = 0.0
         self._windows = 0
+        self._started = False
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        if not self._started:  # the time since train_begin (a resume's restore, skipped batches) is not training
+            self._window_start = time.perf_counter()
+            self._started, self._paused = True, False
+            return
         if self._paused:
             # from the later of the step's end and the window's start: work before a log belongs to the old window
             self._excluded += time.perf_counter() - max(self._step_end, self._window_start)
@@ -230,16 +256,8 @@ class MetricsCallback(TrainerCallback):
 
     def _write_described(self, tag: str, value: float, step: int) -> bool:
         """Writes a tag's first value with its description (TensorBoard keeps the first one it sees)."""
-        from tensorboard.compat.proto.summary_pb2 import Summary
-        from tensorboard.plugins.scalar import metadata
-
-        # SummaryWriter's add_scalar takes no description; its file writer (private, no public accessor) takes a
-        # summary with one. tests/test_hf_private_apis.py pins it; without it the tag is written plainly.
-        file_writer = self.writer._get_file_writer() if hasattr(self.writer, "_get_file_writer") else None
-        if file_writer is None:
+        if not add_described_scalar(self.writer, tag, value, step):
             return False
-        md = metadata.create_summary_metadata(display_name=tag, description=TAG_DESCRIPTIONS[tag])
-        file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, simple_value=value, metadata=md)]), step)
         self._described.add(tag)
         return True
 

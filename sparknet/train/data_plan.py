@@ -191,8 +191,10 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
                 allow_short_phases: bool = False) -> PackedPlan:
     """The packed dataset (scripts/build_dataset_v5.py) with the tokenizer it was built with.
 
-    `config`, the script's CONFIG, is checked against the mix the dataset was built from; `allow_short_phases`
-    (ALLOW_SHORT_PHASES) trains a phase its build left short, with a warning (`PackedPlan.check_short_phases`)."""
+    `config`, the script's CONFIG, must be the mix the dataset was built from (the metadata and the card record the
+    dataset's as the run's): another is refused in one line, before any work. None takes the dataset's.
+    `allow_short_phases` (ALLOW_SHORT_PHASES) trains a phase its build left short, with a warning
+    (`PackedPlan.check_short_phases`)."""
     from sparknet.data.packed.dataset import PackedDataset
     from sparknet.tokenizer import load_tokenizer, tokenizer_fingerprint
 
@@ -202,8 +204,15 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
     ours = config.to_dict() if config is not None else {}
     if config is not None and (ours["mix"], ours.get("phases")) != (manifest["config"]["mix"],
                                                                     manifest["config"].get("phases")):
-        log.warning("dataset %s was built from another mix than CONFIG=%s (%s): the metadata records the dataset's",
-                    train.folder, config.path, manifest["config"]["path"])
+        from sparknet.identity import describe_changes
+
+        theirs = {key: manifest["config"].get(key) for key in ("mix", "phases")}
+        changes = "; ".join(describe_changes(theirs, {"mix": ours["mix"], "phases": ours.get("phases")}))
+        raise UserError(f"dataset {dataset_dir} was built from another mix than CONFIG={config.path} ({changes}; it "
+                        f"was built from {manifest['config']['path']}): pass that config, or leave CONFIG out to "
+                        "train on the dataset's, or build a dataset from this one")
+    if config is None:
+        log.info("CONFIG not given: the mix is the dataset's, %s", manifest["config"]["path"])
     source = tokenizer_dir or manifest["tokenizer"]["path"]
     tokenizer = load_tokenizer(source)
     if tokenizer_fingerprint(source, tokenizer) != manifest["tokenizer"]["sha256"]:
@@ -231,6 +240,8 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
         exhausted_sources=list(manifest.get("exhausted_sources") or []),
         manifest_metadata={
             "config": manifest["config"],
+            "source_revisions": manifest.get("source_revisions", {}),
+            "text_columns": manifest.get("text_columns", {}),
             "dataset": {"path": str(train.folder), "inputs": manifest.get("inputs"),
                         "realised_mixture": {k: v["sources"] for k, v in manifest["splits"].items()}},
         },

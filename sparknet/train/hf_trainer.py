@@ -128,12 +128,18 @@ def lr_schedule(settings: TrainSettings, max_steps: int, phase_steps: list[int] 
     several phases, whose step ends are `phase_steps`, over exactly the last phase's steps: the first of them at the
     peak, each later one lower)."""
     if settings.lr_schedule == "wsd":
-        decay = (max_steps - phase_steps[-2] if phase_steps is not None and len(phase_steps) > 1
-                 else round(0.2 * max_steps))
         return {"lr_scheduler_type": "warmup_stable_decay",
-                "lr_scheduler_kwargs": {"num_decay_steps": max(1, decay), "decay_type": "linear",
-                                        "min_lr_ratio": settings.min_lr_ratio}}
+                "lr_scheduler_kwargs": {"num_decay_steps": wsd_decay_steps(max_steps, phase_steps),
+                                        "decay_type": "linear", "min_lr_ratio": settings.min_lr_ratio}}
     return {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": settings.min_lr_ratio}}
+
+
+def wsd_decay_steps(max_steps: int, phase_steps: list[int] | None = None) -> int:
+    """The steps LR_SCHEDULE=wsd decays over: the last phase's in a run of several (`phase_steps`: where each ends),
+    else the last fifth of the steps; at least one."""
+    decay = (max_steps - phase_steps[-2] if phase_steps is not None and len(phase_steps) > 1
+             else round(0.2 * max_steps))
+    return max(1, decay)
 
 
 def warmup_steps(warmup_ratio: float, max_steps: int) -> int:

@@ -214,21 +214,30 @@ def base_shape(base: BaseModel) -> Preset:
     raise UserError(f"INIT_FROM={base.spec} is a {c.model_type} model: SparkNet trains gpt2 and llama models")
 
 
-def check_base(base: BaseModel, preset_name: str, block_size: int, tokenizer: Any, tokenizer_source: str) -> Preset:
-    """The model's shape for a run from `base`: the base's, which MODEL_PRESET must name (a preset of another shape
-    is refused; a base of a shape no preset has, e.g. a Hub model, is taken as it is, with a line saying so). Its
-    context is fixed, so blocks longer than it are refused; and its vocabulary and EOS must be the tokenizer's."""
+def base_preset(base: BaseModel) -> str | None:
+    """The preset whose shape the base has (its context aside), or None for a shape no preset has."""
     shape = base_shape(base)
-    preset = PRESETS[preset_name]
-    same = dataclasses.replace(preset, n_positions=shape.n_positions) == shape
-    if not same:
-        matching = [name for name, other in PRESETS.items()
-                    if dataclasses.replace(other, n_positions=shape.n_positions) == shape]
+    return next((name for name, other in PRESETS.items()
+                 if dataclasses.replace(other, n_positions=shape.n_positions) == shape), None)
+
+
+def check_base(base: BaseModel, preset_name: str | None, block_size: int, tokenizer: Any,
+               tokenizer_source: str) -> Preset:
+    """The model's shape for a run from `base`: the base's. MODEL_PRESET, when set, must name it (a preset of
+    another shape contradicts the base and is refused); a base of a shape no preset has, e.g. a Hub model, is taken as
+    it is, with a line saying so. Its context is fixed, so blocks longer than it are refused; and its vocabulary and
+    EOS must be the tokenizer's."""
+    shape = base_shape(base)
+    matching = base_preset(base)
+    if preset_name is not None and preset_name != matching:
+        preset = PRESETS[preset_name]
         if matching:
             raise UserError(f"MODEL_PRESET={preset_name} is {_describe(preset)}, but INIT_FROM={base.spec} is "
-                            f"{_describe(shape)}: set MODEL_PRESET={matching[0]}, the base's shape")
+                            f"{_describe(shape)}: set MODEL_PRESET={matching}, the base's shape, or leave it out")
         log.info("INIT_FROM=%s is %s, no preset's shape: MODEL_PRESET=%s is ignored, the base's shape is trained",
                  base.spec, _describe(shape), preset_name)
+    elif preset_name is None and matching is None:
+        log.info("INIT_FROM=%s is %s, no preset's shape: the base's shape is trained", base.spec, _describe(shape))
     if block_size > shape.n_positions:
         raise UserError(f"INIT_FROM={base.spec} has a context of {shape.n_positions} tokens, shorter than the data's "
                         f"blocks of {block_size} tokens: train it on blocks of at most {shape.n_positions} tokens "
@@ -287,6 +296,10 @@ def load_base(base: BaseModel, dropout: float) -> Any:
                 else ("attention_dropout",))
     for key in dropouts:
         setattr(config, key, dropout)
+    # as a fresh model has it: no pad token while training (packed blocks never pad). A base exported with
+    # <|endoftext|> as its pad token made transformers warn for an attention mask at the first block that begins or
+    # ends with one; generation keeps its pad id (with_special_ids), and the export sets it again (set_for_use)
+    config.pad_token_id = None
     # a Hub id's weights at the commit its config was read at (a local folder has no revisions)
     revision = base.commit if base.folder is None else None
     model = AutoModelForCausalLM.from_pretrained(base.source, config=config, dtype=torch.float32,

@@ -28,6 +28,7 @@ from sparknet.errors import UserError
 from sparknet.locks import exclusive
 from sparknet.metrics import bytes_of_tokens, perplexity, tokens_and_bytes_by_source
 from sparknet.model import (
+    DEFAULT_PRESET,
     Preset,
     build_model,
     flops_per_token,
@@ -37,7 +38,15 @@ from sparknet.model import (
     set_for_use,
 )
 from sparknet.run_files import METADATA
-from sparknet.runtime import device_info, process_rank, project_path, world_size, write_json_atomic, writes_to
+from sparknet.runtime import (
+    device_info,
+    follow_umask,
+    process_rank,
+    project_path,
+    world_size,
+    write_json_atomic,
+    writes_to,
+)
 from sparknet.tokenizer import portable_config
 from sparknet.train.batch import BatchPlan, TokenCount, budget, check_enough_blocks, plan_batch
 from sparknet.train.callbacks import MetricsCallback, MetricsSpec, SamplingCallback
@@ -48,6 +57,7 @@ from sparknet.train.hf_trainer import SparkTrainer, check_launch, compiles, trai
 from sparknet.train.init_from import (
     BASE_RECORD,
     BaseModel,
+    base_preset,
     check_base,
     load_base,
     read_base_record,
@@ -83,6 +93,7 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
     check_launch(settings, device_info())
     run_dir = project_path(settings.checkpoints_dir) / settings.run_name
     base = resolve_run_base(settings.init_from, run_dir) if settings.init_from else None
+    settings.model_preset = preset_name(settings.model_preset, base)
     preset = model_preset(settings, data, base)
     batch, target, max_steps, tokens_per_step = step_budget(settings, data.block_size, data.target_tokens)
     if data.train_blocks is not None:
@@ -157,12 +168,25 @@ def report_outcome(result: TrainResult, logs_dir: str) -> None:
           f"tensorboard --logdir {logs_dir}/{result.run_dir.name})")
 
 
+def preset_name(asked: str | None, base: BaseModel | None) -> str | None:
+    """MODEL_PRESET as the run records it: as set; not set, the preset of INIT_FROM's shape (None for a base of a shape
+    no preset has), else DEFAULT_PRESET. A set one that contradicts the base is refused by `check_base`."""
+    if asked is not None:
+        return asked
+    if base is None:
+        return DEFAULT_PRESET
+    name = base_preset(base)
+    if name is not None:
+        log.info("MODEL_PRESET not set: %s, the shape of INIT_FROM=%s", name, base.spec)
+    return name
+
+
 def model_preset(settings: TrainSettings, data: DataPlan, base: BaseModel | None = None) -> Preset:
     """The model's shape: the preset's width and depth, and a context that follows the data. A model trained from
     scratch gets the blocks' length; a run that resumes keeps its model's (from its checkpoint), which must hold
     the blocks: checked here, before the run folder is touched. A run from a base model (INIT_FROM) has the base's
     shape and context (sparknet.train.init_from.check_base)."""
-    preset = get_preset(settings.model_preset)
+    preset = get_preset(settings.model_preset) if settings.model_preset is not None else None
     if not RULES["BLOCK_SIZE"].test(data.block_size):  # a dataset not built by SparkNet (the build refuses them)
         raise UserError(f"blocks of {data.block_size} token: a block needs 2 tokens or more (one to predict the next "
                         "from): use a larger BLOCK_SIZE (or context_length)")
@@ -176,6 +200,7 @@ def model_preset(settings: TrainSettings, data: DataPlan, base: BaseModel | None
                         f"{saved[0]} tokens, or choose a new RUN_NAME")
     # runs begun before the context followed the data kept the preset's, which may be longer than their blocks
     if base is None:
+        assert preset is not None  # preset_name gives one without a base
         preset = dataclasses.replace(preset, n_positions=data.block_size if saved is None else saved[0])
     if settings.sample_prompts and settings.sample_max_new_tokens >= preset.n_positions:
         raise UserError(f"SAMPLE_MAX_NEW_TOKENS={settings.sample_max_new_tokens} leaves no room for a prompt in "
@@ -326,6 +351,8 @@ def export(trainer: SparkTrainer, tokenizer: Any, out_dir: Path) -> None:
         # (transformers issue 30491): the export gathers the full weights for from_pretrained
         plugin.set_state_dict_type("FULL_STATE_DICT")
     trainer.save_model(str(out_dir))
+    if process_rank() == 0:
+        follow_umask(out_dir)  # safetensors writes 0600
     if process_rank() == 0 and (out_dir / "tokenizer_config.json").is_file():
         portable_config(out_dir)
 
@@ -338,7 +365,8 @@ def run_metadata(s: TrainSettings, data: DataPlan, run: RunFolder, parts: Traine
     train_losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     mean = metrics.mean_tokens_per_second
     # None for a base model of a shape no preset has (INIT_FROM's, MODEL_PRESET ignored)
-    same_shape = dataclasses.replace(get_preset(s.model_preset), n_positions=parts.preset.n_positions) == parts.preset
+    same_shape = s.model_preset is not None and dataclasses.replace(
+        get_preset(s.model_preset), n_positions=parts.preset.n_positions) == parts.preset
     preset_name = s.model_preset if same_shape else None
     return {
         "run_name": s.run_name,

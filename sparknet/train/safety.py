@@ -15,7 +15,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from sparknet.runtime import quiet_closed_terminal
+from sparknet.runtime import follow_umask, quiet_closed_terminal
 from sparknet.train.folders import mark_complete
 
 log = logging.getLogger("sparknet.train")
@@ -116,6 +116,7 @@ class SafetyCallback(TrainerCallback):
         if state.is_world_process_zero:
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if folder.is_dir():
+                follow_umask(folder)  # safetensors writes 0600; before the marker, which vouches for the files
                 mark_complete(folder, state.global_step)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:

@@ -33,7 +33,7 @@ class TrainSettings:
     source of them (`sparknet.cli.script_constants` reads them for code that has no script)."""
 
     run_name: str = setting(identity=False)
-    model_preset: str = setting()
+    model_preset: str | None = setting()  # None: INIT_FROM's shape, else DEFAULT_PRESET (run.preset_name)
     init_from: str | None = setting()  # a base model's weights to start from; a resume must name the same
     target_tokens: int | None = setting()
     # the budget in steps: in the run's identity as the tokens it gives (`run.run_identity`'s target_tokens), so that

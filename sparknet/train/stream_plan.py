@@ -20,6 +20,7 @@ from sparknet.data.spec import DataSpec, HeldOutRows, Part
 from sparknet.errors import UserError
 from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, VAL_SOURCES, read_val_blocks, read_val_report
 from sparknet.train.batch import BatchPlan
+from sparknet.train.callbacks import add_described_scalar
 from sparknet.train.data_plan import BlockDataset, DataPlan
 from sparknet.train.folders import read_identity
 
@@ -69,11 +70,14 @@ class StreamPlan(DataPlan):
         realised = {k: stats[k] for k in ("shares", "tokens", "documents", "validation_repeats_removed", "blocks",
                                           "restarts", "exhausted", "end")}
         validation = {k: v for k, v in self.report.items() if k != "document_hashes"}  # thousands of hashes
+        from sparknet.data.source.opening import text_column
+
         config = self.spec.config
         return {"config": {"path": config.path, **config.to_dict()},
                 "source_revisions": {s.label: {"revision": s.revision, "commit": self.commits.get(s.label)}
                                      for s in config.mix},
-                "stream": {"validation": validation,
+                "text_columns": {s.label: text_column(s) for s in config.mix},  # the column each source was read from
+                "stream": {"data_seed": self.spec.seed, "validation": validation,
                            "training": {**realised, "requested_shares": requested_shares(self.stream.config)}},
                 **({"phases": self.phase_record()} if self.phase_steps else {})}
 
@@ -349,13 +353,15 @@ class StreamCallback(TrainerCallback):
     """Saves each rank's stream position into every checkpoint (before it is marked complete), checking that it is
     the position after exactly the blocks the steps consumed; at each logging step writes the realised mix
     (`data/share/<source>`; in a run in phases, since the current phase began, and the phase as `data/phase`), the
-    stream's rate over the window (`data/tokens_per_second`: tokens handed out per second spent waiting for them; far
-    above perf/tokens_per_second when data is not the bottleneck) and the share of the window's time the trainer
-    waited for data (`data/wait_fraction`), and the Hub reads retried so far (`data/hub_retries`)."""
+    stream's capacity over the window (`data/capacity_tokens_per_second`: tokens handed out per second spent
+    producing them while the trainer waited; far above perf/tokens_per_second when data is not the bottleneck,
+    described so in TensorBoard) and the share of the window's time the trainer waited for data
+    (`data/wait_fraction`), and the Hub reads retried so far (`data/hub_retries`)."""
 
     def __init__(self, *, stream: Any, writer: Any) -> None:
         self.stream, self.writer = stream, writer
         self._last = (0.0, 0, time.perf_counter())  # busy seconds, tokens, wall clock at the last log
+        self._described = False  # the capacity tag written once with its description
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         from sparknet.runtime import process_rank, write_json_atomic
@@ -396,7 +402,10 @@ class StreamCallback(TrainerCallback):
         if phased:
             self.writer.add_scalar("data/phase", stats["phase"], state.global_step)
         if busy > 0:
-            self.writer.add_scalar("data/tokens_per_second", tokens / busy, state.global_step)
+            tag = "data/capacity_tokens_per_second"
+            if self._described or not add_described_scalar(self.writer, tag, tokens / busy, state.global_step):
+                self.writer.add_scalar(tag, tokens / busy, state.global_step)
+            self._described = True
         self.writer.add_scalar("data/wait_fraction", min(1.0, busy / max(wall, 1e-9)), state.global_step)
         from sparknet.data.source.hub_retries import hub_retries
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from sparknet.config import LABEL_RULE
 from sparknet.data.packed.dataset import FORMAT_VERSION, SPLITS, SplitWriter
+from sparknet.data.source.opening import text_column
 from sparknet.data.spec import PIECE_BLOCKS
 
 
@@ -40,6 +41,9 @@ def description(spec: Any, tok: Any, dtype: np.dtype, inputs: dict[str, Any], co
         "config": {"path": config.path, **config.to_dict()},
         "source_revisions": {s.label: {"revision": s.revision, "commit": commits.get(s.label)}
                              for s in config.mix if not s.local},
+        # the column each source's documents were read from (its text_field, or the one picked from its columns;
+        # input_ids for a pre-tokenized source); None: not known (a Hub source that could not be opened again)
+        "text_columns": {s.label: text_column(s) for s in config.mix},
         "label_rule": LABEL_RULE,
         "seed": spec.seed,
         "block_size": spec.block_size,

@@ -8,6 +8,7 @@ pinned to a `revision` (branch, tag or commit); `resolve_revisions` finds the co
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -204,6 +205,40 @@ def pick_text_field(row: dict[str, Any], spec: SourceSpec, columns: dict[str, st
     )
 
 
+def column_read(row: dict[str, Any], spec: SourceSpec, columns: dict[str, str] | None) -> str:
+    """The column a source's documents are read from, decided at its first `row` (with the stream's declared
+    `columns`): `input_ids` for a pre-tokenized source, else `pick_text_field`'s."""
+    if spec.text_field is None and _pre_tokenized(row, columns):
+        return TOKENS_FIELD
+    return pick_text_field(row, spec, columns)
+
+
+# The column each source was read from in this process (by `_read_key`), as its readers decided it: what a summary
+# says was read, without opening the source again.
+_COLUMNS_READ: dict[str, str] = {}
+
+
+def _read_key(spec: SourceSpec) -> str:
+    """What makes two specs the same reading (the label alone does not: two configs may share one)."""
+    return json.dumps([spec.name, spec.data_files, spec.split, spec.subset, spec.text_field, spec.label],
+                      sort_keys=True)
+
+
+def text_column(spec: SourceSpec) -> str | None:
+    """The column a source is read from, as its reader decides it (`column_read` on its first row), for the summaries
+    and records that say what was read: the column this process's reader took, else the source opened for its first
+    row; None when it cannot be opened now (a Hub source offline: a record is not worth a failed build) or holds no
+    row."""
+    if _read_key(spec) in _COLUMNS_READ:
+        return _COLUMNS_READ[_read_key(spec)]
+    try:
+        rows = open_source(spec)
+        row = next(iter(read_rows(rows, spec)), None)
+        return None if row is None else column_read(row, spec, declared_columns(rows))
+    except UserError:
+        return None
+
+
 class RowDocuments:
     """The document of each row of one pass over a source: its text, from the text column picked at the first row
     (from the stream's declared columns, `pick_text_field`; a non-text value is the user's mistake), or, for a
@@ -222,16 +257,14 @@ class RowDocuments:
         """The document of `row` (the `row_index`-th of the pass, read from the opened stream `rows`), None when it
         has none."""
         if self.field is None:
-            columns = declared_columns(rows)
-            if self.spec.text_field is None and _pre_tokenized(row, columns):
+            self.field = _COLUMNS_READ[_read_key(self.spec)] = column_read(row, self.spec, declared_columns(rows))
+            if self.field == TOKENS_FIELD and self.spec.text_field is None:
                 if self.vocab_size is None:
                     raise UserError(f"source {self.spec.label!r} holds token ids ({TOKENS_FIELD!r}), not text: "
                                     "a tokenizer trains on text; leave this source out of its mix config")
-                self.field, self.tokens = TOKENS_FIELD, True
+                self.tokens = True
                 if callable(self.vocab_size):  # known only now that it is needed (a tokenizer to load)
                     self.vocab_size = self.vocab_size()
-            else:
-                self.field = pick_text_field(row, self.spec, columns)
         if self.tokens:
             if row.get(self.spec.text_field or "text"):  # a text beside the ids (no text column declared)
                 self._one_kind("text", row_index)
