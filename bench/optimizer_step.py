@@ -57,15 +57,16 @@ def make_optimizer(kind: str, model: object) -> object:
     import torch
     from transformers.trainer_pt_utils import get_parameter_names
 
-    from sparknet.train.muon import MuonAdamW
+    from sparknet.train.muon import MuonAdamW, hidden_matrices
 
     if kind == "adamw":
         decay = set(get_parameter_names(model, [torch.nn.LayerNorm], ["bias", "layernorm", "rmsnorm"]))
         groups = [{"params": [p for n, p in model.named_parameters() if n in decay], "weight_decay": 0.1},
                   {"params": [p for n, p in model.named_parameters() if n not in decay], "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=LEARNING_RATE, betas=(0.9, 0.95))
-    return MuonAdamW(list(model.named_parameters()), lr=LEARNING_RATE, muon_lr=LEARNING_RATE, betas=(0.9, 0.95),
-                     weight_decay=0.1, ns_dtype=torch.bfloat16 if kind == "muon, bf16 iteration" else None)
+    return MuonAdamW(list(model.named_parameters()), hidden=hidden_matrices(model), lr=LEARNING_RATE,
+                     muon_lr=LEARNING_RATE, betas=(0.9, 0.95), weight_decay=0.1,
+                     ns_dtype=torch.bfloat16 if kind == "muon, bf16 iteration" else None)
 
 
 def time_round(kind: str) -> tuple[float, float]:

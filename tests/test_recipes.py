@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sparknet.model import build_model, flops_per_token, get_preset, parameter_count
-from sparknet.train.muon import is_hidden_matrix
+from sparknet.train.muon import hidden_matrices
 from tests.helpers import kill_when, read_steps, start_script, train_args, train_packed, train_settings
 
 
@@ -27,7 +27,7 @@ def test_llama_70m_matches_the_gpt2_reference_size_and_counts_its_flops() -> Non
 @pytest.mark.parametrize("preset", ["sparknet-tiny", "sparknet-llama-tiny"])
 def test_muon_takes_the_hidden_matrices_only(preset: str) -> None:
     model = build_model(get_preset(preset), vocab_size=300, eos_token_id=0)
-    hidden = {n for n, p in model.named_parameters() if is_hidden_matrix(n, p)}
+    hidden = hidden_matrices(model)
     assert hidden and all(p.ndim == 2 for n, p in model.named_parameters() if n in hidden)
     rest = {n for n, _ in model.named_parameters()} - hidden
     assert all(".h." in n or ".layers." in n for n in hidden)  # inside the blocks

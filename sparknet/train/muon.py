@@ -23,13 +23,16 @@ from typing import Any
 
 import torch
 
-# Names of parameters that are tables or the output layer, not hidden matrices (GPT-2 and Llama spellings).
-_NOT_HIDDEN = ("wte", "wpe", "embed_tokens", "lm_head")
 
-
-def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
-    """Whether Muon takes this parameter: a 2-D weight inside the transformer blocks."""
-    return param.ndim == 2 and not any(part in name.split(".") for part in _NOT_HIDDEN)
+def hidden_matrices(model: torch.nn.Module) -> set[str]:
+    """Names of the parameters Muon takes: the 2-D weights inside the transformer blocks, that is every 2-D
+    parameter but the lookup tables (`nn.Embedding`: tokens, positions) and the output layer. Found by module type
+    rather than by name, so every architecture's blocks are found as they are spelled."""
+    head = model.get_output_embeddings()
+    outside = {id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)}
+    if head is not None:
+        outside.add(id(head.weight))
+    return {name for name, param in model.named_parameters() if param.ndim == 2 and id(param) not in outside}
 
 
 def newton_schulz_dtype(device: torch.device) -> torch.dtype:
@@ -119,16 +122,16 @@ class Muon(torch.optim.Muon):
 
 
 class MuonAdamW(torch.optim.Optimizer):
-    """Muon (lr `muon_lr`, no weight decay) for hidden matrices; AdamW (lr `lr`, `weight_decay` except on norms and
-    biases) for everything else. Muon's step is scaled to match AdamW's update size ("match_rms_adamw"), so
-    `muon_lr` is on AdamW's scale."""
+    """Muon (lr `muon_lr`, no weight decay) for the parameters named in `hidden` (`hidden_matrices`); AdamW (lr
+    `lr`, `weight_decay` except on norms and biases) for everything else. Muon's step is scaled to match AdamW's
+    update size ("match_rms_adamw"), so `muon_lr` is on AdamW's scale."""
 
-    def __init__(self, named_parameters: list[tuple[str, torch.nn.Parameter]], *, lr: float, muon_lr: float,
-                 betas: tuple[float, float], weight_decay: float, momentum: float = 0.95, fused: bool = False,
-                 ns_dtype: torch.dtype | None = None) -> None:
-        muon = [p for n, p in named_parameters if p.requires_grad and is_hidden_matrix(n, p)]
-        decay = [p for n, p in named_parameters if p.requires_grad and not is_hidden_matrix(n, p) and p.ndim >= 2]
-        no_decay = [p for n, p in named_parameters if p.requires_grad and not is_hidden_matrix(n, p) and p.ndim < 2]
+    def __init__(self, named_parameters: list[tuple[str, torch.nn.Parameter]], *, hidden: set[str], lr: float,
+                 muon_lr: float, betas: tuple[float, float], weight_decay: float, momentum: float = 0.95,
+                 fused: bool = False, ns_dtype: torch.dtype | None = None) -> None:
+        muon = [p for n, p in named_parameters if p.requires_grad and n in hidden]
+        decay = [p for n, p in named_parameters if p.requires_grad and n not in hidden and p.ndim >= 2]
+        no_decay = [p for n, p in named_parameters if p.requires_grad and n not in hidden and p.ndim < 2]
         if not muon:
             raise ValueError("no hidden weight matrices for Muon")
         self.muon = Muon(muon, lr=muon_lr, weight_decay=0.0, momentum=momentum, adjust_lr_fn="match_rms_adamw",

@@ -37,10 +37,11 @@ def _adamw(trainer: Any, model: Any) -> torch.optim.Optimizer:
 def _muon(trainer: Any, model: Any) -> torch.optim.Optimizer:
     """Muon (MUON_LEARNING_RATE, no weight decay) for the hidden weight matrices, AdamW for the rest
     (sparknet.train.muon)."""
-    from sparknet.train.muon import MuonAdamW
+    from sparknet.train.muon import MuonAdamW, hidden_matrices
 
     args = trainer.args
-    return MuonAdamW(list(model.named_parameters()), lr=args.learning_rate, muon_lr=trainer.settings.muon_learning_rate,
+    return MuonAdamW(list(model.named_parameters()), hidden=hidden_matrices(model), lr=args.learning_rate,
+                     muon_lr=trainer.settings.muon_learning_rate,
                      betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay,
                      fused=args.device.type == "cuda")
 

@@ -1,0 +1,67 @@
+"""ARCHITECTURES: the model classes a preset may name, each a stock transformers class, so that every export loads
+with `AutoModelForCausalLM` and no custom code.
+
+The one place that knows an architecture: how a preset's shape becomes the class's config, how a config (an
+INIT_FROM base's) becomes a shape again, which of its config keys are dropouts, and which weights start at zero.
+Everything else reads the built model (sparknet.model counts parameters and FLOPs from it; Muon finds its matrices
+from its module types), so adding an architecture is one entry here and the presets that name it. Keyed by the
+config's `model_type`. Nothing here imports transformers at module level: the checks read the names first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sparknet.model import Preset
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One architecture: `config(preset, vocab_size, bos, eos, dropout)` is the class's config for that shape;
+    `shape(config)` the preset fields a config of this type has (the inverse, for a base model); `dropouts` the
+    config keys INIT_FROM sets to the run's DROPOUT."""
+
+    doc: str
+    config: Callable[[Preset, int, int, int, float], Any]
+    shape: Callable[[Any], dict[str, int]]
+    dropouts: tuple[str, ...]
+
+
+def _gpt2(preset: Preset, vocab_size: int, bos: int, eos: int, dropout: float) -> Any:
+    from transformers import GPT2Config
+
+    return GPT2Config(vocab_size=vocab_size, n_positions=preset.n_positions, n_embd=preset.n_embd,
+                      n_layer=preset.n_layer, n_head=preset.n_head, resid_pdrop=dropout, embd_pdrop=dropout,
+                      attn_pdrop=dropout, bos_token_id=bos, eos_token_id=eos, tie_word_embeddings=True)
+
+
+def _gpt2_shape(config: Any) -> dict[str, int]:
+    return {"n_layer": config.n_layer, "n_embd": config.n_embd, "n_head": config.n_head,
+            "n_positions": config.n_positions}
+
+
+def _llama(preset: Preset, vocab_size: int, bos: int, eos: int, dropout: float) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=preset.n_embd, intermediate_size=preset.intermediate,
+                       num_hidden_layers=preset.n_layer, num_attention_heads=preset.n_head,
+                       num_key_value_heads=preset.n_head, max_position_embeddings=preset.n_positions,
+                       attention_dropout=dropout, attention_bias=False, mlp_bias=False, tie_word_embeddings=True,
+                       bos_token_id=bos, eos_token_id=eos)
+
+
+def _decoder_shape(config: Any) -> dict[str, int]:
+    """The shape of a Llama-family config (hidden_size, num_hidden_layers, ...)."""
+    return {"n_layer": config.num_hidden_layers, "n_embd": config.hidden_size, "n_head": config.num_attention_heads,
+            "n_positions": config.max_position_embeddings, "intermediate": config.intermediate_size}
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "gpt2": Architecture("GPT-2: learned positions, LayerNorm, GELU MLP (4 x width), tied embeddings",
+                         _gpt2, _gpt2_shape, ("resid_pdrop", "embd_pdrop", "attn_pdrop")),
+    "llama": Architecture("Llama: RoPE, RMSNorm, SwiGLU MLP, no biases, tied embeddings",
+                          _llama, _decoder_shape, ("attention_dropout",)),
+}
