@@ -59,9 +59,24 @@ def _decoder_shape(config: Any) -> dict[str, int]:
             "n_positions": config.max_position_embeddings, "intermediate": config.intermediate_size}
 
 
+def _nanochat(preset: Preset, vocab_size: int, bos: int, eos: int, dropout: float) -> Any:
+    from transformers import NanoChatConfig
+
+    # pad_token_id None: the embedding's padding row would otherwise get no gradient, and that row is EOS's (the
+    # export sets the pad id for generation); training never pads
+    return NanoChatConfig(vocab_size=vocab_size, hidden_size=preset.n_embd, intermediate_size=preset.intermediate,
+                          num_hidden_layers=preset.n_layer, num_attention_heads=preset.n_head,
+                          num_key_value_heads=preset.n_head, max_position_embeddings=preset.n_positions,
+                          attention_dropout=dropout, hidden_act="relu2", final_logit_softcapping=15.0,
+                          tie_word_embeddings=False, bos_token_id=bos, eos_token_id=eos, pad_token_id=None)
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     "gpt2": Architecture("GPT-2: learned positions, LayerNorm, GELU MLP (4 x width), tied embeddings",
                          _gpt2, _gpt2_shape, ("resid_pdrop", "embd_pdrop", "attn_pdrop")),
     "llama": Architecture("Llama: RoPE, RMSNorm, SwiGLU MLP, no biases, tied embeddings",
                           _llama, _decoder_shape, ("attention_dropout",)),
+    "nanochat": Architecture("the speedrun block (NanoChat): RoPE, QK-norm, ReLU² MLP, RMSNorm without weights "
+                             "(after the embedding too), untied output layer, logits soft-capped at 15",
+                             _nanochat, _decoder_shape, ("attention_dropout",)),
 }

@@ -28,6 +28,7 @@ class Preset:
     n_positions: int
     arch: str = "gpt2"  # a key of sparknet.architectures.ARCHITECTURES
     intermediate: int = 0  # the MLP's width where the architecture takes one (gpt2's MLP is 4 x n_embd)
+    overrides: tuple[tuple[str, Any], ...] = ()  # config values set over the architecture's
 
 
 PRESETS: dict[str, Preset] = {
@@ -39,6 +40,17 @@ PRESETS: dict[str, Preset] = {
     "sparknet-llama-70m": Preset(n_layer=12, n_embd=512, n_head=8, n_positions=1024, arch="llama", intermediate=1408),
     "sparknet-llama-demo": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="llama", intermediate=704),
     "sparknet-llama-tiny": Preset(n_layer=2, n_embd=64, n_head=2, n_positions=128, arch="llama", intermediate=176),
+    "sparknet-nanochat-demo": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="nanochat",
+                                     intermediate=1024),
+    "sparknet-nanochat-tiny": Preset(n_layer=2, n_embd=64, n_head=2, n_positions=128, arch="nanochat",
+                                     intermediate=256),
+    # screening variants (bench/recipe.py): the NanoChat block less one of its parts
+    "screen-nanochat-tied": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="nanochat",
+                                   intermediate=1024, overrides=(("tie_word_embeddings", True),)),
+    "screen-nanochat-nocap": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="nanochat",
+                                    intermediate=1024, overrides=(("final_logit_softcapping", None),)),
+    "screen-nanochat-gelu": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="nanochat",
+                                   intermediate=1024, overrides=(("hidden_act", "gelu_pytorch_tanh"),)),
 }
 
 
@@ -85,7 +97,10 @@ def _counts(preset: Preset, vocab_size: int) -> tuple[int, int]:
 
 
 def _config(preset: Preset, vocab_size: int, bos: int, eos: int, dropout: float) -> Any:
-    return ARCHITECTURES[preset.arch].config(preset, vocab_size, bos, eos, dropout)
+    config = ARCHITECTURES[preset.arch].config(preset, vocab_size, bos, eos, dropout)
+    for key, value in preset.overrides:
+        setattr(config, key, value)
+    return config
 
 
 def build_model(
