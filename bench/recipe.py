@@ -48,6 +48,18 @@ RECIPES: dict = {
     "adamw 4e-3": {"optimizer": "adamw", "learning_rate": 4e-3},
     # the demo's recipe before this bench: Muon for the hidden matrices
     "muon": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 2e-3},
+    "muon 4e-3": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 4e-3},
+    "muon 8e-3": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 8e-3},
+    # the NanoChat block (QK-norm, ReLU², norms without weights, one after the embedding, untied output layer,
+    # logits soft-capped at 15) with the demo's Muon, then less one part at a time
+    "nanochat + muon": {"model_preset": "sparknet-nanochat-demo", "optimizer": "muon", "learning_rate": 2e-3,
+                        "muon_learning_rate": 2e-3},
+    "nanochat tied + muon": {"model_preset": "screen-nanochat-tied", "optimizer": "muon", "learning_rate": 2e-3,
+                             "muon_learning_rate": 2e-3},
+    "nanochat no cap + muon": {"model_preset": "screen-nanochat-nocap", "optimizer": "muon", "learning_rate": 2e-3,
+                               "muon_learning_rate": 2e-3},
+    "nanochat gelu + muon": {"model_preset": "screen-nanochat-gelu", "optimizer": "muon", "learning_rate": 2e-3,
+                             "muon_learning_rate": 2e-3},
     # the mix over time: the demo's mix for 80% of the tokens, then prose alone (configs/demo_anneal.json)
     "anneal": {"optimizer": "adamw", "learning_rate": 2e-3, "mix_config": "configs/demo_anneal.json"},
     "anneal + wsd": {"optimizer": "adamw", "learning_rate": 2e-3, "mix_config": "configs/demo_anneal.json",
