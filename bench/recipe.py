@@ -106,12 +106,12 @@ def train(name: str, seed: int, work: Path, short: bool) -> dict:
     flags = dict(RECIPES[name])
     mix_config = flags.pop("mix_config", None)
     dataset_dir = build(mix_config, work, short) if mix_config else DATASET_DIR
+    eval_steps = EVAL_STEPS // 10 if short else EVAL_STEPS
     values = {**COMMON, **flags, "config": mix_config or manifest["config"]["path"], "seed": seed,
               "run_name": run_name, "dataset_dir": dataset_dir,
               "target_tokens": TARGET_TOKENS // 50 if short else TARGET_TOKENS,
-              "global_batch_size": BATCH_SIZE, "batch_size": BATCH_SIZE,
-              "eval_steps": EVAL_STEPS // 10 if short else EVAL_STEPS,
-              "save_steps": 10**6, "sample_steps": 0, "sample_prompts": [], "logging_steps": 10,
+              "global_batch_size": BATCH_SIZE, "batch_size": BATCH_SIZE, "eval_steps": eval_steps,
+              "save_steps": eval_steps * 10**4, "sample_steps": 0, "sample_prompts": [], "logging_steps": 10,
               "checkpoints_dir": str(work / "ckpt"), "logs_dir": str(work / "logs")}
     _script("scripts/train_sparknet_v5.py", values, f"recipe {name!r} (seed {seed})")
     meta = json.loads((work / "ckpt" / run_name / "training_metadata.json").read_text())
