@@ -57,15 +57,15 @@ def make_optimizer(kind: str, model: object) -> object:
     import torch
     from transformers.trainer_pt_utils import get_parameter_names
 
-    from sparknet.train.muon import MuonAdamW, hidden_matrices
+    from sparknet.train.muon import MuonAdamW, parameter_groups
 
     if kind == "adamw":
         decay = set(get_parameter_names(model, [torch.nn.LayerNorm], ["bias", "layernorm", "rmsnorm"]))
         groups = [{"params": [p for n, p in model.named_parameters() if n in decay], "weight_decay": 0.1},
                   {"params": [p for n, p in model.named_parameters() if n not in decay], "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=LEARNING_RATE, betas=(0.9, 0.95))
-    return MuonAdamW(list(model.named_parameters()), hidden=hidden_matrices(model), lr=LEARNING_RATE,
-                     muon_lr=LEARNING_RATE, betas=(0.9, 0.95), weight_decay=0.1,
+    muon, adamw = parameter_groups(model, lr=LEARNING_RATE, muon_lr=LEARNING_RATE, weight_decay=0.1)
+    return MuonAdamW(muon, adamw, betas=(0.9, 0.95),
                      ns_dtype=torch.bfloat16 if kind == "muon, bf16 iteration" else None)
 
 

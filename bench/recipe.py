@@ -50,6 +50,15 @@ RECIPES: dict = {
     "muon": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 2e-3},
     "muon 4e-3": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 4e-3},
     "muon 8e-3": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 8e-3},
+    # Muon's details and the schedule, one at a time
+    "muon + momentum warmup": {"optimizer": "screen-muon-momentum-warmup", "learning_rate": 2e-3,
+                               "muon_learning_rate": 2e-3},
+    "muon + cautious wd": {"optimizer": "screen-muon-cautious-wd", "learning_rate": 2e-3, "muon_learning_rate": 2e-3},
+    "normuon": {"optimizer": "screen-normuon", "learning_rate": 2e-3, "muon_learning_rate": 2e-3},
+    "muon + wsd 50%": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 2e-3, "lr_schedule": "wsd",
+                       "decay_ratio": 0.5},
+    "muon + document masking": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 2e-3,
+                                "document_masking": True},
     # the NanoChat block (QK-norm, ReLU², norms without weights, one after the embedding, untied output layer,
     # logits soft-capped at 15) with the demo's Muon, then less one part at a time
     "nanochat + muon": {"model_preset": "sparknet-nanochat-demo", "optimizer": "muon", "learning_rate": 2e-3,
@@ -60,6 +69,11 @@ RECIPES: dict = {
                                "muon_learning_rate": 2e-3},
     "nanochat gelu + muon": {"model_preset": "screen-nanochat-gelu", "optimizer": "muon", "learning_rate": 2e-3,
                              "muon_learning_rate": 2e-3},
+    "nanochat + muon, embedding LR x4": {"model_preset": "sparknet-nanochat-demo",
+                                         "optimizer": "screen-muon-embedding-4x", "learning_rate": 2e-3,
+                                         "muon_learning_rate": 2e-3},
+    "nanochat + muon, head LR x0.5": {"model_preset": "sparknet-nanochat-demo", "optimizer": "screen-muon-head-half",
+                                      "learning_rate": 2e-3, "muon_learning_rate": 2e-3},
     # the mix over time: the demo's mix for 80% of the tokens, then prose alone (configs/demo_anneal.json)
     "anneal": {"optimizer": "adamw", "learning_rate": 2e-3, "mix_config": "configs/demo_anneal.json"},
     "anneal + wsd": {"optimizer": "adamw", "learning_rate": 2e-3, "mix_config": "configs/demo_anneal.json",

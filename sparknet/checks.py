@@ -89,6 +89,7 @@ RULES: dict[str, Rule] = {
     "OPTIMIZER": choice(*OPTIMIZERS),  # the registry (sparknet.train.optim)
     "MUON_LEARNING_RATE": LR,
     "LR_SCHEDULE": choice("cosine", "wsd"),
+    "DECAY_RATIO": number(0, 1, low_open=True, expected="a fraction in (0, 1]"),
     "MIN_LR_RATIO": number(0, 1, expected="a fraction in [0, 1]"),
     "WARMUP_RATIO": FRACTION,
     "WEIGHT_DECAY": number(0),

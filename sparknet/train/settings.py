@@ -46,6 +46,7 @@ class TrainSettings:
     optimizer: str = setting()
     muon_learning_rate: float = setting()
     lr_schedule: str = setting()
+    decay_ratio: float = setting()
     min_lr_ratio: float = setting()
     warmup_ratio: float = setting()
     weight_decay: float = setting()
