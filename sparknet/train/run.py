@@ -53,6 +53,7 @@ from sparknet.train.folders import (
 from sparknet.train.fused_loss import fuse_head
 from sparknet.train.hf_trainer import SparkTrainer, check_launch, compiles, training_arguments
 from sparknet.train.init_from import BaseModel, check_base, load_base, resolve_base
+from sparknet.train.periodic_benchmark import PeriodicBenchmark, suite_documents
 from sparknet.train.safety import Interrupted, SafetyCallback, signals_interrupt, stop_on_signals
 from sparknet.train.settings import TrainSettings, check_settings
 from sparknet.train.step_speed import collector_paused, pad_head
@@ -270,7 +271,8 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
                                s.sample_max_new_tokens, s.sample_temperature, s.sample_top_k, s.sample_seed)
     safety = SafetyCallback(trainer)
     # safety last: it marks checkpoints complete
-    for callback in (TokenCount(tokens_per_step), metrics, sampler, *data.callbacks(writer), safety):
+    for callback in (TokenCount(tokens_per_step), metrics, sampler, *benchmark(s, data, run, writer),
+                     *data.callbacks(writer), safety):
         trainer.add_callback(callback)
     n_params = parameter_count(preset, len(tokenizer))
     log.info("model %s: %s parameters, vocab %d, context %d; device %s (%s)%s", s.model_preset, f"{n_params:,}",
@@ -281,6 +283,15 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
                  base.spec, base.name)
     log.info("outputs: %s  |  tensorboard --logdir %s", run.run_dir, run.log_dir)
     return TrainerParts(trainer, writer, metrics, safety, n_params, device, preset, base)
+
+
+def benchmark(s: TrainSettings, data: DataPlan, run: RunFolder, writer: Any) -> list[PeriodicBenchmark]:
+    """BENCHMARK_EVERY's callback (none when 0), its offline suite made from the validation blocks."""
+    if not s.benchmark_every:
+        return []
+    return [PeriodicBenchmark(every=s.benchmark_every, tasks=list(s.benchmark_tasks), limit=s.benchmark_limit,
+                              writer=writer, tokenizer=data.tokenizer,
+                              suite_texts=suite_documents(data.tokenizer, data.val_tokens), run_dir=run.run_dir)]
 
 
 def conclude(s: TrainSettings, data: DataPlan, run: RunFolder, parts: TrainerParts, started: float,
