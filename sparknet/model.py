@@ -40,6 +40,8 @@ PRESETS: dict[str, Preset] = {
     "sparknet-llama-70m": Preset(n_layer=12, n_embd=512, n_head=8, n_positions=1024, arch="llama", intermediate=1408),
     "sparknet-llama-demo": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="llama", intermediate=704),
     "sparknet-llama-tiny": Preset(n_layer=2, n_embd=64, n_head=2, n_positions=128, arch="llama", intermediate=176),
+    "sparknet-nanochat-70m": Preset(n_layer=12, n_embd=512, n_head=8, n_positions=1024, arch="nanochat",
+                                    intermediate=2048),
     "sparknet-nanochat-demo": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="nanochat",
                                      intermediate=1024),
     "sparknet-nanochat-tiny": Preset(n_layer=2, n_embd=64, n_head=2, n_positions=128, arch="nanochat",

@@ -198,6 +198,9 @@ def load_base(base: BaseModel, dropout: float) -> Any:
     config = base.config
     for key in ARCHITECTURES[config.model_type].dropouts:
         setattr(config, key, dropout)
+    # training never pads; an export's pad id (EOS) would make some embeddings' EOS row a padding row, which gets no
+    # gradient (the export sets it again for generation)
+    config.pad_token_id = None
     # a Hub id's weights at the commit its config was read at (a local folder has no revisions)
     revision = base.commit if base.folder is None else None
     model = AutoModelForCausalLM.from_pretrained(base.source, config=config, dtype=torch.float32,
