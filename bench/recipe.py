@@ -40,6 +40,9 @@ BATCH_SIZE = 8  # blocks per step
 EVAL_STEPS = 125  # the trainer's evaluations in between (each costs time; the scores are eval_perplexity's)
 # the flags every recipe starts from: the demo's model and warmup
 COMMON = {"model_preset": "sparknet-demo", "warmup_ratio": 0.05}
+# the NanoChat block with the demo's Muon recipe, which the screening rows change one thing of
+NANOCHAT = {"model_preset": "sparknet-nanochat-demo", "optimizer": "muon", "learning_rate": 2e-3,
+            "muon_learning_rate": 2e-3}
 # name -> flags on top of COMMON
 RECIPES: dict = {
     # the reference: AdamW on the demo's GPT-2 at each of three peak LRs (its best is REFERENCE)
@@ -69,11 +72,15 @@ RECIPES: dict = {
                                "muon_learning_rate": 2e-3},
     "nanochat gelu + muon": {"model_preset": "screen-nanochat-gelu", "optimizer": "muon", "learning_rate": 2e-3,
                              "muon_learning_rate": 2e-3},
-    "nanochat + muon, embedding LR x4": {"model_preset": "sparknet-nanochat-demo",
-                                         "optimizer": "screen-muon-embedding-4x", "learning_rate": 2e-3,
-                                         "muon_learning_rate": 2e-3},
-    "nanochat + muon, head LR x0.5": {"model_preset": "sparknet-nanochat-demo", "optimizer": "screen-muon-head-half",
-                                      "learning_rate": 2e-3, "muon_learning_rate": 2e-3},
+    # one change at a time on top of the NanoChat block with Muon
+    "nanochat + muon 4e-3": {**NANOCHAT, "muon_learning_rate": 4e-3},
+    "nanochat + muon, embedding LR x4": {**NANOCHAT, "optimizer": "screen-muon-embedding-4x"},
+    "nanochat + muon, head LR x0.5": {**NANOCHAT, "optimizer": "screen-muon-head-half"},
+    "nanochat + muon + wsd 50%": {**NANOCHAT, "lr_schedule": "wsd", "decay_ratio": 0.5},
+    "nanochat + muon + document masking": {**NANOCHAT, "document_masking": True},
+    "nanochat + muon + momentum warmup": {**NANOCHAT, "optimizer": "screen-muon-momentum-warmup"},
+    "nanochat + muon + cautious wd": {**NANOCHAT, "optimizer": "screen-muon-cautious-wd"},
+    "nanochat + normuon": {**NANOCHAT, "optimizer": "screen-normuon"},
     # the mix over time: the demo's mix for 80% of the tokens, then prose alone (configs/demo_anneal.json)
     "anneal": {"optimizer": "adamw", "learning_rate": 2e-3, "mix_config": "configs/demo_anneal.json"},
     "anneal + wsd": {"optimizer": "adamw", "learning_rate": 2e-3, "mix_config": "configs/demo_anneal.json",
