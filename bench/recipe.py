@@ -15,9 +15,11 @@ Run: `.venv/bin/python bench/recipe.py` (the whole grid: about 3-15 minutes a ru
 load), `--only '["muon"]' --seeds '[0, 1, 2]'` for some, `--table true` to print the table from RUNS_FILE only, or
 `--short true` (a few steps of SHORT_RECIPES into a throw-away file: checks the bench itself, for CI).
 
-A recipe may train on another mix (`mix_config`: a config with phases, e.g. configs/demo_anneal.json): the bench
-builds its packed dataset with the dataset's tokenizer, blocks and validation size, and trains it for the same
-budget; its trainer figures are then on its own validation split, and only the held-out scores compare.
+A recipe may train on a share of the budget (`token_share`): whether it reaches the others' loss with fewer tokens,
+which is what a recipe whose step costs more must show. A recipe may train on another mix (`mix_config`: a config
+with phases, e.g. configs/demo_anneal.json): the bench builds its packed dataset with the dataset's tokenizer,
+blocks and validation size, and trains it for the same budget; its trainer figures are then on its own validation
+split, and only the held-out scores compare.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ RECIPES: dict = {
                              "muon_learning_rate": 2e-3},
     # one change at a time on top of the NanoChat block with Muon
     "nanochat + muon 4e-3": {**NANOCHAT, "muon_learning_rate": 4e-3},
+    "nanochat + muon, 80% of the tokens": {**NANOCHAT, "token_share": 0.8},
     "nanochat + muon, embedding LR x4": {**NANOCHAT, "optimizer": "screen-muon-embedding-4x"},
     "nanochat + muon, head LR x0.5": {**NANOCHAT, "optimizer": "screen-muon-head-half"},
     "nanochat + muon + wsd 50%": {**NANOCHAT, "lr_schedule": "wsd", "decay_ratio": 0.5},
@@ -126,11 +129,12 @@ def train(name: str, seed: int, work: Path, short: bool) -> dict:
     run_name = f"{name.replace(' ', '_').replace('+', 'and')}-{seed}"
     flags = dict(RECIPES[name])
     mix_config = flags.pop("mix_config", None)
+    share = flags.pop("token_share", 1.0)  # a share of the budget: how many fewer tokens reach the same loss
     dataset_dir = build(mix_config, work, short) if mix_config else DATASET_DIR
     eval_steps = EVAL_STEPS // 10 if short else EVAL_STEPS
     values = {**COMMON, **flags, "config": mix_config or manifest["config"]["path"], "seed": seed,
               "run_name": run_name, "dataset_dir": dataset_dir,
-              "target_tokens": TARGET_TOKENS // 50 if short else TARGET_TOKENS,
+              "target_tokens": round(share * (TARGET_TOKENS // 50 if short else TARGET_TOKENS)),
               "global_batch_size": BATCH_SIZE, "batch_size": BATCH_SIZE, "eval_steps": eval_steps,
               "save_steps": eval_steps * 10**4, "sample_steps": 0, "sample_prompts": [], "logging_steps": 10,
               "checkpoints_dir": str(work / "ckpt"), "logs_dir": str(work / "logs")}
