@@ -56,11 +56,12 @@ def write_offline_suite(texts: list[str], out_dir: Path, items: int = 100, seed:
     return out_dir
 
 
-def run_benchmarks(model_source: str, tokenizer_source: str, tasks: list[str], include_path: Path | None = None, *,
+def run_benchmarks(model_source: Any, tokenizer_source: Any, tasks: list[str], include_path: Path | None = None, *,
                    limit: int | None = None, batch_size: int = 8, num_fewshot: int | None = None,
                    device: str | None = None) -> dict[str, dict[str, float]]:
     """{task: {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "items", "shots"}} of one model (items: those
-    scored, after `limit`). Unknown task names and Hub tasks offline are UserErrors."""
+    scored, after `limit`): a folder or Hub id with its tokenizer's, or a model and tokenizer in memory (the
+    trainer's periodic benchmark). Unknown task names and Hub tasks offline are UserErrors."""
     import datasets
     import lm_eval.api.model
     import lm_eval.api.task

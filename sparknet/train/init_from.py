@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparknet.architectures import ARCHITECTURES
 from sparknet.errors import UserError
 from sparknet.model import PRESETS, Preset
 from sparknet.run_files import METADATA, checkpoint_step, read_metadata
@@ -205,13 +206,10 @@ def _config(spec: str, source: str, revision: str | None = None) -> Any:
 
 def base_shape(base: BaseModel) -> Preset:
     """The base's shape as a Preset (its context included); one line for an architecture SparkNet does not train."""
-    c = base.config
-    if c.model_type == "gpt2":
-        return Preset(n_layer=c.n_layer, n_embd=c.n_embd, n_head=c.n_head, n_positions=c.n_positions)
-    if c.model_type == "llama":
-        return Preset(n_layer=c.num_hidden_layers, n_embd=c.hidden_size, n_head=c.num_attention_heads,
-                      n_positions=c.max_position_embeddings, arch="llama", intermediate=c.intermediate_size)
-    raise UserError(f"INIT_FROM={base.spec} is a {c.model_type} model: SparkNet trains gpt2 and llama models")
+    kind = base.config.model_type
+    if kind not in ARCHITECTURES:
+        raise UserError(f"INIT_FROM={base.spec} is a {kind} model: SparkNet trains {', '.join(ARCHITECTURES)} models")
+    return Preset(**ARCHITECTURES[kind].shape(base.config), arch=kind)
 
 
 def check_base(base: BaseModel, preset_name: str, block_size: int, tokenizer: Any, tokenizer_source: str) -> Preset:
@@ -283,15 +281,15 @@ def load_base(base: BaseModel, dropout: float) -> Any:
 
     hide_library_progress_bars()
     config = base.config
-    dropouts = (("resid_pdrop", "embd_pdrop", "attn_pdrop") if config.model_type == "gpt2"
-                else ("attention_dropout",))
-    for key in dropouts:
+    for key in ARCHITECTURES[config.model_type].dropouts:
         setattr(config, key, dropout)
+    # training never pads; an export's pad id (EOS) would make some embeddings' EOS row a padding row, which gets no
+    # gradient (the export sets it again for generation)
+    config.pad_token_id = None
     # a Hub id's weights at the commit its config was read at (a local folder has no revisions)
     revision = base.commit if base.folder is None else None
     model = AutoModelForCausalLM.from_pretrained(base.source, config=config, dtype=torch.float32,
                                                  attn_implementation="sdpa", revision=revision)
-    if config.model_type == "gpt2":
-        model.loss_type = "ForCausalLM"  # as sparknet.model.build_model: transformers warns otherwise
+    model.loss_type = "ForCausalLM"  # as sparknet.model.build_model: transformers warns otherwise
     bos = config.bos_token_id if config.bos_token_id is not None else config.eos_token_id
     return with_special_ids(model, bos, config.eos_token_id)
