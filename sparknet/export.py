@@ -159,7 +159,7 @@ def card_data(name: str, metadata: dict[str, Any], benchmarks: dict[str, Any], *
     a model-index."""
     from huggingface_hub import EvalResult, ModelCardData
 
-    from sparknet.eval.benchmarks import METRICS
+    from sparknet.harness import METRICS
 
     mix = metadata.get("config", {}).get("mix", [])
     datasets = sorted({entry["name"] for entry in mix if entry.get("name") is not None

@@ -1,7 +1,7 @@
 """BENCHMARK_EVERY: benchmarks during training, every N evaluations, logged to TensorBoard beside the loss.
 
 The tasks are lm-eval's (BENCHMARK_TASKS), scored on the model in memory through the same code as
-scripts/eval_benchmarks.py (`sparknet.eval.benchmarks.run_benchmarks`). The offline suite (`sparknet_continuation`)
+scripts/eval_benchmarks.py (`sparknet.harness.run_benchmarks`). The offline suite (`sparknet_continuation`)
 is written once per run from the run's own validation blocks (decoded, cut at each EOS into documents), so it needs
 no file and no network and never holds a training document. Off by default: it costs evaluation time, which the
 throughput figures leave out as they leave out evaluation.
@@ -93,7 +93,7 @@ class PeriodicBenchmark(TrainerCallback):
 
     def run(self, model: Any) -> dict[str, dict[str, float]]:
         """The tasks' scores on `model` now, its train mode and the RNGs as they were."""
-        from sparknet.eval.benchmarks import SUITE_TASK, run_benchmarks, write_offline_suite
+        from sparknet.harness import SUITE_TASK, run_benchmarks, write_offline_suite
 
         model = getattr(model, "module", model)  # DDP
         model = getattr(model, "_orig_mod", model)  # torch.compile
