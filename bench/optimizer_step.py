@@ -1,10 +1,12 @@
-"""Muon's training step against AdamW's, side by side, on the demo preset (what `make demo` trains).
+"""Muon's training step against AdamW's, side by side, on the demo preset (what `make demo` trains), and the
+NanoChat block's step with Muon against both.
 
-One plain PyTorch loop (forward, backward, clipping, optimizer step) per optimizer on the same model, batches and
-seed: AdamW as the Trainer builds it (weight-decay groups), SparkNet's Muon (`sparknet.muon.MuonAdamW`:
-Newton–Schulz in fp32 off CUDA) and the same with the iteration in bf16, which is what `torch.optim.Muon` does on
-every device. Rounds are interleaved; each is timed after WARMUP steps. The table gives ms per step, the optimizer's
-share, and each step's ratio to AdamW's. Target: Muon/AdamW <= 1.3 on a CPU without native bf16.
+One plain PyTorch loop (forward, backward, clipping, optimizer step) per kind on the same batches and seed: AdamW as
+the Trainer builds it (weight-decay groups), SparkNet's Muon (`sparknet.muon.MuonAdamW`: Newton–Schulz in fp32
+off CUDA) and the same with the iteration in bf16, which is what `torch.optim.Muon` does on every device; each on
+the GPT-2 demo preset, and Muon on the NanoChat one (KINDS). Rounds are interleaved; each is timed after WARMUP
+steps. The table gives ms per step, the optimizer's share, and each step's ratio to AdamW's. Target: Muon/AdamW
+<= 1.3 on a CPU without native bf16.
 
 The first lines say what kind of CPU this is: whether lscpu lists avx512_bf16/amx_bf16, and a 256x1024x256 matmul
 in bf16 against fp32. To see a CPU without native bf16 on one that has it, cap oneDNN and MKL at AVX2:
@@ -19,7 +21,9 @@ import statistics
 import subprocess
 import time
 
-PRESET = "sparknet-demo"  # the demo's model
+# name -> (preset, optimizer: adamw, muon, or muon with the bf16 iteration)
+KINDS = {"adamw": ("sparknet-demo", "adamw"), "muon": ("sparknet-demo", "muon"),
+         "muon, bf16 iteration": ("sparknet-demo", "muon-bf16"), "nanochat + muon": ("sparknet-nanochat-demo", "muon")}
 VOCAB = 8192  # the demo's vocabulary
 BATCH = 8  # the demo's blocks per step
 STEPS = 12  # timed steps per round
@@ -57,15 +61,15 @@ def make_optimizer(kind: str, model: object) -> object:
     import torch
     from transformers.trainer_pt_utils import get_parameter_names
 
-    from sparknet.muon import MuonAdamW
+    from sparknet.muon import MuonAdamW, parameter_groups
 
     if kind == "adamw":
         decay = set(get_parameter_names(model, [torch.nn.LayerNorm], ["bias", "layernorm", "rmsnorm"]))
         groups = [{"params": [p for n, p in model.named_parameters() if n in decay], "weight_decay": 0.1},
                   {"params": [p for n, p in model.named_parameters() if n not in decay], "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=LEARNING_RATE, betas=(0.9, 0.95))
-    return MuonAdamW(list(model.named_parameters()), lr=LEARNING_RATE, muon_lr=LEARNING_RATE, betas=(0.9, 0.95),
-                     weight_decay=0.1, ns_dtype=torch.bfloat16 if kind == "muon, bf16 iteration" else None)
+    muon, adamw = parameter_groups(model, lr=LEARNING_RATE, muon_lr=LEARNING_RATE, weight_decay=0.1)
+    return MuonAdamW(muon, adamw, betas=(0.9, 0.95), ns_dtype=torch.bfloat16 if kind == "muon-bf16" else None)
 
 
 def time_round(kind: str) -> tuple[float, float]:
@@ -74,10 +78,11 @@ def time_round(kind: str) -> tuple[float, float]:
 
     from sparknet.model import build_model, get_preset
 
-    preset = get_preset(PRESET)
+    preset_name, optimizer_kind = KINDS[kind]
+    preset = get_preset(preset_name)
     torch.manual_seed(0)
     model = build_model(preset, VOCAB, eos_token_id=VOCAB - 1).train()
-    optimizer = make_optimizer(kind, model)
+    optimizer = make_optimizer(optimizer_kind, model)
     batches = torch.randint(0, VOCAB, (STEPS + WARMUP, BATCH, preset.n_positions),
                             generator=torch.Generator().manual_seed(0))
     steps, optimizer_steps = [], []
@@ -102,7 +107,7 @@ def main() -> None:
 
     runtime.setup(0, level=logging.WARNING)
     print(cpu_kind(), flush=True)
-    kinds = ["adamw", "muon", "muon, bf16 iteration"]
+    kinds = list(KINDS)
     results: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
     for round_ in range(ROUNDS):
         for kind in kinds:
@@ -110,12 +115,12 @@ def main() -> None:
             step, opt = results[kind][-1]
             print(f"round {round_ + 1} {kind}: {step:.0f} ms/step ({opt:.0f} ms optimizer)", flush=True)
     adamw = statistics.median(step for step, _ in results["adamw"])
-    print(f"\n[optimizer step] {PRESET}, {BATCH} x 256 tokens, vocab {VOCAB}, median of {ROUNDS} rounds")
-    print("| optimizer | ms/step | ms optimizer | step / AdamW's |\n|---|---:|---:|---:|")
+    print(f"\n[optimizer step] {BATCH} x 256 tokens, vocab {VOCAB}, median of {ROUNDS} rounds")
+    print("| kind | preset | ms/step | ms optimizer | step / AdamW's |\n|---|---|---:|---:|---:|")
     for kind in kinds:
         step = statistics.median(s for s, _ in results[kind])
         opt = statistics.median(o for _, o in results[kind])
-        print(f"| {kind} | {step:.0f} | {opt:.0f} | {step / adamw:.2f} |")
+        print(f"| {kind} | {KINDS[kind][0]} | {step:.0f} | {opt:.0f} | {step / adamw:.2f} |")
     muon = statistics.median(s for s, _ in results["muon"])
     print(f"Muon / AdamW: {muon / adamw:.2f} (target <= 1.3 on a CPU without native bf16)")
 

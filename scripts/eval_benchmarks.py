@@ -19,9 +19,9 @@ EVAL_DIR = "eval"  # results go to EVAL_DIR/<RUN_NAME>/
 def main() -> None:
     from sparknet import runtime
     from sparknet.errors import UserError
-    from sparknet.eval.benchmarks import SUITE_TASK
     from sparknet.eval.models import resolve_model
     from sparknet.eval.reports import eval_outputs
+    from sparknet.harness import SUITE_TASK
     from sparknet.outputs import Output, check_outputs
 
     if not MODELS or not TASKS:
@@ -30,7 +30,7 @@ def main() -> None:
     suite = [Output("SUITE_DIR", runtime.project_path(SUITE_DIR))] if SUITE_TASK in TASKS else []
     check_outputs(*suite, *eval_outputs([ref.name for ref in refs], EVAL_DIR))
     runtime.setup(SEED)
-    from sparknet.eval.benchmarks import benchmark_table, run_benchmarks, save_results, write_offline_suite
+    from sparknet.eval.benchmarks import benchmark_table, save_results
     from sparknet.eval.data import load_documents
     from sparknet.eval.models import check_loadable, tokenizer_source
     from sparknet.eval.reports import (
@@ -42,6 +42,7 @@ def main() -> None:
         results_kept,
     )
     from sparknet.eval.results import check_benchmarks
+    from sparknet.harness import run_benchmarks, write_offline_suite
 
     for ref in refs:
         check_loadable(ref)

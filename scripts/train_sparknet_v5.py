@@ -23,13 +23,15 @@ BATCH_SIZE = 32  # blocks per device per micro-step, at most: sizes memory (accu
 LEARNING_RATE = 1e-3  # peak learning rate (AdamW's; with OPTIMIZER=muon, that of embeddings, norms and biases)
 OPTIMIZER = "adamw"  # adamw, or muon: Muon for the hidden weight matrices, AdamW for the rest
 MUON_LEARNING_RATE = 1e-3  # Muon's peak learning rate (its update scaled to AdamW's size), when OPTIMIZER=muon
-LR_SCHEDULE = "cosine"  # cosine, or wsd: warmup, stable peak, linear decay over the last 20% of steps (or last phase)
+LR_SCHEDULE = "cosine"  # cosine, or wsd: warmup, stable peak, linear decay over the last DECAY_RATIO of steps
+DECAY_RATIO = 0.2  # wsd: the fraction of the steps the LR decays over (in a config of phases: the last phase's)
 MIN_LR_RATIO = 0.1  # the schedule decays to this fraction of the peak
 WARMUP_RATIO = 0.02  # fraction of the steps spent warming up linearly
 WEIGHT_DECAY = 0.1  # AdamW weight decay
 ADAM_BETAS = (0.9, 0.95)  # AdamW betas
 MAX_GRAD_NORM = 1.0  # clip the global grad norm to this (0: no clipping)
 DROPOUT = 0.0  # dropout everywhere (the public reference run used 0.1; it costs ~40% of step time on CPU)
+DOCUMENT_MASKING = False  # attention only within each document of a block (position ids restart at each EOS)
 EVAL_STEPS = 250  # evaluate on the validation split every this many steps
 SAVE_STEPS = 500  # save a checkpoint every this many steps (a multiple of EVAL_STEPS)
 SAVE_TOTAL_LIMIT = 3  # checkpoints kept (the best one is always kept)
@@ -39,6 +41,9 @@ SAMPLE_MAX_NEW_TOKENS = 64  # tokens generated per prompt
 SAMPLE_TEMPERATURE = 0.8  # sampling temperature
 SAMPLE_TOP_K = 50  # sample among the k most likely tokens
 SAMPLE_SEED = 1234  # seed of the sampling (the same prompts give the same text at the same weights)
+BENCHMARK_EVERY = 0  # run BENCHMARK_TASKS every this many evaluations, into TensorBoard (0: never; costs eval time)
+BENCHMARK_TASKS = ["sparknet_continuation"]  # lm-eval tasks (sparknet_continuation: made from the validation text)
+BENCHMARK_LIMIT = 100  # items scored per task at each benchmark (0: all)
 LOGGING_STEPS = 10  # console line and TensorBoard scalars every this many steps
 COMPILE = "auto"  # torch.compile: auto (on for CUDA), on, off
 FUSED_CROSS_ENTROPY = False  # the loss without the whole logits tensor (pip install cut-cross-entropy)

@@ -91,6 +91,7 @@ RULES: dict[str, Rule] = {
     "OPTIMIZER": choice(*OPTIMIZERS),  # the registry (sparknet.optim)
     "MUON_LEARNING_RATE": LR,
     "LR_SCHEDULE": choice("cosine", "wsd"),
+    "DECAY_RATIO": number(0, 1, low_open=True, expected="a fraction in (0, 1]"),
     "MIN_LR_RATIO": number(0, 1, expected="a fraction in [0, 1]"),
     "WARMUP_RATIO": FRACTION,
     "WEIGHT_DECAY": number(0),
@@ -106,6 +107,10 @@ RULES: dict[str, Rule] = {
     "SAMPLE_TEMPERATURE": number(0, expected="a number >= 0 (0: greedy)"),
     "SAMPLE_TOP_K": integer(0, expected="an integer >= 0 (0: no limit)"),
     "SAMPLE_SEED": SEED,
+    "BENCHMARK_EVERY": integer(0, expected="an integer >= 0 (0: never)"),
+    "BENCHMARK_TASKS": Rule(lambda v: isinstance(v, list) and bool(v) and all(isinstance(t, str) and t for t in v),
+                            "a non-empty list of lm-eval task names"),
+    "BENCHMARK_LIMIT": integer(0, expected="an integer >= 0 (0: every item)"),
     "LOGGING_STEPS": POSITIVE,
     "COMPILE": choice("auto", "on", "off"),
     "SEED": Rule(SEED.test, SEED.expected, none=True),

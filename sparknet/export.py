@@ -162,7 +162,7 @@ def card_data(name: str, metadata: dict[str, Any], benchmarks: dict[str, Any], *
     a model-index."""
     from huggingface_hub import EvalResult, ModelCardData
 
-    from sparknet.eval.benchmarks import METRICS
+    from sparknet.harness import METRICS
 
     mix = metadata.get("config", {}).get("mix", [])
     datasets = sorted({entry["name"] for entry in mix if entry.get("name") is not None
@@ -398,7 +398,7 @@ def data_seed_of(metadata: dict[str, Any]) -> int | None:
 
 def lr_schedule_text(metadata: dict[str, Any], settings: dict[str, Any]) -> str:
     """The LR schedule as the steps it took (sparknet.train.hf_trainer.lr_schedule): the warmup, then cosine to the
-    floor, or (wsd) the peak held and a linear decay over the last fifth of the steps or the last phase."""
+    floor, or (wsd) the peak held and a linear decay over the last DECAY_RATIO of the steps or the last phase."""
     from sparknet.train.hf_trainer import warmup_steps, wsd_decay_steps
 
     steps, schedule = metadata.get("steps"), settings.get("lr_schedule")
@@ -410,7 +410,7 @@ def lr_schedule_text(metadata: dict[str, Any], settings: dict[str, Any]) -> str:
     if schedule == "cosine":
         return f"cosine: {start}a cosine decay from {peak} to {floor} x {peak} at step {steps:,}"
     phases = [phase["steps"][1] for phase in metadata.get("phases") or [] if phase.get("steps")]
-    decay = wsd_decay_steps(steps, phases or None)
+    decay = wsd_decay_steps(steps, phases or None, float(settings.get("decay_ratio", 0.2)))
     last = " (the last phase)" if len(phases) > 1 else ""
     return (f"wsd: {start}{peak} held to step {steps - decay:,}, then a linear decay to {floor} x {peak} over steps "
             f"{steps - decay + 1:,}-{steps:,}{last}")

@@ -4,13 +4,17 @@
 64,085,504 parameters at GPT-2's vocabulary of 50257. The `sparknet-llama-*` presets are the Llama architecture
 (RoPE, SwiGLU, RMSNorm, no biases; `LlamaForCausalLM`, so `AutoModelForCausalLM` loads them) at about the same size:
 the SwiGLU width 1408 (a multiple of 64 near 8/3 x 512) gives 64,279,552 parameters at vocab 50257 (+0.3%).
+What each architecture is lives in sparknet.architectures; the counts here are read from the model itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
+from sparknet.architectures import ARCHITECTURES
 from sparknet.errors import UserError
 
 
@@ -22,8 +26,9 @@ class Preset:
     n_embd: int
     n_head: int
     n_positions: int
-    arch: str = "gpt2"  # gpt2 or llama
-    intermediate: int = 0  # llama: the SwiGLU width (gpt2's MLP is 4 x n_embd)
+    arch: str = "gpt2"  # a key of sparknet.architectures.ARCHITECTURES
+    intermediate: int = 0  # the MLP's width where the architecture takes one (gpt2's MLP is 4 x n_embd)
+    overrides: tuple[tuple[str, Any], ...] = ()  # config values set over the architecture's
 
 
 PRESETS: dict[str, Preset] = {
@@ -35,6 +40,19 @@ PRESETS: dict[str, Preset] = {
     "sparknet-llama-70m": Preset(n_layer=12, n_embd=512, n_head=8, n_positions=1024, arch="llama", intermediate=1408),
     "sparknet-llama-demo": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="llama", intermediate=704),
     "sparknet-llama-tiny": Preset(n_layer=2, n_embd=64, n_head=2, n_positions=128, arch="llama", intermediate=176),
+    "sparknet-nanochat-70m": Preset(n_layer=12, n_embd=512, n_head=8, n_positions=1024, arch="nanochat",
+                                    intermediate=2048),
+    "sparknet-nanochat-demo": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="nanochat",
+                                     intermediate=1024),
+    "sparknet-nanochat-tiny": Preset(n_layer=2, n_embd=64, n_head=2, n_positions=128, arch="nanochat",
+                                     intermediate=256),
+    # screening variants (bench/recipe.py): the NanoChat block less one of its parts
+    "screen-nanochat-tied": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="nanochat",
+                                   intermediate=1024, overrides=(("tie_word_embeddings", True),)),
+    "screen-nanochat-nocap": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="nanochat",
+                                    intermediate=1024, overrides=(("final_logit_softcapping", None),)),
+    "screen-nanochat-gelu": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="nanochat",
+                                   intermediate=1024, overrides=(("hidden_act", "gelu_pytorch_tanh"),)),
 }
 # MODEL_PRESET when the trainers' constant is not set and no INIT_FROM base gives the shape
 DEFAULT_PRESET = "sparknet-70m"
@@ -49,38 +67,44 @@ def get_preset(name: str) -> Preset:
 
 
 def parameter_count(preset: Preset, vocab_size: int) -> int:
-    """Parameters of the model with tied input/output embeddings, counted from its shape."""
-    d, layers = preset.n_embd, preset.n_layer
-    if preset.arch == "llama":
-        per_layer = 4 * d * d + 3 * d * preset.intermediate + 2 * d  # q, k, v, o; gate, up, down; two RMSNorms
-        return vocab_size * d + layers * per_layer + d  # + final RMSNorm; RoPE has no parameters
-    per_layer = (
-        2 * 2 * d  # two LayerNorms (weight + bias)
-        + d * 3 * d
-        + 3 * d  # fused q/k/v projection
-        + d * d
-        + d  # attention output projection
-        + d * 4 * d
-        + 4 * d  # MLP up
-        + 4 * d * d
-        + d  # MLP down
-    )
-    embeddings = vocab_size * d + preset.n_positions * d  # token (tied with the output layer) + position
-    return embeddings + layers * per_layer + 2 * d  # + final LayerNorm
+    """Parameters of the model (a weight shared by the input and output layers counted once)."""
+    return _counts(preset, vocab_size)[0]
 
 
 def flops_per_token(preset: Preset, vocab_size: int, seq_len: int | None = None) -> float:
     """Training FLOPs per token (forward + backward): 6N + 12·layers·width·seq_len.
 
-    N counts every parameter that takes part in a matmul-like product: all of them except the position embeddings
-    (a table lookup); the tied token embedding is counted once, as the output layer (its input lookup is free). The
-    second term is attention's score and value products (2·2·seq·width per layer forward, ×3 with backward), as in
-    the PaLM paper's MFU accounting.
+    N counts every parameter that takes part in a matmul-like product: all of them except the lookup tables (the
+    position embeddings; the input embedding when the output layer has its own weights); a tied token embedding is
+    counted once, as the output layer (its input lookup is free). Element-wise work (activations, norms' scaling,
+    soft-capping) is left out. The second term is attention's score and value products (2·2·seq·width per layer
+    forward, ×3 with backward), as in the PaLM paper's MFU accounting.
     """
     seq = preset.n_positions if seq_len is None else seq_len
-    positions = preset.n_positions * preset.n_embd if preset.arch == "gpt2" else 0
-    n = parameter_count(preset, vocab_size) - positions
-    return 6.0 * n + 12.0 * preset.n_layer * preset.n_embd * seq
+    parameters, lookups = _counts(preset, vocab_size)
+    return 6.0 * (parameters - lookups) + 12.0 * preset.n_layer * preset.n_embd * seq
+
+
+@functools.lru_cache(maxsize=64)
+def _counts(preset: Preset, vocab_size: int) -> tuple[int, int]:
+    """(parameters, parameters of lookup tables) of the model, read from it built on the meta device (no memory,
+    no initialisation): counted by the class itself, so a new architecture needs no formula here."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(_config(preset, vocab_size, 0, 0, 0.0))
+    head = model.get_output_embeddings().weight
+    lookups = sum(module.weight.numel() for module in model.modules()
+                  if isinstance(module, torch.nn.Embedding) and module.weight is not head)
+    return model.num_parameters(), lookups
+
+
+def _config(preset: Preset, vocab_size: int, bos: int, eos: int, dropout: float) -> Any:
+    config = ARCHITECTURES[preset.arch].config(preset, vocab_size, bos, eos, dropout)
+    for key, value in preset.overrides:
+        setattr(config, key, value)
+    return config
 
 
 def build_model(
@@ -91,56 +115,22 @@ def build_model(
     dropout: float = 0.0,
     n_positions: int | None = None,
 ) -> Any:
-    """A freshly initialised `GPT2LMHeadModel` (or `LlamaForCausalLM`) with the tokenizer's special ids and SDPA
-    attention."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    """A freshly initialised model of the preset's architecture (a stock transformers class) with the tokenizer's
+    special ids and SDPA attention."""
+    from transformers import AutoModelForCausalLM
 
     from sparknet.runtime import hide_library_progress_bars
 
     hide_library_progress_bars()  # the run saves and reloads it at every checkpoint
     if preset.n_embd % preset.n_head:
         raise UserError(f"width {preset.n_embd} is not divisible by {preset.n_head} heads")
+    if n_positions:
+        preset = dataclasses.replace(preset, n_positions=n_positions)
     bos = eos_token_id if bos_token_id is None else bos_token_id
-    if preset.arch == "llama":
-        return with_special_ids(_llama(preset, vocab_size, eos_token_id, bos, dropout, n_positions),
-                                 bos, eos_token_id)
-    config = GPT2Config(
-        vocab_size=vocab_size,
-        n_positions=n_positions or preset.n_positions,
-        n_embd=preset.n_embd,
-        n_layer=preset.n_layer,
-        n_head=preset.n_head,
-        resid_pdrop=dropout,
-        embd_pdrop=dropout,
-        attn_pdrop=dropout,
-        bos_token_id=bos,
-        eos_token_id=eos_token_id,
-        tie_word_embeddings=True,
-    )
-    model = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
-    model.loss_type = "ForCausalLM"  # transformers cannot infer it from the class name and warns on every run
+    config = _config(preset, vocab_size, bos, eos_token_id, dropout)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model.loss_type = "ForCausalLM"  # transformers cannot infer it from every class name (GPT-2) and warns
     return with_special_ids(model, bos, eos_token_id)
-
-
-def _llama(preset: Preset, vocab_size: int, eos: int, bos: int, dropout: float, n_positions: int | None) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=preset.n_embd,
-        intermediate_size=preset.intermediate,
-        num_hidden_layers=preset.n_layer,
-        num_attention_heads=preset.n_head,
-        num_key_value_heads=preset.n_head,
-        max_position_embeddings=n_positions or preset.n_positions,
-        attention_dropout=dropout,
-        attention_bias=False,
-        mlp_bias=False,
-        tie_word_embeddings=True,
-        bos_token_id=bos,
-        eos_token_id=eos,
-    )
-    return LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
 
 
 def with_special_ids(model: Any, bos: int, eos: int) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sparknet.errors import UserError
-from sparknet.eval.benchmarks import SUITE_TASK, run_benchmarks, write_offline_suite
+from sparknet.harness import SUITE_TASK, run_benchmarks, write_offline_suite
 from sparknet.runtime import PROJECT_ROOT
 from sparknet.testing.hub_server import HubServer
 from tests.helpers import OFFLINE_ENV, run_script, write_jsonl

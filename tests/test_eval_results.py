@@ -60,7 +60,7 @@ def test_a_limited_benchmark_is_kept_beside_the_full_one_which_stands(tmp_path: 
 def test_what_a_benchmark_was_computed_on_as_lm_eval_reports_it() -> None:
     """The items and shots of a task, and of a group (its subtasks' items together; its shots where they agree),
     from the parts of lm-eval's output that say so (as lm_eval.evaluator_utils writes them)."""
-    from sparknet.eval.benchmarks import computed_on
+    from sparknet.harness import computed_on
 
     output = {"n-samples": {"a": {"original": 80, "effective": 50}, "b": {"original": 30, "effective": 30},
                             "c": {"original": 9, "effective": 9}},

@@ -125,3 +125,10 @@ def test_a_missing_package_is_one_line_before_the_run_folder(tiny_dataset: Path,
     assert "No module named 'triton'" in error and "pip install cut-cross-entropy==25.1.1" in error, error
     assert "\n" not in error and not (tmp_path / "ckpt" / "run").exists()
 
+
+
+def test_a_model_that_soft_caps_its_logits_is_refused_in_one_line() -> None:
+    from sparknet.errors import UserError
+
+    with pytest.raises(UserError, match="soft-caps its logits, which the fused loss does not: set FUSED_CROSS"):
+        fuse_head(_model("sparknet-nanochat-tiny"))  # it caps what the fused head hands on: the hidden states

@@ -14,7 +14,7 @@ the versions they pass with; `make lock` moves them and runs these tests.
 | datasets | IterableDataset._ex_iterable, .ex_iterable, .kwargs["files"], state "shard_idx"/"examples_iterable" | data/source/opening.py |
 | accelerate | utils.operations.ConvertOutputsToFp32 (.model_forward; a prepared forward's __func__.__wrapped__) | train/step_speed.py |
 | torch | a compiled module's _orig_mod; SummaryWriter._get_file_writer | train/callbacks.py |
-| lm_eval | api.task, api.model, models.huggingface: their module-level `tqdm` (assigned) | eval/benchmarks.py |
+| lm_eval | api.task, api.model, models.huggingface: their module-level `tqdm` (assigned) | harness.py |
 | (stdlib) | ProcessPoolExecutor._safe_to_dynamically_spawn_children, _processes, _result_queue._writer | data/encoding/encoder_pool.py |
 """  # noqa: E501 - a table
 
@@ -200,7 +200,7 @@ def test_summary_writer_file_writer_takes_a_described_summary(tmp_path: Path) ->
 # -- lm-eval ----------------------------------------------------------------------------------------------------------
 
 def test_lm_eval_draws_its_bars_with_the_module_names_sparknet_routes() -> None:
-    """sparknet.eval.benchmarks makes lm-eval's bars SparkNet's (whole lines in a log file) by replacing the `tqdm`
+    """sparknet.harness makes lm-eval's bars SparkNet's (whole lines in a log file) by replacing the `tqdm`
     each of these modules imported; a module that draws its bars otherwise would put carriage returns in logs."""
     import lm_eval.api.model
     import lm_eval.api.task

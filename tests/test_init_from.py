@@ -384,3 +384,21 @@ def test_a_run_folder_whose_model_is_cut_short_is_one_line_before_anything_is_cr
     assert "pass one of its run's complete checkpoints (checkpoint-" in line
     assert len([x for x in proc.stderr.splitlines() if x.strip()]) <= 2, proc.stderr  # the log's first line at most
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_bases_eos_embedding_keeps_learning(tokenizer_dir: Path, tmp_path: Path) -> None:
+    """An export sets EOS as its pad id (for batched generation); NanoChat's embedding would then give EOS's row no
+    gradient (nn.Embedding's padding_idx) in a run from it, which never pads."""
+    from sparknet.model import build_model, get_preset, set_for_use
+    from sparknet.tokenizer import load_tokenizer
+    from sparknet.train.init_from import load_base, resolve_base
+
+    tokenizer = load_tokenizer(str(tokenizer_dir))
+    exported = build_model(get_preset("sparknet-nanochat-tiny"), len(tokenizer), tokenizer.eos_token_id)
+    set_for_use(exported, tokenizer)
+    exported.save_pretrained(tmp_path)
+    assert AutoModelForCausalLM.from_pretrained(str(tmp_path)).get_input_embeddings().padding_idx is not None
+    model = load_base(resolve_base(str(tmp_path)), dropout=0.0)
+    eos = torch.tensor([[tokenizer.eos_token_id, 5, tokenizer.eos_token_id]])
+    model(input_ids=eos, labels=eos).loss.backward()
+    assert model.get_input_embeddings().weight.grad[tokenizer.eos_token_id].abs().sum() > 0

@@ -120,7 +120,8 @@ def test_no_import_circle_between_folders() -> None:
 FLOORS: list[tuple[str, set[str]]] = [
     ("ground", {"__init__", "errors", "runtime", "progress", "locks", "folder_or_hub", "write_faults"}),
     # what the rules, the trainer and evaluation share: plain tables and functions of a model, a loss, a run folder
-    ("leaves", {"model", "optim", "muon", "metrics", "continuations", "run_files", "licenses"}),
+    ("leaves", {"architectures", "model", "optim", "muon", "metrics", "continuations", "run_files", "licenses",
+                "harness"}),
     ("settings", {"cli", "checks", "outputs", "config", "identity"}),
     ("tokenizer loading", {"tokenizer"}),  # below data/: the build and the stream load the tokenizer
     ("data", {"data"}),
@@ -171,6 +172,7 @@ def test_every_training_setting_is_declared_once_with_doc_identity_and_rule() ->
     assert {f.name for f in dataclasses.fields(TrainSettings) if not f.metadata["identity"]} == {
         "run_name", "eval_steps", "save_steps", "save_total_limit", "sample_steps", "sample_prompts",
         "sample_max_new_tokens", "sample_temperature", "sample_top_k", "sample_seed", "logging_steps", "compile",
+        "benchmark_every", "benchmark_tasks", "benchmark_limit",  # measured beside the run: the weights are the same
         "allow_config_change", "record_batches", "peak_tflops", "nonfinite", "checkpoints_dir", "logs_dir",
         "batch_size",  # the micro-batch: the global batch is the recipe (tests/test_device_count.py)
         "fused_cross_entropy",  # the same loss and gradients either way (tests/test_fused_loss.py)

@@ -88,7 +88,9 @@ def test_the_cpu_update_equals_a_float64_reference() -> None:
 def test_muon_adamw_uses_the_fp32_iteration_on_cpu_and_keeps_torchs_state_format() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 8))
     named = [(f"h.{name}", p) for name, p in model.named_parameters()]
-    optimizer = MuonAdamW(named, lr=1e-3, muon_lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    optimizer = MuonAdamW([{"params": [p for _, p in named if p.ndim == 2], "lr": 1e-3}],
+                          [{"params": [p for _, p in named if p.ndim < 2], "lr": 1e-3, "weight_decay": 0.0}],
+                          betas=(0.9, 0.95))
     model(torch.randn(4, 16)).square().sum().backward()
     optimizer.step()
     state = optimizer.state_dict()

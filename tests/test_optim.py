@@ -13,7 +13,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from sparknet.checks import RULES, check_values
 from sparknet.errors import UserError
-from sparknet.muon import MuonAdamW, is_hidden_matrix
+from sparknet.muon import MuonAdamW, hidden_matrices
 from sparknet.optim import OPTIMIZERS
 from sparknet.train.hf_trainer import SparkTrainer
 from tests.helpers import train_settings
@@ -67,7 +67,7 @@ def test_muon_takes_the_hidden_matrices_at_its_own_rate(tmp_path: Path) -> None:
                            settings=train_settings(tmp_path, optimizer="muon", muon_learning_rate=5e-3))
     built = trainer.create_optimizer()
     assert isinstance(built, MuonAdamW) and trainer.create_optimizer() is built
-    hidden = {id(p) for n, p in model.named_parameters() if is_hidden_matrix(n, p)}
+    hidden = {id(p) for n, p in model.named_parameters() if n in hidden_matrices(model)}
     assert hidden and {id(p) for g in built.muon.param_groups for p in g["params"]} == hidden
     assert [g["lr"] for g in built.muon.param_groups] == [5e-3]
     assert {g["lr"] for g in built.adamw.param_groups} == {2e-3}

@@ -52,6 +52,14 @@ def test_the_padded_head_gives_the_unpadded_logits_loss_and_gradients(preset: st
         torch.testing.assert_close(padded(input_ids=ids, labels=ids).loss, plain(input_ids=ids, labels=ids).loss)
 
 
+def test_a_model_that_soft_caps_its_logits_is_not_padded() -> None:
+    model = _model("sparknet-nanochat-tiny")  # tanh(-inf / cap) x cap = -cap: the padding would take probability
+    ids = torch.randint(0, 1000, (2, 32), generator=torch.Generator().manual_seed(1))
+    loss = model(input_ids=ids, labels=ids).loss
+    assert pad_head(model) == 1000 and type(model.get_output_embeddings()) is torch.nn.Linear
+    torch.testing.assert_close(model(input_ids=ids, labels=ids).loss, loss)
+
+
 def test_the_padded_models_export_is_byte_identical(tmp_path: Path) -> None:
     plain = _model()
     padded = copy.deepcopy(plain)

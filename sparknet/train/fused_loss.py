@@ -45,6 +45,10 @@ def linear_cross_entropy() -> Callable[..., torch.Tensor]:
 def fuse_head(model: Any) -> None:
     """Swaps `model`'s output layer and loss for the fused ones (a UserError now if the package is missing)."""
     head = model.get_output_embeddings()
+    if getattr(model.config, "final_logit_softcapping", None) is not None:
+        # the model caps what the head returns, which in training is the hidden states here
+        raise UserError("FUSED_CROSS_ENTROPY=True: the model soft-caps its logits, which the fused loss does not: "
+                        "set FUSED_CROSS_ENTROPY=False")
     if type(head) is not torch.nn.Linear or head.bias is not None:
         raise UserError(f"FUSED_CROSS_ENTROPY=True: the model's output layer is a {type(head).__name__}"
                         f"{' with a bias' if type(head) is torch.nn.Linear else ''}, not a plain linear layer")

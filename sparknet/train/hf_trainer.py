@@ -124,21 +124,22 @@ def check_launch(settings: TrainSettings, device: dict[str, Any]) -> None:
 
 def lr_schedule(settings: TrainSettings, max_steps: int, phase_steps: list[int] | None = None) -> dict[str, Any]:
     """LR_SCHEDULE as Trainer arguments: cosine from the peak to MIN_LR_RATIO x peak after the warmup, or wsd
-    (warmup, stable at the peak, then a linear decay to the floor over the last fifth of the steps; in a run of
-    several phases, whose step ends are `phase_steps`, over exactly the last phase's steps: the first of them at the
-    peak, each later one lower)."""
+    (warmup, stable at the peak, then a linear decay to the floor over the last DECAY_RATIO of the steps; in a run
+    of several phases, whose step ends are `phase_steps`, over exactly the last phase's steps: the first of them at
+    the peak, each later one lower)."""
     if settings.lr_schedule == "wsd":
         return {"lr_scheduler_type": "warmup_stable_decay",
-                "lr_scheduler_kwargs": {"num_decay_steps": wsd_decay_steps(max_steps, phase_steps),
+                "lr_scheduler_kwargs": {"num_decay_steps": wsd_decay_steps(max_steps, phase_steps,
+                                                                           settings.decay_ratio),
                                         "decay_type": "linear", "min_lr_ratio": settings.min_lr_ratio}}
     return {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": settings.min_lr_ratio}}
 
 
-def wsd_decay_steps(max_steps: int, phase_steps: list[int] | None = None) -> int:
+def wsd_decay_steps(max_steps: int, phase_steps: list[int] | None = None, decay_ratio: float = 0.2) -> int:
     """The steps LR_SCHEDULE=wsd decays over: the last phase's in a run of several (`phase_steps`: where each ends),
-    else the last fifth of the steps; at least one."""
+    else the last DECAY_RATIO of the steps; at least one."""
     decay = (max_steps - phase_steps[-2] if phase_steps is not None and len(phase_steps) > 1
-             else round(0.2 * max_steps))
+             else round(decay_ratio * max_steps))
     return max(1, decay)
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparknet.architectures import ARCHITECTURES
 from sparknet.errors import UserError
 from sparknet.model import PRESETS, Preset
 from sparknet.run_files import METADATA, checkpoint_step, read_metadata
@@ -205,13 +206,10 @@ def _config(spec: str, source: str, revision: str | None = None) -> Any:
 
 def base_shape(base: BaseModel) -> Preset:
     """The base's shape as a Preset (its context included); one line for an architecture SparkNet does not train."""
-    c = base.config
-    if c.model_type == "gpt2":
-        return Preset(n_layer=c.n_layer, n_embd=c.n_embd, n_head=c.n_head, n_positions=c.n_positions)
-    if c.model_type == "llama":
-        return Preset(n_layer=c.num_hidden_layers, n_embd=c.hidden_size, n_head=c.num_attention_heads,
-                      n_positions=c.max_position_embeddings, arch="llama", intermediate=c.intermediate_size)
-    raise UserError(f"INIT_FROM={base.spec} is a {c.model_type} model: SparkNet trains gpt2 and llama models")
+    kind = base.config.model_type
+    if kind not in ARCHITECTURES:
+        raise UserError(f"INIT_FROM={base.spec} is a {kind} model: SparkNet trains {', '.join(ARCHITECTURES)} models")
+    return Preset(**ARCHITECTURES[kind].shape(base.config), arch=kind)
 
 
 def base_preset(base: BaseModel) -> str | None:
@@ -292,9 +290,7 @@ def load_base(base: BaseModel, dropout: float) -> Any:
 
     hide_library_progress_bars()
     config = base.config
-    dropouts = (("resid_pdrop", "embd_pdrop", "attn_pdrop") if config.model_type == "gpt2"
-                else ("attention_dropout",))
-    for key in dropouts:
+    for key in ARCHITECTURES[config.model_type].dropouts:
         setattr(config, key, dropout)
     # as a fresh model has it: no pad token while training (packed blocks never pad). A base exported with
     # <|endoftext|> as its pad token made transformers warn for an attention mask at the first block that begins or
@@ -304,7 +300,6 @@ def load_base(base: BaseModel, dropout: float) -> Any:
     revision = base.commit if base.folder is None else None
     model = AutoModelForCausalLM.from_pretrained(base.source, config=config, dtype=torch.float32,
                                                  attn_implementation="sdpa", revision=revision)
-    if config.model_type == "gpt2":
-        model.loss_type = "ForCausalLM"  # as sparknet.model.build_model: transformers warns otherwise
+    model.loss_type = "ForCausalLM"  # as sparknet.model.build_model: transformers warns otherwise
     bos = config.bos_token_id if config.bos_token_id is not None else config.eos_token_id
     return with_special_ids(model, bos, config.eos_token_id)

@@ -51,6 +51,7 @@ from sparknet.tokenizer import portable_config
 from sparknet.train.batch import BatchPlan, TokenCount, budget, check_enough_blocks, plan_batch
 from sparknet.train.callbacks import MetricsCallback, MetricsSpec, SamplingCallback
 from sparknet.train.data_plan import DataPlan
+from sparknet.train.document_mask import DocumentCollator
 from sparknet.train.folders import EVAL_START, RunFolder, checkpoint_context, latest_complete_checkpoint, open_run
 from sparknet.train.fused_loss import fuse_head
 from sparknet.train.hf_trainer import SparkTrainer, check_launch, compiles, training_arguments
@@ -63,6 +64,7 @@ from sparknet.train.init_from import (
     read_base_record,
     resolve_run_base,
 )
+from sparknet.train.periodic_benchmark import PeriodicBenchmark, suite_documents
 from sparknet.train.safety import Interrupted, SafetyCallback, signals_interrupt, stop_on_signals
 from sparknet.train.settings import TrainSettings, check_settings
 from sparknet.train.step_speed import collector_paused, pad_head
@@ -276,8 +278,9 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
               if main_process else NullWriter())
     batch_log = run.run_dir / (BATCH_LOG if main_process else f"batches.rank{process_rank()}.jsonl")
     # default_data_collator only stacks the fixed-size blocks: nothing is padded, so nothing is masked as padding
+    collator = DocumentCollator(tokenizer.eos_token_id) if s.document_masking else default_data_collator
     trainer = SparkTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval_dataset(),
-                           processing_class=tokenizer, data_collator=default_data_collator, nonfinite=s.nonfinite,
+                           processing_class=tokenizer, data_collator=collator, nonfinite=s.nonfinite,
                            batch_log=batch_log if s.record_batches else None,
                            settings=s,
                            global_batch=batch.global_batch, phase_steps=phase_steps,
@@ -304,7 +307,8 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
                                s.sample_max_new_tokens, s.sample_temperature, s.sample_top_k, s.sample_seed)
     safety = SafetyCallback(trainer)
     # safety last: it marks checkpoints complete
-    for callback in (TokenCount(tokens_per_step), metrics, sampler, *data.callbacks(writer), safety):
+    for callback in (TokenCount(tokens_per_step), metrics, sampler, *benchmark(s, data, run, writer),
+                     *data.callbacks(writer), safety):
         trainer.add_callback(callback)
     n_params = parameter_count(preset, len(tokenizer))
     log.info("model %s: %s parameters, vocab %d, context %d; device %s (%s)%s", s.model_preset, f"{n_params:,}",
@@ -315,6 +319,15 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
                  base.spec, base.name)
     log.info("outputs: %s  |  tensorboard --logdir %s", run.run_dir, run.log_dir)
     return TrainerParts(trainer, writer, metrics, safety, n_params, device, preset, base)
+
+
+def benchmark(s: TrainSettings, data: DataPlan, run: RunFolder, writer: Any) -> list[PeriodicBenchmark]:
+    """BENCHMARK_EVERY's callback (none when 0), its offline suite made from the validation blocks."""
+    if not s.benchmark_every:
+        return []
+    return [PeriodicBenchmark(every=s.benchmark_every, tasks=list(s.benchmark_tasks), limit=s.benchmark_limit,
+                              writer=writer, tokenizer=data.tokenizer,
+                              suite_texts=suite_documents(data.tokenizer, data.val_tokens), run_dir=run.run_dir)]
 
 
 def conclude(s: TrainSettings, data: DataPlan, run: RunFolder, parts: TrainerParts, started: float,

@@ -75,11 +75,13 @@ def _loss_over_logits_width(loss_function: Callable[..., Any], logits: torch.Ten
 
 def pad_head(model: Any, multiple: int = HEAD_MULTIPLE) -> int:
     """Pads `model`'s output matmul to a multiple of `multiple` outputs in training; returns the padded width (the
-    vocabulary itself when it is already a multiple)."""
+    vocabulary itself when it is already a multiple, or when the model soft-caps its logits: the cap would turn
+    the padding's -inf into -cap, which the softmax would count)."""
     head = model.get_output_embeddings()
     vocab = head.weight.shape[0]
     padded = -(-vocab // multiple) * multiple
-    if padded == vocab or type(head) is not torch.nn.Linear or not change_on("padded_head"):
+    capped = getattr(model.config, "final_logit_softcapping", None) is not None
+    if padded == vocab or type(head) is not torch.nn.Linear or capped or not change_on("padded_head"):
         return vocab
     head.__class__ = PaddedHead
     head.padded_outputs = padded
