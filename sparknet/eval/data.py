@@ -387,6 +387,8 @@ def _start_of(run: Path | None) -> Any:
     tokenizer = load_tokenizer(str(run))
 
     def start(text: str, n: int) -> str:
-        return tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)[:n])
+        # verbose=False: a document longer than the model's context is expected here (the hold-out cut it) and must
+        # not log transformers' "longer than the maximum sequence length" warning
+        return tokenizer.decode(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"][:n])
 
     return start
