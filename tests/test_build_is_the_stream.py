@@ -67,6 +67,7 @@ def _digests(blocks: np.ndarray) -> list[str]:
     return [hashlib.blake2b(row.astype(np.int64).tobytes(), digest_size=8).hexdigest() for row in blocks]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["one", pytest.param("phased", marks=pytest.mark.slow)])
 def test_a_one_process_stream_holds_out_val_bin_and_trains_on_train_bin_each_block_once(
         config: str, setup: dict[str, Path], tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from sparknet.demo.chain import _shown, demo_state
 from sparknet.runtime import PROJECT_ROOT
-from sparknet.train.folders import is_complete, latest_complete_checkpoint
+from sparknet.train.folders import incomplete, latest_complete_checkpoint
 from tests.helpers import OFFLINE_ENV
 
 
@@ -85,7 +85,7 @@ def test_ctrl_c_in_make_demo_saves_and_the_same_command_resumes() -> None:
     assert "demo stopped during 'training'" in out and "run the same command (make demo) to resume" in out
     run_dir = PROJECT_ROOT / "checkpoints" / "demo"
     checkpoint = latest_complete_checkpoint(run_dir)
-    assert checkpoint is not None and is_complete(checkpoint), out[-3000:]
+    assert checkpoint is not None and incomplete(checkpoint) is None, out[-3000:]
     step = int(checkpoint.name.split("-")[1])
     assert 10 <= step < 100  # the stop's own checkpoint: the demo saves every 100 steps
 

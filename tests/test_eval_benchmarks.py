@@ -75,6 +75,7 @@ def test_suite_items_are_valid_and_reproducible(tmp_path: Path) -> None:
         write_offline_suite(TEXTS[:2], tmp_path / "c")
 
 
+@pytest.mark.slow
 def test_offline_suite_through_lm_eval(random_model: Path, tmp_path: Path) -> None:
     """The script scores the suite's items with lm-eval and reports acc and acc_norm: each the accuracy that the
     model's own log-likelihoods of the choices give (computed here with plain transformers), with its standard

@@ -413,6 +413,7 @@ def _scores_line(stdout: str, data: Path) -> list[str]:
     return row
 
 
+@pytest.mark.slow
 def test_a_results_write_under_a_file_size_limit_prints_the_scores_and_keeps_the_old_results(
         random_model: Path, tmp_path: Path) -> None:
     """`ulimit -f` reached while the scores are written: they used to be lost in a traceback. Now the table of the
@@ -438,6 +439,7 @@ def test_a_results_write_under_a_file_size_limit_prints_the_scores_and_keeps_the
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no .tmp either
 
 
+@pytest.mark.slow
 def test_a_results_file_that_cannot_be_written_saves_the_scores_elsewhere(random_model: Path,
                                                                           tmp_path: Path) -> None:
     """A folder where the results file should be (the fault any user, root included, can meet): one line naming it

@@ -95,6 +95,7 @@ def test_push_is_attempted_and_fails_clearly_offline(tmp_path: Path, monkeypatch
     assert secret not in str(error.value) + captured.out + captured.err
 
 
+@pytest.mark.slow
 def test_a_push_the_hub_refuses_is_one_line_and_never_prints_the_token(run: tuple[Path, Path], hub: HubServer,
                                                                          tmp_path: Path) -> None:
     """Online, the token sent (HF_TOKEN, implicit tokens allowed): the loopback Hub answers the repository's
@@ -195,6 +196,7 @@ def _assert_exported_as_it_is(folder: Path, out: Path) -> None:
     assert "33.1000" in card and "arc_easy" in card  # the evaluations of the run folder
 
 
+@pytest.mark.slow
 def test_results_written_before_they_were_kept_per_setting_are_refused_in_one_line(run: tuple[Path, Path]) -> None:
     folder, tmp = run
     old = tmp / "eval" / "myrun" / "benchmarks.json"
@@ -331,6 +333,7 @@ def test_the_license_is_other_with_a_warning_until_it_is_set(run: tuple[Path, Pa
     assert "LICENSE" not in caplog.text
 
 
+@pytest.mark.slow
 def test_an_overwrite_under_a_file_size_limit_is_one_line_and_leaves_the_old_export(run: tuple[Path, Path]) -> None:
     """`ulimit -f` below the weights' size: a 19-line SafetensorError, and .exported.building left behind. Now one
     line naming the file and what EFBIG means, nothing left beside the folder, the old export byte for byte."""

@@ -33,6 +33,7 @@ def _train_tokenizer(cfg: Path, out: Path, env: dict[str, str] | None = None):
                       "--heldout_docs", 5, "--shuffle_buffer", 50, "--output_dir", out, env=env)
 
 
+@pytest.mark.slow
 def test_a_tokenizer_trained_on_a_hub_id_is_the_one_trained_on_the_same_local_files(
         hub: HubServer, corpus_dir: Path, tmp_path: Path) -> None:
     local, sha = _publish(hub, read_texts(corpus_dir / "prose.train.jsonl"), tmp_path / "local", 8)

@@ -64,6 +64,7 @@ def latest_checkpoint(run_dir: Path) -> Path:
     return max(run_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
 
 
+@pytest.mark.slow
 def test_packed_script_from_a_run_folder_starts_at_its_final_weights_and_records_it(finished, tiny_dataset: Path,
                                                                                     tmp_path: Path) -> None:
     _, base_tmp = finished
@@ -368,6 +369,7 @@ def test_the_base_is_recorded_when_the_run_starts_and_a_resume_checks_it(finishe
     assert result.metadata["base_model"]["sha256"] == original and result.metadata["base_model"]["name"] == "run"
 
 
+@pytest.mark.slow
 def test_a_run_folder_whose_model_is_cut_short_is_one_line_before_anything_is_created(
         finished, tiny_dataset: Path, tmp_path: Path) -> None:
     """A 27-line SafetensorError once the new run's folder existed; now one line naming the file and the run's

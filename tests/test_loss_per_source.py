@@ -169,6 +169,7 @@ def test_the_model_card_has_a_row_per_source(packed_run: Path, tmp_path: Path) -
         assert row in card, (row, card)
 
 
+@pytest.mark.slow
 def test_eval_perplexity_reports_each_source_of_a_packed_dataset(mix: tuple[Path, Path], packed_run: Path,
                                                                  tmp_path: Path) -> None:
     """eval_perplexity.py on the packed dataset: a result per source, whose documents are those the text says

@@ -229,6 +229,7 @@ def test_rebuild_is_byte_identical_whatever_the_workers(
     assert a == b
 
 
+@pytest.mark.slow
 def test_a_build_stopped_after_a_save_resumes_to_the_bytes_of_one_never_stopped(
     built: Path, sources: dict, tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -303,6 +304,7 @@ def test_opening_a_1b_token_dataset_copies_nothing(tiny_dataset: Path, tmp_path:
     assert psutil.Process().memory_info().rss - rss_before < 50 * 2**20  # the 2 GB file is not read in
 
 
+@pytest.mark.slow
 def test_exhausted_source_is_filled_by_the_others_and_recorded(
     sources: dict, tokenizer_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -436,6 +438,7 @@ def test_blocks_longer_than_the_tokenizers_training_context_are_built(
     assert PackedDataset(out, "train")[0]["input_ids"].shape == (256,)
 
 
+@pytest.mark.slow
 def test_a_damaged_dataset_is_detected_and_rebuilt_with_overwrite(
     sources: dict, tokenizer_dir: Path, tmp_path: Path
 ) -> None:

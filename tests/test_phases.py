@@ -275,6 +275,7 @@ def test_a_phase_smaller_than_one_global_batch_is_refused_before_the_run(dataset
     assert not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["train_sparknet_v5.py", "train_sparknet.py"])
 def test_a_phase_rounded_to_no_step_is_refused_in_one_line_before_any_work(script: str, setup: dict[str, Path],
                                                                           dataset: Path, tmp_path: Path) -> None:
@@ -321,6 +322,7 @@ def short_dataset(setup: dict[str, Path]) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_phase_its_build_left_short_is_refused_unless_allowed(short_dataset: Path, tmp_path: Path,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     """The trainer used to train the anneal's steps on its 15 blocks over and over, with no word but "0.77 passes
@@ -368,6 +370,7 @@ def test_a_phase_whose_blocks_would_repeat_far_beyond_the_rest_is_refused(short_
     assert plan.plan_phases(50, plan_batch(4, 4, 1)) == [40, 50]  # 2.67 against 0.64 (at least once): not far
 
 
+@pytest.mark.slow
 def test_a_streamed_phase_whose_sources_the_hold_out_used_up_is_refused_before_training(
         setup: dict[str, Path], tmp_path: Path) -> None:
     """The anneal phase mixes source c alone, and the hold-out took the start of 20 of its 30 rows (each cut to its

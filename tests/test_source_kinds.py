@@ -92,6 +92,7 @@ def test_a_tokenizer_from_each_kind_is_the_jsonl_tokenizer(kind: str, files: dic
             == (tmp_path / "tok-json" / "tokenizer.json").read_text())
 
 
+@pytest.mark.slow
 def test_perplexity_of_each_kind_is_that_of_the_jsonl(files: dict, token_files: Path, random_model: Path,
                                                       tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from sparknet.eval.data import DataRequest, load_documents
@@ -250,6 +251,7 @@ def test_a_pre_tokenized_stream_is_the_stream_of_its_text(files: dict, token_fil
     assert len(blocks["ids"]) == 40 and blocks["ids"] == blocks["text"]
 
 
+@pytest.mark.slow
 def test_ids_beyond_the_vocabulary_another_tokenizer_or_a_tokenizer_training_are_one_line(
         files: dict, token_files: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
     from sparknet.bpe import train_tokenizer

@@ -82,6 +82,7 @@ def test_interrupted_twice_then_resumed_equals_an_uninterrupted_run(corpus_confi
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 
 
+@pytest.mark.slow
 def test_a_streamed_run_reports_its_mix_to_tensorboard_and_the_metadata(corpus_config: Path, tokenizer_dir: Path,
                                                                        tmp_path: Path) -> None:
     """The streaming trainer in this process (as the script runs it): 100 steps on the 60/40 mix, its hold-out of

@@ -122,7 +122,7 @@ def _utf8(texts: list[str]) -> int:
     return sum(len(t.encode("utf-8")) for t in texts)
 
 
-@pytest.mark.parametrize("shuffle_buffer", [0, 10_000])
+@pytest.mark.parametrize("shuffle_buffer", [0, pytest.param(10_000, marks=pytest.mark.slow)])  # one in the fast tier
 def test_sources_supply_their_share_of_the_bytes(corpus_dir: Path, tmp_path: Path, shuffle_buffer: int) -> None:
     """Documents ~20x longer asked at 0.2 supply 20% of the text, not the ~83% a mix by documents gives them."""
     short = _chunks(_corpus_lines(corpus_dir, "prose"), 250)  # paragraphs of the stdlib's docstrings
@@ -295,6 +295,7 @@ def test_replacing_a_tokenizer_never_leaves_a_half_deleted_one(
     assert json.loads((out / "training_report.json").read_text())["vocab_size_requested"] == 310
 
 
+@pytest.mark.slow
 def test_a_mistyped_local_tokenizer_folder_fails_at_once_with_the_nearest_folder(tokenizer_dir: Path) -> None:
     """Online (offline flags off, the Hub at a closed port here, where a lookup spends ~50 s in retries): a near
     miss of a local folder's name is not looked up on the Hub. (Hub ids still are: test_load_tokenizer_checks.)"""
@@ -356,7 +357,7 @@ def test_a_path_under_a_local_folder_is_answered_at_once_naming_what_the_folder_
     assert not (tmp_path / "ds").exists()
 
 
-@pytest.mark.parametrize("max_bytes", [50_000_000, 300_000])
+@pytest.mark.parametrize("max_bytes", [pytest.param(50_000_000, marks=pytest.mark.slow), 300_000])  # one fast
 def test_the_sampling_bar_ends_at_what_was_read_without_blank_lines(corpus_config: Path, tmp_path: Path,
                                                                     max_bytes: int) -> None:
     """MAX_BYTES beyond the sources (~4 MB here): the sampling bar, written to a log (not a terminal), ends full at
@@ -380,6 +381,7 @@ def test_the_sampling_bar_ends_at_what_was_read_without_blank_lines(corpus_confi
     assert sampled < max_bytes if max_bytes > 10_000_000 else sampled >= max_bytes
 
 
+@pytest.mark.slow
 def test_special_token_text_in_a_document_is_text_in_every_stage_and_the_counts_agree(tmp_path: Path) -> None:
     """A literal "<|endoftext|>" in a document: the build kept it as text, but eval_perplexity re-encoded the
     documents with the HF tokenizer, which made each literal the eos id (2,886 tokens scored where the build's

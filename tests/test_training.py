@@ -98,6 +98,7 @@ def test_export_loads_with_automodel_and_matches_logits(finished) -> None:
     assert set(meta["dataset"]["realised_mixture"]["train"]) == {"prose", "code"}
 
 
+@pytest.mark.slow
 def test_same_run_name_with_other_settings_is_refused(finished, tiny_dataset: Path, tmp_path: Path) -> None:
     import shutil
 

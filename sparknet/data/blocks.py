@@ -228,10 +228,6 @@ class StreamBlocks:
         return {label: (mark[0] if (mark := self._last_used(label)) else self._restarts[label])
                 for label in self.sources}
 
-    def rows_used(self) -> dict[str, int]:
-        """Per source, the rows read up to its last document used (the one being cut included)."""
-        return {label: (mark[1] if (mark := self._last_used(label)) else 0) for label in self.sources}
-
     def _note_dry(self) -> list[str]:
         """Every source found dry so far (a warning for each, the first time)."""
         dry = self.pipeline.exhausted()

@@ -94,11 +94,6 @@ class Mixer(Generic[T]):
         count.documents -= 1
         count.units -= self._cost(label, item)
 
-    def pop_head(self, label: str) -> T | None:
-        """The source's read-ahead item, no longer held (its stream hands it out again), or None."""
-        head = self._heads.pop(label, None)
-        return None if head is None else head[0]
-
     def has_read_ahead(self, label: str) -> bool:
         """Whether the source's next item was taken from its stream but not yet mixed (it will come out next time
         this source is chosen): a saved position must count it as not yet read."""

@@ -57,11 +57,6 @@ def _marker_files(folder: Path) -> dict[str, dict[str, Any]] | None:
     return files if listed else None
 
 
-def is_complete(folder: Path) -> bool:
-    """Whether the marker exists and every file it lists is there with its size (cheap: no reading)."""
-    return incomplete(folder) is None
-
-
 def incomplete(folder: Path) -> str | None:
     """Why the checkpoint does not count (cheap: sizes only), or None when its marker vouches for every file: no
     marker (the process died while saving), or a file it lists that is gone or has another size since."""
