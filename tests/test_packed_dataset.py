@@ -412,21 +412,6 @@ def test_edited_local_data_is_another_input(sources: dict, tokenizer_dir: Path, 
         build_dataset(_spec(cfg, tmp_path / "ds", tokenizer_dir, target_tokens=20_000))
 
 
-def test_packer_never_credits_tokens_beyond_its_budget() -> None:
-    from sparknet.data.encoding.packer import BlockPacker
-
-    packer = BlockPacker(4, np.dtype(np.uint16), max_blocks=2, flush_tokens=8)
-    out = packer.add("a", np.arange(5, dtype=np.uint16))
-    assert out is None
-    out = packer.add("b", np.arange(20, dtype=np.uint16))  # 25 pending: a flush would give 6 blocks
-    assert out.shape == (2, 4) and packer.blocks == 2 and packer.full
-    assert dict(packer.tokens_by_source) == {"a": 5, "b": 3}
-    assert packer.finish().shape == (0, 4)  # nothing pending within budget: no crash, nothing credited
-    assert sum(packer.tokens_by_source.values()) == 8
-    empty = BlockPacker(4, np.dtype(np.uint16))
-    assert empty.finish().shape == (0, 4)
-
-
 def test_blocks_longer_than_the_tokenizers_training_context_are_built(
     sources: dict, tokenizer_dir: Path, tmp_path: Path
 ) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -83,7 +82,7 @@ class StreamBlocks:
         self.settings = settings
         self.block_size = pipeline.spec.block_size
         self.on_exhausted = self.part.on_exhausted
-        self.packer = BlockPacker(self.block_size, pipeline.spec.token_dtype, flush_tokens=sys.maxsize)
+        self.packer = BlockPacker(self.block_size, pipeline.spec.token_dtype)
         self.blocks_yielded = int(state["blocks_yielded"])
         self.end: str | None = state["end"]
         self.warned = set(state["warned"])
@@ -219,13 +218,11 @@ class StreamBlocks:
         """The piece being cut, if tokens of it are left for the next block."""
         return self._unused()[0]
 
-    def _last_used(self, label: str) -> tuple[int, int] | None:
-        """(passes, rows read) of the source's last document used (the one being cut included), None if none yet."""
-        return self.sources[label].mark(self.used(label))
-
     def restarts(self) -> dict[str, int]:
-        """Per source, the restarts before its last document used (read-ahead restarts not counted)."""
-        return {label: (mark[0] if (mark := self._last_used(label)) else self._restarts[label])
+        """Per source, the restarts before its last document used (the one being cut included; read-ahead restarts
+        not counted): the passes in that document's mark `(passes, rows read)`, or the restarts so far if none was
+        used yet."""
+        return {label: (mark[0] if (mark := self.sources[label].mark(self.used(label))) else self._restarts[label])
                 for label in self.sources}
 
     def _note_dry(self) -> list[str]:
@@ -262,4 +259,4 @@ class StreamBlocks:
         log.warning("the stream ended after %d blocks: %s", self.blocks_yielded, reason)
         self.end = reason
         self._current = None
-        self.packer.finish()  # the partial rest is dropped, as in the packed build
+        self.packer.drop_rest()

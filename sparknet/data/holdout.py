@@ -31,12 +31,11 @@ log = logging.getLogger(__name__)
 @dataclass
 class HeldOut:
     """A hold-out: its blocks ([n_blocks, block_size]), each token's source ([n_blocks, block_size] indices into
-    `source_labels`, the mix's labels in its order), the rows of each source it used, the hashes of the documents it
-    took tokens of, and its report (`report`)."""
+    the report's `source_labels`, the mix's labels in its order), the rows of each source it used, the hashes of
+    the documents it took tokens of, and its report (`report`)."""
 
     blocks: np.ndarray
     source_ids: np.ndarray
-    source_labels: list[str]
     rows: dict[str, HeldOutRows]
     hashes: list[str]
     report: dict[str, Any]
@@ -51,7 +50,7 @@ def hold_out(spec: DataSpec, progress: Any = None) -> HeldOut:
     encoders = pipeline = None
     try:
         encoders = Encoders(spec)
-        pipeline = Pipeline(spec, Part.hold_out(), encoders)
+        pipeline = Pipeline(spec, Part(training=False), encoders)  # one process, the sources' own order
         loop = StreamBlocks(pipeline, initial_state(labels, {}), settings={})
         loop.packer.record_sources(labels)
         blocks = []
@@ -74,7 +73,7 @@ def hold_out(spec: DataSpec, progress: Any = None) -> HeldOut:
     if len(blocks) < wanted:
         log.warning("the sources hold only %d of the %d validation blocks asked", len(blocks), wanted)
     stacked = np.stack(blocks) if blocks else np.empty((0, spec.block_size), dtype=spec.token_dtype)
-    return HeldOut(stacked, source_ids, labels, rows, hashes, _report(spec, counts, rows, sizes, len(blocks)))
+    return HeldOut(stacked, source_ids, rows, hashes, _report(spec, counts, rows, sizes, len(blocks)))
 
 
 def _documents_used(loop: StreamBlocks) -> dict[str, list[tuple[str, tuple[int, int], int, int]]]:

@@ -40,14 +40,13 @@ class SourceCount:
 class Mixer(Generic[T]):
     """Interleaves several streams; iterate it for `(label, item)` pairs in mix order.
 
-    `cost(item)` gives an item's units (default 1: mix by documents); `costs` may give a source its own. A source
+    `cost(item)` gives an item's units (default 1: mix by documents). A source
     that runs dry is marked exhausted and the others go on, each keeping its relative share.
     """
 
     streams: Mapping[str, Iterable[T]]
     probs: Mapping[str, float]
     cost: Callable[[T], int] = field(default=lambda _item: 1)
-    costs: Mapping[str, Callable[[T], int]] = field(default_factory=dict)
     counts: dict[str, SourceCount] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -66,7 +65,7 @@ class Mixer(Generic[T]):
             except StopIteration:
                 self.counts[label].exhausted = True
                 return None
-            self._heads[label] = (item, self._cost(label, item))
+            self._heads[label] = (item, self.cost(item))
         return self._heads[label]
 
     def __iter__(self) -> Iterator[tuple[str, T]]:
@@ -92,7 +91,7 @@ class Mixer(Generic[T]):
         read and mixed again from a saved position)."""
         count = self.counts[label]
         count.documents -= 1
-        count.units -= self._cost(label, item)
+        count.units -= self.cost(item)
 
     def has_read_ahead(self, label: str) -> bool:
         """Whether the source's next item was taken from its stream but not yet mixed (it will come out next time
@@ -117,25 +116,15 @@ class Mixer(Generic[T]):
                 bool(saved["exhausted"]),
             )
 
-    def restart_shares(self) -> None:
-        """Starts the share accounting afresh (document counts stay), so what follows carries the mix on its own;
-        the read-ahead items' costs are taken again (the cost function may have changed with the phase)."""
-        for count in self.counts.values():
-            count.units = 0
-        self._heads = {label: (item, self._cost(label, item)) for label, (item, _) in self._heads.items()}
-
     def set_probs(self, probs: Mapping[str, float]) -> None:
         """Mixes by `probs` from here on (a new phase; a source left out gets 0 and is not read), its shares counted
-        afresh (`restart_shares`)."""
+        afresh (document counts stay), so what follows carries the mix on its own."""
         unknown = set(probs) - set(self.counts)
         if unknown:
             raise ValueError(f"probs name sources the mixer does not have: {sorted(unknown)}")
         for label, share in _normalised({label: probs.get(label, 0.0) for label in self.counts}).items():
             self.counts[label].requested = share
-        self.restart_shares()
-
-    def _cost(self, label: str, item: T) -> int:
-        return self.costs[label](item) if label in self.costs else self.cost(item)
+            self.counts[label].units = 0
 
     @property
     def total_units(self) -> int:

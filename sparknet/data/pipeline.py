@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -65,17 +65,7 @@ class Encoders:
             self._pool = None
 
 
-class _Closable(Protocol):
-    def close(self) -> None: ...
-
-
-class _Encoding(Protocol):
-    def close(self) -> None: ...
-
-    def terminate(self) -> None: ...
-
-
-def stop(sources: Mapping[str, _Closable], encoders: _Encoding | None, *, clean: bool) -> None:
+def stop(sources: Mapping[str, SourcePieces], encoders: Encoders | None, *, clean: bool) -> None:
     """Closes the readers and the encoders: `clean`, waiting for the encoders to finish; else, or when anything
     (a Ctrl-C included) interrupts that, stopping them at once. Encoders left running would hold the interpreter's
     exit for good (it joins its child processes)."""

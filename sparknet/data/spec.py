@@ -81,11 +81,6 @@ class Part:
     window_blocks: int = 0
     end_blocks: int | None = None
 
-    @classmethod
-    def hold_out(cls) -> Part:
-        """The validation hold-out: the first blocks of the mix, one process, the sources' own order."""
-        return cls(training=False)
-
     def settings(self) -> dict[str, Any]:
         """What a saved position of this part depends on (the part's side of a position's identity)."""
         return {

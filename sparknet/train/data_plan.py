@@ -186,7 +186,6 @@ class PackedPlan(DataPlan):
         return [PhaseCallback(writer=writer, ends=self.phase_steps)] if self.phase_steps else []
 
 
-
 def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig | None,
                 allow_short_phases: bool = False) -> PackedPlan:
     """The packed dataset (scripts/build_dataset_v5.py) with the tokenizer it was built with.

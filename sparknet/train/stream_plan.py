@@ -276,6 +276,8 @@ def _check_training_left(report: dict[str, Any], spec: StreamSpec) -> None:
     phase mixes alone must hold all of it (the stream ends where it runs dry: each token short is a step lost),
     any other half. ON_EXHAUSTED=stop or restart says the user expects a source to run dry, and then only an empty
     one is refused."""
+    from sparknet.data.source.sizes import source_size
+
     budget = spec.target_tokens or spec.config.target_tokens
     phases = spec.config.phases
     problems = []
@@ -290,7 +292,7 @@ def _check_training_left(report: dict[str, Any], spec: StreamSpec) -> None:
         per_doc = _tokens_per_document(source, source_spec, spec)
         total = source.get("rows_in_source")
         if total is None:  # the rows that would cover its need tell: counting stops there
-            total = _local_rows(source_spec, held + (math.ceil(need / per_doc) if per_doc else 0) + 1)
+            total = source_size(source_spec, row_limit=held + (math.ceil(need / per_doc) if per_doc else 0) + 1).rows
         if total is None:
             continue
         where = f", in phase {', '.join(phase.name for phase in mixed_in)}" if spec.config.phased else ""
@@ -335,13 +337,6 @@ def _tokens_per_document(source: dict[str, Any], source_spec: Any, spec: StreamS
         return None
     encoded = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
     return sum(len(e.ids) + 1 for e in encoded) / len(texts)
-
-
-def _local_rows(source_spec: Any, limit: int) -> int | None:
-    """A local source's rows, counted up to `limit`; None for a Hub source (or rows not countable cheaply)."""
-    from sparknet.data.source.sizes import source_size
-
-    return source_size(source_spec, row_limit=limit).rows
 
 
 def requested_shares(config: MixConfig) -> dict[str, float]:

@@ -80,14 +80,13 @@ class DocumentEncoder:
 class BlockPacker:
     """Appends documents and hands out full blocks of `block_size` tokens, crediting each token to its source.
 
-    Documents are concatenated as they come (each already ends with eos); nothing is padded. At most `max_blocks`
-    blocks are ever handed out; tokens beyond them, and the final partial block, are dropped and credited to no one.
+    Documents are concatenated as they come (each already ends with eos); nothing is padded. Blocks are handed out
+    when taken; a token is credited to its source when its block is taken, and the final partial block is dropped
+    and credited to no one.
     """
 
     block_size: int
     dtype: np.dtype
-    max_blocks: int | None = None
-    flush_tokens: int = 1 << 20
     tokens_by_source: Counter[str] = field(default_factory=Counter)  # tokens in handed-out blocks
     documents_by_source: Counter[str] = field(default_factory=Counter)  # documents started in this packer
     blocks: int = 0
@@ -115,57 +114,23 @@ class BlockPacker:
         """Tokens handed out in blocks plus those still pending."""
         return self.blocks * self.block_size + self.pending_tokens
 
-    @property
-    def full(self) -> bool:
-        """Whether the blocks handed out and pending reach `max_blocks`."""
-        return self.max_blocks is not None and self.tokens_added >= self.max_blocks * self.block_size
-
-    def add(self, label: str, tokens: np.ndarray) -> np.ndarray | None:
-        """Appends one document; returns full blocks (shape [n, block_size]) once enough tokens are pending."""
+    def add(self, label: str, tokens: np.ndarray) -> None:
+        """Appends one document (or piece of one) to the pending tokens."""
         self._pending.append(tokens)
         self._segments.append([label, len(tokens)])
         self.pending_tokens += len(tokens)
         self.documents_by_source[label] += 1
-        if self.pending_tokens >= self.flush_tokens:
-            return self._take(self.pending_tokens // self.block_size)
-        return None
 
     def take(self, n_blocks: int) -> np.ndarray:
         """Up to `n_blocks` full blocks now (fewer when fewer are pending), for a caller that hands blocks out one
         at a time: every token is credited to its source when its block is taken."""
         return self._take(min(n_blocks, self.pending_tokens // self.block_size))
 
-    def finish(self) -> np.ndarray:
-        """The remaining full blocks; the partial rest is dropped."""
-        out = self._take(self.pending_tokens // self.block_size)
+    def drop_rest(self) -> None:
+        """Drops the pending tokens (less than a block once the full ones are taken), credited to no one."""
         self._pending, self._segments, self.pending_tokens = [], deque(), 0
-        return out
-
-    def state_dict(self) -> dict[str, Any]:
-        """The counts and the pending tokens (take full blocks first to keep it under one block), as plain data."""
-        flat = np.concatenate(self._pending) if self._pending else np.empty(0, dtype=self.dtype)
-        return {
-            "blocks": self.blocks,
-            "tokens": dict(self.tokens_by_source),
-            "documents": dict(self.documents_by_source),
-            "pending": flat.tolist(),
-            "segments": [list(seg) for seg in self._segments],
-            **({"source_runs": [list(run) for run in self.source_runs]} if self._source_index is not None else {}),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.blocks = int(state["blocks"])
-        self.tokens_by_source = Counter(state["tokens"])
-        self.documents_by_source = Counter(state["documents"])
-        pending = np.asarray(state["pending"], dtype=self.dtype)
-        self._pending = [pending] if len(pending) else []
-        self._segments = deque([label, int(n)] for label, n in state["segments"])
-        self.pending_tokens = len(pending)
-        self.source_runs = [list(run) for run in state.get("source_runs", [])]
 
     def _take(self, n_blocks: int) -> np.ndarray:
-        if self.max_blocks is not None:
-            n_blocks = max(0, min(n_blocks, self.max_blocks - self.blocks))
         if n_blocks == 0:
             return np.empty((0, self.block_size), dtype=self.dtype)
         n_tokens = n_blocks * self.block_size

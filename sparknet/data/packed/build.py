@@ -86,8 +86,6 @@ class BuildSpec:
     shuffle_buffer: int = 0
     fail_on_exhausted: bool = False
     overwrite: bool = False
-    batch_docs: int = 256
-    batch_chars: int = 1 << 20
     checkpoint_seconds: float = 60.0  # how often the position is saved for a resume (0: never)
     # batches each source reads ahead on its own thread (0: read when the encoders need it; None: 8 for a source read
     # from the Hub, whose network waits release the GIL, 0 for local files: one reading thread feeds ~75 encoders
@@ -192,7 +190,7 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
         data = DataSpec(config=at_commits(spec.config, commits), tokenizer_json=tok.backend_tokenizer.to_str(),
                         eos_id=int(tok.eos_token_id), block_size=spec.block_size, seed=spec.seed,
                         val_tokens=spec.val_tokens, shuffle_buffer=spec.shuffle_buffer, num_workers=spec.num_workers,
-                        batch_docs=spec.batch_docs, batch_chars=spec.batch_chars, read_ahead=spec.read_ahead,
+                        read_ahead=spec.read_ahead,
                         dtype=spec.dtype)
         manifest = _build(spec, data, tmp, {"format": STATE_FORMAT, "inputs": inputs, "commits": commits}, state)
         manifest.update(description(spec, tok, dtype, inputs, commits, trained_for))
@@ -393,7 +391,7 @@ def _write_hold_out(held: HeldOut, folder: Path) -> dict[str, Any]:
     writer.close()
     return {"rows": {label: rows.to_dict() for label, rows in held.rows.items()}, "hashes": held.hashes,
             "report": held.report,
-            "source_ids": write_source_ids(folder, held.source_ids, held.source_labels, held.blocks.shape[1])}
+            "source_ids": write_source_ids(folder, held.source_ids, held.report["source_labels"], held.blocks.shape[1])}
 
 
 def _write_training(spec: BuildSpec, loop: StreamBlocks, writing: _Writing, want: int,
@@ -423,21 +421,9 @@ def _splits(spec: BuildSpec, loop: StreamBlocks, writers: dict[str, SplitWriter]
             phase_tokens: list[dict[str, int]], want: dict[str, int]) -> dict[str, Any]:
     """The manifest's account of the splits: their reports (packed/manifest.py), what ran dry, and whether the
     dataset is complete (the size asked and every split's mix)."""
-    block = spec.block_size
     counts = loop.counts()
     splits = split_report(spec, held, counts, writers)
     exhausted = counts["exhausted"]
-    if writers["train"].blocks == 0:
-        removed = counts["validation_repeats_removed"]
-        read = ", ".join(f"{label} {n} piece(s)" + (f" and {removed[label]:,} document(s) dropped as repeats of "
-                                                     "validation documents" if removed[label] else "")
-                         for label, n in counts["documents"].items())
-        fix = ("remove the repeated documents or add others" if any(removed.values())
-               else "add data, or lower VAL_TOKENS or BLOCK_SIZE")
-        raise UserError(
-            f"the sources hold too few tokens for even one training block of {block} tokens after "
-            f"{writers['val'].blocks} validation blocks (training read: {read}): {fix}"
-        )
     short = writers["train"].blocks < want["train"] or writers["val"].blocks < want["val"]
     if exhausted:
         message = f"source(s) {', '.join(exhausted)} ran dry before reaching their share" + (

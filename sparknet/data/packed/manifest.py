@@ -13,11 +13,6 @@ from sparknet.data.packed.dataset import FORMAT_VERSION, SPLITS, SplitWriter
 from sparknet.data.source.opening import text_column
 from sparknet.data.spec import PIECE_BLOCKS
 
-
-def piece_tokens(block_size: int) -> int:
-    return PIECE_BLOCKS * block_size
-
-
 # How far a split's realised share may stand from the requested one before the mix counts as missed: 2 points, or
 # the longest item's share of the split (a validation document's cap, a training piece) where that is more.
 SHARE_TOLERANCE = 0.02
@@ -69,7 +64,7 @@ def split_report(spec: Any, held: dict[str, Any], counts: dict[str, Any],
                 for label in requested},
         "train": {label: {"tokens": counts["tokens"][label], "documents": counts["documents"][label],
                           "share": counts["tokens"][label] / train_total, "requested_share": requested[label],
-                          "piece_tokens": piece_tokens(block),
+                          "piece_tokens": PIECE_BLOCKS * block,
                           "validation_repeats_removed": counts["validation_repeats_removed"][label]}
                   for label in requested},
     }

@@ -87,14 +87,13 @@ class _Retries:
         time.sleep(wait)
 
 
-def retried_open(spec: SourceSpec, opener: Callable[[], Any] | None = None) -> Any:
-    """`open_source(spec)` (or `opener()`), with a Hub source's transient failures retried as in `retried_rows`."""
+def retried_open(spec: SourceSpec) -> Any:
+    """`open_source(spec)`, with a Hub source's transient failures retried as in `retried_rows`."""
     _retries_bounded_by_hub_retry_minutes()
-    opener = opener or (lambda: open_source(spec))
     retries = _Retries(spec)
     while True:
         try:
-            return opener()
+            return open_source(spec)
         except UnreadableSource as exc:
             if not is_hub_source(spec):
                 raise

@@ -35,7 +35,7 @@ import logging
 import time
 import weakref
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,9 +48,6 @@ from sparknet.errors import UserError
 from sparknet.identity import describe_changes
 
 log = logging.getLogger(__name__)
-
-OnExhausted = Literal["stop", "renormalise", "restart"]  # the choices are the ON_EXHAUSTED rule's (sparknet.checks)
-
 
 class TokenStream(torch.utils.data.IterableDataset):
     """Iterate for `{"input_ids": LongTensor[block_size], "labels": the same tensor}` blocks of the mix: the part
