@@ -12,8 +12,7 @@ CONFIG = "configs/datasets_v5.json"  # mix config
 TOKENIZER_DIR = "tokenizer-v5"  # tokenizer folder or Hub id (e.g. gpt2)
 OUTPUT_DIR = "datasets/sparknet-v5-1b"  # dataset folder
 TARGET_TOKENS: int | None = None  # training tokens (None: the config's target_tokens)
-# validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most a tenth of the config's target_tokens
-# and 2M)
+# validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most a tenth of TARGET_TOKENS and 2M)
 VAL_TOKENS: int | None = None
 BLOCK_SIZE: int | None = None  # tokens per training block (None: the config's context_length)
 NUM_WORKERS: int | None = None  # tokenizer processes (None: all cores; 0: encode in this process)

@@ -110,11 +110,13 @@ def test_a_dataset_grows_into_the_bytes_of_a_fresh_build_of_the_larger_size(setu
     grown, fresh = tmp_path / "grown", tmp_path / "fresh"
     small = build_dataset(spec(grown, 6_000 * 4))
     assert small["complete"] and (grown / "position.json").is_file()
+    # VAL_TOKENS left unset: the dataset's own (the default, which scales with TARGET_TOKENS, would be other inputs)
     proc = run_script("build_dataset_v5.py", "--config", setup["one"], "--tokenizer_dir", setup["tokenizer"],
-                      "--output_dir", grown, "--target_tokens", 12_000 * 4, "--val_tokens", VAL_TOKENS,
+                      "--output_dir", grown, "--target_tokens", 12_000 * 4,
                       "--shuffle_buffer", SHUFFLE_BUFFER, "--seed", 1, "--num_workers", 0)
     assert proc.returncode == 0, proc.stderr
     assert "growing it to 48,000" in proc.stderr and "resuming the interrupted build" in proc.stderr
+    assert f"VAL_TOKENS: {VAL_TOKENS:,} validation tokens, those of the 24,000-token dataset" in proc.stderr
     expected = build_dataset(spec(fresh, 12_000 * 4))
     for name in ("train.bin", "val.bin", "val_sources.bin", "position.json"):
         assert (grown / name).read_bytes() == (fresh / name).read_bytes(), name

@@ -78,15 +78,19 @@ def test_the_default_val_tokens_follow_the_sources_and_the_budget(own_config: Pa
 @pytest.mark.slow
 def test_a_build_with_the_default_val_tokens_fits_a_few_mb(own_config: Path, corpus_dir: Path, tokenizer_dir: Path,
                                                           tmp_path: Path) -> None:
-    """VAL_TOKENS not set: 1 validation token per 100 bytes of the sources (at most 2M), said in one line; the
-    build that failed after the whole hold-out (2M tokens of 4 MB) now gives a training split."""
+    """VAL_TOKENS not set: 1 validation token per 100 bytes of the sources (at most 2M), but at most a tenth of the
+    TARGET_TOKENS given on the command line (not the config's), said in one line; the build that failed after the
+    whole hold-out (2M tokens of 4 MB) now gives a training split."""
     out = tmp_path / "ds"
     proc = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer_dir,
                       "--output_dir", out, "--num_workers", 0, "--target_tokens", 200_000)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    chosen = math.ceil(_source_bytes(corpus_dir) / 100)
+    by_size = math.ceil(_source_bytes(corpus_dir) / 100)
+    assert by_size > 20_000  # so the flag's budget decides, where the config's (500k) would not
+    chosen = 20_000
     said = [line for line in proc.stderr.splitlines() if "VAL_TOKENS" in line]
     assert len(said) == 1 and f"{chosen:,} validation tokens" in said[0], proc.stderr[-3000:]
+    assert "a tenth of the 200,000 training tokens" in said[0], said
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["inputs"]["val_tokens"] == chosen
     assert manifest["splits"]["val"]["blocks"] == math.ceil(chosen / 256)

@@ -108,6 +108,21 @@ def _damage(folder: Path, manifest: dict[str, Any], contents: bool = True) -> st
     return None
 
 
+def _val_tokens_of_a_smaller_dataset(spec: BuildSpec) -> int | None:
+    """VAL_TOKENS unset and OUTPUT_DIR holding a dataset of a smaller TARGET_TOKENS (one this build may grow): that
+    dataset's VAL_TOKENS, said in one line. The default scales with TARGET_TOKENS, and a new figure would make the
+    growth a dataset of other inputs."""
+    try:
+        inputs = read_manifest(spec.output_dir)["inputs"] if (spec.output_dir / MANIFEST).is_file() else None
+    except UserError:
+        return None  # the existing dataset is judged later, with its own message
+    if inputs is None or not inputs["target_tokens"] < spec.target_tokens:
+        return None
+    log.info("VAL_TOKENS: %s validation tokens, those of the %s-token dataset in %s that this build would grow (set "
+             "VAL_TOKENS to choose)", f"{inputs['val_tokens']:,}", f"{inputs['target_tokens']:,}", spec.output_dir)
+    return int(inputs["val_tokens"])
+
+
 def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] | None:
     """The existing manifest when OUTPUT_DIR already holds this very dataset, whole, or a smaller one that this
     build grows (`_growable`); None when it is to be (re)built; errors for anything the user must decide. With
@@ -170,7 +185,8 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
     if spec.val_tokens is None:  # the default scales to the sources, said in one line after the quick checks
         from sparknet.data.scaled_defaults import BUILD_VAL_TOKENS, default_val_tokens
 
-        spec.val_tokens = default_val_tokens(spec.config, BUILD_VAL_TOKENS)
+        spec.val_tokens = _val_tokens_of_a_smaller_dataset(spec) or default_val_tokens(
+            spec.config, BUILD_VAL_TOKENS, spec.target_tokens)
     _check_spec(spec)
     trained_for = _trained_context(spec, tok)
     dtype = token_dtype(len(tok), spec.dtype)
