@@ -161,3 +161,22 @@ def test_report_cells_escape_a_pipe_once() -> None:
     row = next(line for line in report.splitlines() if line.startswith("| 1 |"))
     assert row == "| 1 | **ls \\|**x \\| y<br>z | **ls \\|**w |", row
     assert row.replace("\\|", "").count("|") == 4  # the row's own separators: three columns
+
+
+def test_a_report_that_cannot_be_written_is_one_line_after_the_report_is_printed(random_model: Path,
+                                                                                 tmp_path: Path) -> None:
+    """A folder where generation.md should be (a write fault any user, root included, can meet; issue 41.4): one
+    line naming the path and what EISDIR means, no traceback, and the samples generated are printed before it, so
+    nothing computed is lost; no temporary file is left beside it."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hello\n")
+    out = tmp_path / "eval" / "randrun"
+    (out / "generation.md").mkdir(parents=True)
+    proc = run_script("eval_generation.py", "--models", json.dumps([str(random_model)]), "--prompts_file", prompts,
+                      "--max_new_tokens", 8, "--num_samples", 1, "--eval_dir", tmp_path / "eval")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: cannot write {out / 'generation.md'}: Is a directory (EISDIR)"), errors
+    assert "## Prompt" in proc.stdout and "Hello" in proc.stdout  # the report, printed before the write
+    assert sorted(p.name for p in out.iterdir()) == ["generation.md"]

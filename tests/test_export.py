@@ -439,6 +439,9 @@ def test_the_card_of_an_annealed_run_tells_the_whole_story(run: tuple[Path, Path
             "`0123456789abcdef0123456789abcdef01234567` | `raw_content` |") in text
     assert "| manuals | 1,270 | 4.5000 |" in text  # the trainer's per-source eval, its tokens named
     assert "| datasets/own (val) | 9 | 2,988 |" in text and "| datasets/own (val) [manuals] | 5 | 2,000 |" in text
+    # the two token counts of one validation split, each labelled with what it counts (issue 43.4)
+    assert "| source | predicted tokens | loss |" in text and "every token of a block but its first" in text
+    assert "| data | documents | tokens scored |" in text and "each predicted from those before it" in text
     assert "| notes\\nof 2026.jsonl | 2 | 40 |" in text  # escaped: the row stays one line
     mask = os.umask(0)
     os.umask(mask)
