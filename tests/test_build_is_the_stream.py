@@ -117,6 +117,11 @@ def test_a_dataset_grows_into_the_bytes_of_a_fresh_build_of_the_larger_size(setu
     assert proc.returncode == 0, proc.stderr
     assert "growing it to 48,000" in proc.stderr and "resuming the interrupted build" in proc.stderr
     assert f"VAL_TOKENS: {VAL_TOKENS:,} validation tokens, those of the 24,000-token dataset" in proc.stderr
+    # ... but only for a growth: another input changed as well keeps the default (and is refused as other inputs)
+    other = run_script("build_dataset_v5.py", "--config", setup["one"], "--tokenizer_dir", setup["tokenizer"],
+                       "--output_dir", grown, "--target_tokens", 24_000 * 4, "--shuffle_buffer", SHUFFLE_BUFFER + 1,
+                       "--seed", 1, "--num_workers", 0)
+    assert other.returncode == 1 and "other inputs" in other.stderr and "val_tokens" in other.stderr, other.stderr
     expected = build_dataset(spec(fresh, 12_000 * 4))
     for name in ("train.bin", "val.bin", "val_sources.bin", "position.json"):
         assert (grown / name).read_bytes() == (fresh / name).read_bytes(), name

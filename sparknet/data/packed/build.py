@@ -108,19 +108,24 @@ def _damage(folder: Path, manifest: dict[str, Any], contents: bool = True) -> st
     return None
 
 
-def _val_tokens_of_a_smaller_dataset(spec: BuildSpec) -> int | None:
-    """VAL_TOKENS unset and OUTPUT_DIR holding a dataset of a smaller TARGET_TOKENS (one this build may grow): that
-    dataset's VAL_TOKENS, said in one line. The default scales with TARGET_TOKENS, and a new figure would make the
-    growth a dataset of other inputs."""
+def _val_tokens_of_the_dataset_grown(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any]:
+    """VAL_TOKENS unset and OUTPUT_DIR holding a dataset that this build grows but for its VAL_TOKENS: the inputs
+    with that dataset's VAL_TOKENS, said in one line. The default scales with TARGET_TOKENS, so a new figure would
+    make every growth a dataset of other inputs; anything else that differs still is."""
     try:
-        inputs = read_manifest(spec.output_dir)["inputs"] if (spec.output_dir / MANIFEST).is_file() else None
+        manifest = read_manifest(spec.output_dir) if (spec.output_dir / MANIFEST).is_file() else None
     except UserError:
-        return None  # the existing dataset is judged later, with its own message
-    if inputs is None or not inputs["target_tokens"] < spec.target_tokens:
-        return None
-    log.info("VAL_TOKENS: %s validation tokens, those of the %s-token dataset in %s that this build would grow (set "
-             "VAL_TOKENS to choose)", f"{inputs['val_tokens']:,}", f"{inputs['target_tokens']:,}", spec.output_dir)
-    return int(inputs["val_tokens"])
+        return inputs  # judged by _check_existing, with its own message
+    if manifest is None:
+        return inputs
+    grown = {**inputs, "val_tokens": manifest["inputs"]["val_tokens"]}
+    if grown == inputs or not _growable(spec.output_dir, manifest, grown):
+        return inputs
+    spec.val_tokens = int(grown["val_tokens"])
+    log.info("VAL_TOKENS: %s validation tokens, those of the %s-token dataset in %s that this build grows (not the "
+             "default above; set VAL_TOKENS to choose)", f"{spec.val_tokens:,}",
+             f"{manifest['inputs']['target_tokens']:,}", spec.output_dir)
+    return grown
 
 
 def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] | None:
@@ -182,15 +187,17 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
     started = time.time()
     tok = load_tokenizer(spec.tokenizer)
     check_source_tokenizers(spec.config, spec.tokenizer, tok)
-    if spec.val_tokens is None:  # the default scales to the sources, said in one line after the quick checks
+    val_default = spec.val_tokens is None
+    if val_default:  # the default scales to the sources and the budget, said in one line after the quick checks
         from sparknet.data.scaled_defaults import BUILD_VAL_TOKENS, default_val_tokens
 
-        spec.val_tokens = _val_tokens_of_a_smaller_dataset(spec) or default_val_tokens(
-            spec.config, BUILD_VAL_TOKENS, spec.target_tokens)
+        spec.val_tokens = default_val_tokens(spec.config, BUILD_VAL_TOKENS, spec.target_tokens)
     _check_spec(spec)
     trained_for = _trained_context(spec, tok)
     dtype = token_dtype(len(tok), spec.dtype)
     inputs = _inputs(spec, tok, dtype)
+    if val_default:
+        inputs = _val_tokens_of_the_dataset_grown(spec, inputs)
     writes_to(spec.output_dir.parent)
     with exclusive(spec.output_dir, "a dataset build"):  # a second build at once would write the same files
         existing = _check_existing(spec, inputs)
