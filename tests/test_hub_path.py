@@ -86,7 +86,7 @@ def test_a_resumed_build_reads_the_commit_it_started_on_after_the_branch_moved(
         prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
     hub, sha, local = prose_hub
     online, offline = hub_mix(corpus_dir, tmp_path, local)
-    extra = ("--shuffle_buffer", 4, "--checkpoint_seconds", 0.05, "--read_ahead", 0)
+    extra = ("--shuffle_buffer", 4, "--checkpoint_seconds", 0.001, "--read_ahead", 0)
     out = tmp_path / "ds"
     argv = [sys.executable, "scripts/build_dataset_v5.py", "--config", str(online), "--tokenizer_dir",
             str(tokenizer_dir), "--output_dir", str(out), "--target_tokens", "60000", "--val_tokens", "6000",

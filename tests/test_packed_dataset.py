@@ -475,7 +475,7 @@ def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
     the files and manifest equal an uninterrupted build's (which reads on demand), with a shuffle buffer, encoder
     processes and sources read ahead on threads."""
     cfg = _config(sources, tmp_path)
-    extra = ("--target_tokens", 600_000, "--shuffle_buffer", 64, "--num_workers", 2, "--checkpoint_seconds", 0.05,
+    extra = ("--target_tokens", 600_000, "--shuffle_buffer", 64, "--num_workers", 2, "--checkpoint_seconds", 0.001,
              "--read_ahead", 4)
     reference = tmp_path / "reference"
     proc = run_script("build_dataset_v5.py", *build_args(cfg, reference, tokenizer_dir, *extra[:-2], "--read_ahead",
@@ -514,7 +514,7 @@ def test_a_killed_encoder_or_a_signal_to_the_whole_group_stops_the_build_cleanly
     every process of the group and stop it with its position saved, one line and no temporary file left. The same
     command then finishes, with the bytes of a build never interrupted."""
     cfg = _config(sources, tmp_path)
-    extra = ("--target_tokens", 1_200_000, "--shuffle_buffer", 64, "--num_workers", 2, "--checkpoint_seconds", 0.05)
+    extra = ("--target_tokens", 1_200_000, "--shuffle_buffer", 64, "--num_workers", 2, "--checkpoint_seconds", 0.001)
     reference = tmp_path / "reference"
     assert run_script("build_dataset_v5.py", *build_args(cfg, reference, tokenizer_dir, *extra)).returncode == 0
     out, building = tmp_path / "ds", tmp_path / ".ds.building"
