@@ -82,7 +82,7 @@ class SourceReader:
         self._dataset_state: dict[str, Any] | None = state.get("dataset")  # None: the start of the pass (or shard)
         self._rows: Any = None  # the pass's (or shard's) open `datasets` stream, once it has given a row
         # how the rows are split among ranks: "shards", "every_nth", or None (decided when the source is opened)
-        self.split: str | None = state.get("split", "every_nth" if state else None)
+        self.split: str | None = state.get("split")
         self.shard = int(state.get("shard", 0))  # shard mode: this rank's shards done in this pass
         self.shard_rows = int(state.get("shard_rows", 0))  # shard mode: rows read of the current shard
         # shard mode: each shard's first row up to the first shard not wholly held out, found once by counting
