@@ -153,14 +153,17 @@ def follow_umask(folder: Path, pattern: str = "*.safetensors") -> None:
 
 def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
     """Writes JSON to a temporary file, fsyncs it and renames it over `path`: readers see all or nothing."""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False) if compact else json.dumps(data, indent=2)
+    write_text_atomic(path, text + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Writes `text` to a temporary file, fsyncs it and renames it over `path`: readers see all or nothing, and a
+    write that fails (a file size limit, a full disk) leaves the old file as it was, and no temporary file behind."""
     tmp = temporary_path(path)
     try:
         with tmp.open("w", encoding="utf-8") as f:
-            if compact:
-                json.dump(data, f, separators=(",", ":"), ensure_ascii=False)
-            else:
-                json.dump(data, f, indent=2)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -168,21 +171,6 @@ def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
         tmp.unlink(missing_ok=True)
         raise OSError(exc.errno, exc.strerror, str(path)) from exc
     except BaseException:  # a stop: no temporary file left behind either
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Writes `text` to a temporary file and renames it over `path`: a write that fails (a file size limit, a full
-    disk) leaves the old file as it was, and no temporary file behind."""
-    tmp = temporary_path(path)
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise OSError(exc.errno, exc.strerror, str(path)) from exc
-    except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
