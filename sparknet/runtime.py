@@ -17,8 +17,6 @@ from typing import Any
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-log = logging.getLogger("sparknet")
-
 
 def project_path(path: str | os.PathLike[str]) -> Path:
     """Resolves a path from a script constant: relative paths are relative to the project root, not the cwd,

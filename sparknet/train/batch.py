@@ -21,7 +21,6 @@ resume anywhere, across a boundary included, replays the same order.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,8 +29,6 @@ import torch
 from transformers import TrainerCallback
 
 from sparknet.errors import UserError
-
-log = logging.getLogger("sparknet.train")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ import copy
 import dataclasses
 import itertools
 import json
-import logging
 import time
 import weakref
 from collections.abc import Iterator
@@ -47,7 +46,6 @@ from sparknet.data.spec import DataSpec, Part
 from sparknet.errors import UserError
 from sparknet.identity import describe_changes
 
-log = logging.getLogger(__name__)
 
 class TokenStream(torch.utils.data.IterableDataset):
     """Iterate for `{"input_ids": LongTensor[block_size], "labels": the same tensor}` blocks of the mix: the part
