@@ -73,18 +73,12 @@ def hide_library_progress_bars() -> None:
 
 
 def seed_everything(seed: int) -> None:
-    """Seeds Python, NumPy and (when imported or installed) torch from one value."""
-    random.seed(seed)
-    try:
-        import numpy as np
+    """Seeds Python, NumPy and torch from one value."""
+    import numpy as np
+    import torch
 
-        np.random.seed(seed % 2**32)
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        pass
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
