@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 REPORT_NAME = "training_report.json"
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2, length: int | None = None) -> Any:
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Any:
     """Trains a byte-level BPE (`tokenizers.Tokenizer`) on `texts`, streaming them into the trainer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -45,7 +45,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2, len
         # the output is not a terminal they leave one blank line per stage; a log line says when the merges start.
         show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer, length=length)
+    tok.train_from_iterator(texts, trainer)
     return tok
 
 

@@ -9,7 +9,6 @@ What each architecture is lives in sparknet.architectures; the counts here are r
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -113,7 +112,6 @@ def build_model(
     eos_token_id: int,
     bos_token_id: int | None = None,
     dropout: float = 0.0,
-    n_positions: int | None = None,
 ) -> Any:
     """A freshly initialised model of the preset's architecture (a stock transformers class) with the tokenizer's
     special ids and SDPA attention."""
@@ -124,8 +122,6 @@ def build_model(
     hide_library_progress_bars()  # the run saves and reloads it at every checkpoint
     if preset.n_embd % preset.n_head:
         raise UserError(f"width {preset.n_embd} is not divisible by {preset.n_head} heads")
-    if n_positions:
-        preset = dataclasses.replace(preset, n_positions=n_positions)
     bos = eos_token_id if bos_token_id is None else bos_token_id
     config = _config(preset, vocab_size, bos, eos_token_id, dropout)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")

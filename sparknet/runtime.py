@@ -208,11 +208,11 @@ def writes_to(*folders: Path) -> None:
     _OUTPUTS.extend(Path(f) for f in folders)
 
 
-def disk_full(exc: BaseException, folders: tuple[Path, ...] = ()) -> str | None:
+def disk_full(exc: BaseException) -> str | None:
     """Where a write failed for want of space, when `exc` (or what caused it) is that; else None. Besides ENOSPC
     itself, libraries that write through their own code report a full disk in their own words (safetensors'
     SafetensorError, torch.save's "unexpected pos"): those count when a disk involved is nearly full (the
-    project's, the current folder's, the temp folder's, `folders`, or a path the message names)."""
+    project's, the current folder's, the temp folder's, one `writes_to` recorded, or a path the message names)."""
     import errno
 
     from sparknet.errors import exception_chain
@@ -230,7 +230,7 @@ def disk_full(exc: BaseException, folders: tuple[Path, ...] = ()) -> str | None:
         import tempfile
 
         named = [Path(p) for p in re.findall(r"(/[^\s'\"]+)", words)]
-        for folder in (*folders, *_OUTPUTS, *named, Path.cwd(), PROJECT_ROOT, Path(tempfile.gettempdir())):
+        for folder in (*_OUTPUTS, *named, Path.cwd(), PROJECT_ROOT, Path(tempfile.gettempdir())):
             while not folder.exists() and folder != folder.parent:
                 folder = folder.parent
             try:
