@@ -17,6 +17,9 @@ METADATA = "training_metadata.json"
 VAL_BLOCKS = "val_blocks.npy"  # the streaming trainer's validation blocks (what the run evaluates on)
 VAL_REPORT = "val_report.json"  # ... and which rows of each source they came from
 VAL_SOURCES = "val_sources.npy"  # ... and the source of each of their tokens (indices into the report's source_labels)
+# the weights files a model folder may hold (an index: sharded weights); a folder with none holds no model
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 
 
 def run_of(folder: Path) -> Path:

@@ -7,10 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from sparknet.errors import UserError
-from sparknet.run_files import checkpoint_step
-
-WEIGHT_FILES = (
-    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+from sparknet.run_files import WEIGHT_FILES, checkpoint_step
 
 
 @dataclass(frozen=True)

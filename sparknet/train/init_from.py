@@ -27,13 +27,11 @@ from typing import Any
 from sparknet.architectures import ARCHITECTURES
 from sparknet.errors import UserError
 from sparknet.model import PRESETS, Preset
-from sparknet.run_files import METADATA, checkpoint_step, read_metadata
+from sparknet.run_files import METADATA, WEIGHT_FILES, checkpoint_step, read_metadata
 from sparknet.train.folders import incomplete
 
 log = logging.getLogger("sparknet.train")
 BASE_RECORD = "base_model.json"  # in the run folder: the base as the run started from it (BaseModel.record())
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
 
 
 @dataclass(frozen=True)
