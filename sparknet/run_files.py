@@ -79,3 +79,9 @@ def checkpoint_step(path: Path) -> int | None:
     """The step of a `checkpoint-N` folder, or None for anything else."""
     suffix = path.name.split("-", 1)[1] if path.name.startswith("checkpoint-") else ""
     return int(suffix) if suffix.isdigit() else None
+
+
+def checkpoints_by_step(folder: Path) -> list[Path]:
+    """The `checkpoint-N` folders in `folder`, lowest step first (by number: checkpoint-9 before checkpoint-10)."""
+    return sorted((p for p in folder.glob("checkpoint-*") if p.is_dir() and checkpoint_step(p) is not None),
+                  key=checkpoint_step)  # type: ignore[arg-type, return-value]

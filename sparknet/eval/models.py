@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from sparknet.errors import UserError
-from sparknet.run_files import WEIGHT_FILES, checkpoint_step
+from sparknet.run_files import WEIGHT_FILES, checkpoint_step, checkpoints_by_step
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ def resolve_model(spec: str) -> ModelRef:
     folder = project_path(spec).resolve()
     if folder.exists():
         if not (folder / "config.json").is_file() or not any((folder / w).is_file() for w in WEIGHT_FILES):
-            checkpoints = sorted(folder.glob("checkpoint-*")) if folder.is_dir() else []
+            checkpoints = checkpoints_by_step(folder) if folder.is_dir() else []
             held = ", ".join(c.name for c in checkpoints[-3:])
             hint = (f"; it holds {held}: pass one of those, or let the run finish" if checkpoints else
                     ": pass checkpoints/RUN_NAME of a finished run, a checkpoint-N inside it, or a Hub id such as gpt2")
@@ -51,8 +51,7 @@ def _gone(folder: Path) -> str:
     """A local model folder that is not there: for a checkpoint-N, most likely removed by its run's rotation."""
     if checkpoint_step(folder) is None:
         return f"{folder} no longer exists: evaluate another model folder"
-    newer = sorted((p for p in folder.parent.glob("checkpoint-*") if p.is_dir() and checkpoint_step(p) is not None),
-                   key=checkpoint_step)  # type: ignore[arg-type, return-value]
+    newer = checkpoints_by_step(folder.parent)
     held = f"; {folder.parent.name} holds {', '.join(p.name for p in newer[-3:])}" if newer else ""
     return (f"{folder} no longer exists (a running training's SAVE_TOTAL_LIMIT removes old checkpoints{held}): "
             "evaluate the run folder or a newer checkpoint")

@@ -19,7 +19,7 @@ from typing import Any
 from sparknet.errors import UserError
 from sparknet.identity import describe_changes
 from sparknet.outputs import Output
-from sparknet.run_files import METADATA, RUN_CONFIG, checkpoint_step
+from sparknet.run_files import METADATA, RUN_CONFIG, checkpoint_step, checkpoints_by_step
 from sparknet.runtime import file_sha256, project_path, read_json_object, write_json_atomic
 
 log = logging.getLogger("sparknet.train")
@@ -90,11 +90,7 @@ def latest_complete_checkpoint(run_dir: Path, verify: bool = False) -> Path | No
     """The highest-step checkpoint that was fully written; half-written ones are skipped with a warning. With
     `verify` (the resume point), every file's checksum is checked too, and a damaged checkpoint is skipped naming
     the file, so the run falls back to the one before."""
-    found = sorted(((checkpoint_step(p), p) for p in run_dir.glob("checkpoint-*") if p.is_dir()),
-                   key=lambda item: -1 if item[0] is None else item[0], reverse=True)
-    for step, path in found:
-        if step is None:
-            continue
+    for path in reversed(checkpoints_by_step(run_dir)):
         why = incomplete(path)
         if why is not None:
             log.warning("skipping %s: %s", path, why)
@@ -113,9 +109,7 @@ def checkpoint_context(run_dir: Path) -> tuple[int, Path] | None:
     so every checkpoint says the same."""
     if (run_dir / METADATA).is_file():
         return None
-    found = sorted(((step, p) for p in run_dir.glob("checkpoint-*/config.json")
-                    if (step := checkpoint_step(p.parent)) is not None), reverse=True)
-    for _step, path in found:
+    for path in (checkpoint / "config.json" for checkpoint in reversed(checkpoints_by_step(run_dir))):
         try:
             config = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):

@@ -27,7 +27,7 @@ from typing import Any
 from sparknet.architectures import ARCHITECTURES
 from sparknet.errors import UserError
 from sparknet.model import PRESETS, Preset
-from sparknet.run_files import METADATA, WEIGHT_FILES, checkpoint_step, read_metadata
+from sparknet.run_files import METADATA, WEIGHT_FILES, checkpoint_step, checkpoints_by_step, read_metadata
 from sparknet.train.folders import incomplete
 
 log = logging.getLogger("sparknet.train")
@@ -111,8 +111,7 @@ def resolve_base(spec: str, commit: str | None = None) -> BaseModel:
                         "or the run folder")
     weights = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
     if weights is None or not (folder / "config.json").is_file():
-        held = sorted((p.name for p in folder.glob("checkpoint-*") if checkpoint_step(p) is not None),
-                      key=lambda name: int(name.split("-")[1]))
+        held = [p.name for p in checkpoints_by_step(folder)]
         hint = (f"its run has not finished; pass one of its checkpoints ({', '.join(held[-3:])})" if held else
                 "pass checkpoints/RUN_NAME of a finished run, a checkpoint-N inside it, or a Hub model id")
         raise UserError(f"INIT_FROM={spec}: {folder} holds no model (no config.json and weights): {hint}")
@@ -147,8 +146,7 @@ def _check_safetensors(spec: str, folder: Path, weights: Path) -> None:
             with safe_open(str(path), "pt") as opened:
                 opened.keys()
         except Exception as exc:
-            held = sorted((p.name for p in folder.glob("checkpoint-*") if checkpoint_step(p) is not None
-                           and incomplete(p) is None), key=lambda name: int(name.split("-")[1]))
+            held = [p.name for p in checkpoints_by_step(folder) if incomplete(p) is None]
             hint = (f"pass one of its run's complete checkpoints ({', '.join(held[-3:])}), or restore the model"
                     if held else "restore the model (copy it again), or pass another one")
             reason = " ".join(str(exc).split()) or type(exc).__name__
