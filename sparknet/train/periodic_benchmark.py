@@ -23,9 +23,10 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
+from sparknet.harness import METRICS
+
 log = logging.getLogger("sparknet.train")
 SUITE_FOLDER = "benchmark_suite"  # in the run folder: the offline suite's items and task YAML
-METRICS = ("acc", "acc_norm")
 
 
 def suite_documents(tokenizer: Any, val_tokens: np.ndarray) -> list[str]:
