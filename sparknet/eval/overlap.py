@@ -63,11 +63,7 @@ def trained_sources(folder: Path | None) -> Sources | None:
     identity = run_of(folder) / RUN_CONFIG
     if hashes is None and identity.is_file():  # a streaming run records them in its identity
         hashes = read_json_object(identity, "rerun the run's training command").get("local_files_sha256")
-    whole = Sources()
-    for sources in _of_mix(metadata["config"]["mix"], hashes).values():
-        whole.files.update(sources.files)
-        whole.hub |= sources.hub
-    return whole
+    return _merged(_of_mix(metadata["config"]["mix"], hashes))[None]
 
 
 def scored_sources(data: str, kind: str) -> dict[str | None, Sources]:
