@@ -438,7 +438,7 @@ def _check_file_kinds(check: _Checker, source: dict[str, Any], where: str) -> No
     """A file whose suffix is another local kind's (a CSV matched by a text entry's glob) would be read as this
     entry's kind without a word: a CSV as one plain document, a text file as broken JSON. Refused, naming the file.
     A suffix no kind has (.py, .log) is read as the entry's kind."""
-    for named, real in _local_files(source):
+    for named, real in local_files(source):
         kind = local_kind_of_file(real)
         if kind is not None and kind != source["name"]:
             theirs, ours = LOCAL_KINDS[kind].files, LOCAL_KINDS[source["name"]].files
@@ -454,7 +454,7 @@ def _check_text_field(check: _Checker, source: dict[str, Any], where: str) -> No
     field = source["text_field"]
     if field is None:
         return
-    for _named, real in _local_files(source):
+    for _named, real in local_files(source):
         columns = local_file_columns(source["name"], real)
         if columns is not None and field not in columns:
             near = difflib.get_close_matches(field, columns, n=1, cutoff=0.6)
@@ -662,7 +662,7 @@ def expand_pattern(path: str) -> list[str]:
     return sorted(glob.glob(path)) if glob.has_magic(path) else [path]
 
 
-def _local_files(source: dict[str, Any]) -> list[tuple[str, str]]:
+def local_files(source: dict[str, Any]) -> list[tuple[str, str]]:
     """(the file as the config names it, its real path) for every local file the entry reads, globs expanded; a
     `data_files` dict contributes its `split`'s files (all of them when the split is not among its keys)."""
     files = source["data_files"]
@@ -684,7 +684,7 @@ def _refuse_shared_files(check: _Checker, sources: list[dict[str, Any]], places:
     columns of one file (`text_field`) are two sources."""
     seen: dict[tuple[str, str | None], tuple[int, str]] = {}
     for i, source in enumerate(sources):
-        for named, real in _local_files(source):
+        for named, real in local_files(source):
             key = (real, source["text_field"])
             if key in seen:
                 j, first = seen[key]
@@ -703,7 +703,7 @@ def _refuse_same_content(check: _Checker, sources: list[dict[str, Any]], places:
     rows of a JSONL file are, and empty files hold nothing."""
     by_size: dict[tuple[int, str | None], list[tuple[int, str, str]]] = {}
     for i, source in enumerate(sources):
-        for named, real in dict.fromkeys(_local_files(source)):
+        for named, real in dict.fromkeys(local_files(source)):
             size = os.path.getsize(real)
             if size:
                 by_size.setdefault((size, source["text_field"]), []).append((i, named, real))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparknet.config import SourceSpec, expand_pattern
+from sparknet.config import SourceSpec, local_files
 
 
 @dataclass(frozen=True)
@@ -21,20 +21,11 @@ class SourceSize:
     rows: int | None
 
 
-def local_files(spec: SourceSpec) -> list[Path]:
-    """The files a local entry reads for its split, globs expanded (all of a `data_files` dict's files when its
-    split is not among the keys)."""
-    files = spec.resolved_data_files()
-    if isinstance(files, dict):
-        files = files.get(spec.split, [f for group in files.values() for f in group])
-    return [Path(path) for pattern in files or [] for path in expand_pattern(pattern) if Path(path).is_file()]
-
-
 def source_size(spec: SourceSpec, row_limit: int | None = None) -> SourceSize:
     """The bytes and rows of a local entry (rows counted up to `row_limit`); both None for a Hub source."""
     if spec.local is None:
         return SourceSize(None, None)
-    files = local_files(spec)
+    files = [Path(real) for _named, real in local_files(vars(spec))]
     if not files:
         return SourceSize(None, None)
     total_bytes = sum(path.stat().st_size for path in files)  # compressed files: a lower bound of the text
