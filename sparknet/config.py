@@ -210,6 +210,11 @@ class SourceSpec:
         files = [self.data_files] if isinstance(self.data_files, str) else self.data_files
         return [one(f) for f in files]
 
+    def data_file_patterns(self) -> list[str]:
+        """Every resolved data_files entry, of every split of a dict, glob patterns kept as patterns."""
+        files = self.resolved_data_files() or []
+        return [f for group in (files.values() if isinstance(files, dict) else [files]) for f in group]
+
 
 @dataclass(frozen=True)
 class Phase:

@@ -58,9 +58,7 @@ def local_files_fingerprint(config: MixConfig) -> dict[str, str]:
     are named by id, split and revision only)."""
     out: dict[str, str] = {}
     for spec in config.mix:
-        files = spec.resolved_data_files()
-        groups = files.values() if isinstance(files, dict) else [files or []]
-        for pattern in (f for group in groups for f in group):
+        for pattern in spec.data_file_patterns():
             for path in expand_pattern(pattern):
                 out[path] = file_sha256(path)
     return out

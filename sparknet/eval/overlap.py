@@ -43,8 +43,7 @@ def _of_mix(mix: list[dict[str, Any]], hashes: dict[str, str] | None = None) -> 
         if spec.local is None:
             sources.hub.add((spec.name, spec.subset, spec.split))
         else:
-            files = spec.resolved_data_files() or []
-            for pattern in (f for group in (files.values() if isinstance(files, dict) else [files]) for f in group):
+            for pattern in spec.data_file_patterns():
                 for path in expand_pattern(pattern):
                     sha = (hashes or {}).get(path) or (file_sha256(path) if Path(path).is_file() else None)
                     if sha is not None:

@@ -56,7 +56,7 @@ def open_source(spec: SourceSpec) -> Any:
         access = hub_access_error(spec, exc)
         if access is not None:
             raise access from None
-        named = _data_file_names(spec)
+        named = spec.data_file_patterns()
         empty = [f for f in named if os.path.isfile(f) and os.path.getsize(f) == 0]
         if empty and len(empty) == len(named):  # datasets fails with a bare StopIteration
             raise UserError(f"source {spec.label!r}: its data file {empty[0]} is empty (0 bytes): fill it, or remove "
@@ -363,7 +363,7 @@ class UnreadableSource(UserError):
 def unreadable(spec: SourceSpec, rows: Any, exc: BaseException) -> UserError:
     """The error for a source that opened but could not be read, on one line: the source, the file being read when
     it is known, the reader's own words (pyarrow's name the row within the block it parsed), and what to do."""
-    where = _file_being_read(rows) or ", ".join(_data_file_names(spec)) or spec.name
+    where = _file_being_read(rows) or ", ".join(spec.data_file_patterns()) or spec.name
     message = " ".join(str(exc).split()) or type(exc).__name__
     if spec.local and any(isinstance(e, UnicodeDecodeError) for e in exception_chain(exc)):
         # the decoder names a byte's position within the block it was decoding, not where it is in the file
@@ -391,7 +391,7 @@ def unreadable(spec: SourceSpec, rows: Any, exc: BaseException) -> UserError:
 def _local_paths(spec: SourceSpec, rows: Any) -> list[str]:
     """The file being read when it is known, else every file of the source's data_files (patterns expanded)."""
     being_read = _file_being_read(rows)
-    return [being_read] if being_read else [str(p) for f in _data_file_names(spec) for p in expand_pattern(f)]
+    return [being_read] if being_read else [str(p) for f in spec.data_file_patterns() for p in expand_pattern(f)]
 
 
 def first_bad_utf8_line(path: str) -> tuple[int, str] | None:
@@ -426,8 +426,3 @@ def _file_being_read(rows: Any) -> str | None:
         return str(files[state["shard_idx"]])
     except Exception:  # no position known: the caller names the source's files instead
         return None
-
-
-def _data_file_names(spec: SourceSpec) -> list[str]:
-    files = spec.resolved_data_files() or []
-    return [f for group in (files.values() if isinstance(files, dict) else [files]) for f in group]
