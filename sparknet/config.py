@@ -199,16 +199,13 @@ class SourceSpec:
 
     def resolved_data_files(self) -> list[str] | dict[str, list[str]] | None:
         """Data files with relative paths resolved against the project root, glob patterns kept as patterns."""
-
-        def one(f: str) -> str:
-            return str(project_path(f))
-
         if self.data_files is None:
             return None
         if isinstance(self.data_files, dict):
-            return {k: [one(f) for f in ([v] if isinstance(v, str) else v)] for k, v in self.data_files.items()}
+            return {k: [str(project_path(f)) for f in ([v] if isinstance(v, str) else v)]
+                    for k, v in self.data_files.items()}
         files = [self.data_files] if isinstance(self.data_files, str) else self.data_files
-        return [one(f) for f in files]
+        return [str(project_path(f)) for f in files]
 
     def data_file_patterns(self) -> list[str]:
         """Every resolved data_files entry, of every split of a dict, glob patterns kept as patterns."""
