@@ -65,7 +65,7 @@ def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str
             overwrite: bool, repo_id: str, unfinished: bool) -> Path:
     """`export_model`'s work, under its lock."""
     from sparknet.eval.results import check_benchmarks, check_perplexities
-    from sparknet.run_files import RUN_CONFIG
+    from sparknet.run_files import RUN_CONFIG, read_metadata
     from sparknet.runtime import follow_umask, replace_folder, writes_to
     from sparknet.tokenizer import save as save_tokenizer
     from sparknet.write_faults import writing
@@ -73,7 +73,7 @@ def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str
     spec = ref.spec
     if output_dir.exists() and any(output_dir.iterdir()) and not overwrite:
         raise UserError(f"{output_dir} is not empty: choose another OUTPUT_DIR or pass --overwrite true")
-    metadata = _training_metadata(ref.folder)
+    metadata = read_metadata(ref.folder) or {}  # a checkpoint-N reads its run's; {} for a model trained elsewhere
     if not metadata and (ref.folder / RUN_CONFIG).is_file() and not unfinished:
         raise UserError(f"{spec} has no training_metadata.json: its training did not finish (stopped while it wrote "
                         "the final model?). Run the same training command again, which completes it, or pass "
@@ -138,13 +138,6 @@ def card_path(value: Any) -> str:
         except ValueError:
             continue
     return path.name
-
-
-def _training_metadata(folder: Path) -> dict[str, Any]:
-    """The run's training_metadata.json (a checkpoint-N reads its run's); {} for a folder trained elsewhere."""
-    from sparknet.run_files import read_metadata
-
-    return read_metadata(folder) or {}
 
 
 def _read_json(path: Path) -> dict[str, Any]:
