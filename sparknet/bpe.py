@@ -77,7 +77,10 @@ def train_tokenizer(
     the dataset build's seeded shuffle buffer of `shuffle_buffer` documents), trains the BPE, saves it with
     `save_pretrained` into `out_dir` and writes `training_report.json` there. Returns the report. One training
     into a folder at a time: a second one at once is refused in one line (it would replace the first's tokenizer)."""
-    _check_settings(vocab_size, max_bytes, shuffle_buffer)
+    from sparknet.checks import check_values
+
+    # every bad setting at once, each named with its value and the fix (the scripts' rules, sparknet.checks)
+    check_values({"VOCAB_SIZE": vocab_size, "MAX_BYTES": max_bytes, "SHUFFLE_BUFFER": shuffle_buffer})
     with exclusive(out_dir, "a tokenizer training"):
         _check_output_dir(out_dir, overwrite)
         return _train_into(config, out_dir, vocab_size=vocab_size, max_bytes=max_bytes, min_frequency=min_frequency,
@@ -130,13 +133,6 @@ def _train_into(config: MixConfig, out_dir: Path, *, vocab_size: int, max_bytes:
             vocab_size,
         )
     return report
-
-
-def _check_settings(vocab_size: int, max_bytes: int, shuffle_buffer: int) -> None:
-    """Every bad setting at once, each named with its value and the fix (the scripts' rules, sparknet.checks)."""
-    from sparknet.checks import check_values
-
-    check_values({"VOCAB_SIZE": vocab_size, "MAX_BYTES": max_bytes, "SHUFFLE_BUFFER": shuffle_buffer})
 
 
 def _check_output_dir(out_dir: Path, overwrite: bool) -> None:
