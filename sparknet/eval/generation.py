@@ -80,17 +80,10 @@ def generation_report(names: list[str], prompts: list[str], samples: list[list[l
     lines = ["# Samples", "", "settings: " + ", ".join(f"{k}={v}" for k, v in vars(settings).items()), ""]
     for index, prompt in enumerate(prompts):
         lines += [f"## Prompt {index + 1}", "", "```", prompt, "```", ""]
-        rows = []
-        for number in range(max(len(per_model[index]) for per_model in samples)):
-            rows.append([number + 1] + [_cell(prompt, per_model[index][number]) if number < len(per_model[index])
-                                        else "" for per_model in samples])
+        # a cell: the prompt in bold, then the continuation, on one table line (newlines as <br>; markdown_table
+        # escapes `|`)
+        cells = [[f"**{prompt}**{text}".replace("\n", "<br>") for text in per_model[index]] for per_model in samples]
+        rows = [[number + 1] + [column[number] if number < len(column) else "" for column in cells]
+                for number in range(max(len(column) for column in cells))]
         lines.append(markdown_table(["#", *names], rows))
     return "\n".join(lines)
-
-
-def _cell(prompt: str, text: str) -> str:
-    """Prompt in bold, then the continuation, on one table line (newlines as <br>; markdown_table escapes `|`)."""
-    def flat(s: str) -> str:
-        return s.replace("\n", "<br>")
-
-    return f"**{flat(prompt)}**{flat(text)}"
