@@ -93,9 +93,7 @@ class Progress(tqdm):
         return values
 
 
-def progress(*args: Any, **kwargs: Any) -> Progress:
-    """A progress bar (tqdm's arguments: total, desc, unit, ...)."""
-    return Progress(*args, **kwargs)
+progress = Progress  # a progress bar by tqdm's lower-case name (tqdm's arguments: total, desc, unit, ...)
 
 
 def route_library_bars(*modules: ModuleType) -> None:
