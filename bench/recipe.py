@@ -77,13 +77,19 @@ RECIPES: dict = {
     # one change at a time on top of the NanoChat block with Muon
     "nanochat + muon 4e-3": {**NANOCHAT, "muon_learning_rate": 4e-3},
     "nanochat + muon, 80% of the tokens": {**NANOCHAT, "token_share": 0.8},
-    "nanochat + muon, embedding LR x4": {**NANOCHAT, "optimizer": "screen-muon-embedding-4x"},
+    "nanochat + muon, embedding LR x4": {**NANOCHAT, "embedding_learning_rate": 8e-3},
+    "nanochat + muon, embedding LR x16": {**NANOCHAT, "embedding_learning_rate": 3.2e-2},
     "nanochat + muon, head LR x0.5": {**NANOCHAT, "optimizer": "screen-muon-head-half"},
     "nanochat + muon + wsd 50%": {**NANOCHAT, "lr_schedule": "wsd", "decay_ratio": 0.5},
     "nanochat + muon + document masking": {**NANOCHAT, "document_masking": True},
     "nanochat + muon + momentum warmup": {**NANOCHAT, "optimizer": "screen-muon-momentum-warmup"},
     "nanochat + muon + cautious wd": {**NANOCHAT, "optimizer": "screen-muon-cautious-wd"},
     "nanochat + normuon": {**NANOCHAT, "optimizer": "screen-normuon"},
+    # the winners of the rows above together
+    "nanochat + muon + wsd 50%, embedding LR x4": {**NANOCHAT, "lr_schedule": "wsd", "decay_ratio": 0.5,
+                                                   "embedding_learning_rate": 8e-3},
+    "nanochat + muon + wsd 50%, embedding LR x4, 80% of the tokens": {
+        **NANOCHAT, "lr_schedule": "wsd", "decay_ratio": 0.5, "embedding_learning_rate": 8e-3, "token_share": 0.8},
     # the mix over time: the demo's mix for 80% of the tokens, then prose alone (configs/demo_anneal.json)
     "anneal": {"optimizer": "adamw", "learning_rate": 2e-3, "mix_config": "configs/demo_anneal.json"},
     "anneal + wsd": {"optimizer": "adamw", "learning_rate": 2e-3, "mix_config": "configs/demo_anneal.json",

@@ -23,6 +23,8 @@ BATCH_SIZE = 32  # blocks per device per micro-step, at most: sizes memory (accu
 LEARNING_RATE = 1e-3  # peak learning rate (AdamW's; with OPTIMIZER=muon, that of embeddings, norms and biases)
 OPTIMIZER = "adamw"  # adamw, or muon: Muon for the hidden weight matrices, AdamW for the rest
 MUON_LEARNING_RATE = 1e-3  # Muon's peak learning rate (its update scaled to AdamW's size), when OPTIMIZER=muon
+# the input embedding's peak learning rate, when OPTIMIZER=muon (None: LEARNING_RATE); NanoChat trains it faster
+EMBEDDING_LEARNING_RATE: float | None = None
 LR_SCHEDULE = "cosine"  # cosine, or wsd: warmup, stable peak, linear decay over the last DECAY_RATIO of steps
 DECAY_RATIO = 0.2  # wsd: the fraction of the steps the LR decays over (in a config of phases: the last phase's)
 MIN_LR_RATIO = 0.1  # the schedule decays to this fraction of the peak

@@ -90,6 +90,7 @@ RULES: dict[str, Rule] = {
     "LEARNING_RATE": LR,
     "OPTIMIZER": choice(*OPTIMIZERS),  # the registry (sparknet.optim)
     "MUON_LEARNING_RATE": LR,
+    "EMBEDDING_LEARNING_RATE": Rule(LR.test, LR.expected, none=True),
     "LR_SCHEDULE": choice("cosine", "wsd"),
     "DECAY_RATIO": number(0, 1, low_open=True, expected="a fraction in (0, 1]"),
     "MIN_LR_RATIO": number(0, 1, expected="a fraction in [0, 1]"),

@@ -78,3 +78,40 @@ def test_muon_takes_the_hidden_matrices_at_its_own_rate(tmp_path: Path) -> None:
 def test_an_optimizer_that_cannot_step_shards_says_why_under_fsdp() -> None:
     assert OPTIMIZERS["adamw"].not_under_fsdp is None
     assert "whole weight matrix" in OPTIMIZERS["muon"].not_under_fsdp
+
+
+def test_muon_trains_the_input_embedding_at_its_own_rate_and_only_it(tmp_path: Path) -> None:
+    """EMBEDDING_LEARNING_RATE: the input embedding's group at that LR; the untied output layer, the other tables and
+    the norms at LEARNING_RATE; the hidden matrices at MUON_LEARNING_RATE. None: the embedding at LEARNING_RATE."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, tie_word_embeddings=False))
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    lr_of = {}
+    for rate in (8e-3, None):
+        trainer = SparkTrainer(model=model, args=_args(tmp_path), settings=train_settings(
+            tmp_path, optimizer="muon", muon_learning_rate=5e-3, embedding_learning_rate=rate))
+        built = trainer.create_optimizer()
+        lr_of[rate] = {id(p): g["lr"] for g in built.param_groups for p in g["params"]}
+    assert lr_of[8e-3][id(embedding)] == 8e-3 and lr_of[None][id(embedding)] == 2e-3
+    assert lr_of[8e-3][id(head)] == lr_of[None][id(head)] == 2e-3
+    others = set(lr_of[None]) - {id(embedding)}
+    assert others and all(lr_of[8e-3][p] == lr_of[None][p] for p in others)  # nothing else moves
+    assert sorted(set(lr_of[None].values())) == [2e-3, 5e-3]
+
+
+def test_an_embedding_rate_that_the_optimizer_would_ignore_is_refused(tmp_path: Path) -> None:
+    """AdamW trains every parameter at LEARNING_RATE: EMBEDDING_LEARNING_RATE with it would be ignored without a
+    word, so the launch is refused in one line naming both constants (every Muon variant takes it)."""
+    from sparknet.train.hf_trainer import check_launch
+
+    cpu = {"kind": "cpu", "name": "cpu"}
+    with pytest.raises(UserError, match=r"EMBEDDING_LEARNING_RATE=0.008 with OPTIMIZER=adamw.*set OPTIMIZER=muon"):
+        check_launch(train_settings(tmp_path, optimizer="adamw", embedding_learning_rate=8e-3), cpu)
+    check_launch(train_settings(tmp_path, optimizer="adamw"), cpu)
+    for name, choice in OPTIMIZERS.items():
+        if name != "adamw":
+            assert "embedding_learning_rate" in choice.settings, name
+            check_launch(train_settings(tmp_path, optimizer=name, embedding_learning_rate=8e-3), cpu)

@@ -104,7 +104,15 @@ def fsdp_launched() -> bool:
 def check_launch(settings: TrainSettings, device: dict[str, Any]) -> None:
     """Refuses, before anything is written, a launch that would not run as asked: FSDP off CUDA (accelerate then
     runs plain data parallelism without a word), Muon under FSDP (its update orthogonalises whole matrices, and
-    FSDP gives each process a shard of each), or FUSED_CROSS_ENTROPY without its package."""
+    FSDP gives each process a shard of each), FUSED_CROSS_ENTROPY without its package, or EMBEDDING_LEARNING_RATE
+    with an optimizer that does not read it."""
+    from sparknet.optim import OPTIMIZERS
+
+    choice = OPTIMIZERS[settings.optimizer]
+    if settings.embedding_learning_rate is not None and "embedding_learning_rate" not in choice.settings:
+        raise UserError(f"EMBEDDING_LEARNING_RATE={settings.embedding_learning_rate:g} with OPTIMIZER="
+                        f"{settings.optimizer}, which trains the embedding at LEARNING_RATE: set OPTIMIZER=muon, or "
+                        "EMBEDDING_LEARNING_RATE=None")
     if settings.fused_cross_entropy:
         from sparknet.train.fused_loss import linear_cross_entropy
 
@@ -115,9 +123,7 @@ def check_launch(settings: TrainSettings, device: dict[str, Any]) -> None:
         raise UserError(f"an FSDP launch (accelerate config distributed_type: FSDP) on a machine without CUDA GPUs "
                         f"({device['name']}): accelerate would run plain data parallelism instead. Launch with "
                         "`torchrun --nproc_per_node N` or `accelerate launch --multi_gpu --num_processes N` here")
-    from sparknet.optim import OPTIMIZERS
-
-    if why := OPTIMIZERS[settings.optimizer].not_under_fsdp:
+    if why := choice.not_under_fsdp:
         raise UserError(f"OPTIMIZER={settings.optimizer} under FSDP: {why}. Use OPTIMIZER=adamw with FSDP, or "
                         f"OPTIMIZER={settings.optimizer} with DDP (torchrun)")
 

@@ -45,6 +45,7 @@ class TrainSettings:
     learning_rate: float = setting()
     optimizer: str = setting()
     muon_learning_rate: float = setting()
+    embedding_learning_rate: float | None = setting()
     lr_schedule: str = setting()
     decay_ratio: float = setting()
     min_lr_ratio: float = setting()
