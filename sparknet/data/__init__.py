@@ -28,17 +28,26 @@ PackedDataset, TokenStream`), imported on first use so that importing `sparknet.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 __all__ = ["DataSpec", "PackedDataset", "Part", "TokenStream", "hold_out"]
-# the module each name handed on lives in, imported on first use of the name
-_HOMES = {"DataSpec": "sparknet.data.spec", "PackedDataset": "sparknet.data.packed.dataset",
-          "Part": "sparknet.data.spec", "TokenStream": "sparknet.data.stream.token_stream",
-          "hold_out": "sparknet.data.holdout"}
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'sparknet.data' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
+    if name == "PackedDataset":
+        from sparknet.data.packed.dataset import PackedDataset
+
+        return PackedDataset
+    if name == "TokenStream":
+        from sparknet.data.stream.token_stream import TokenStream
+
+        return TokenStream
+    if name in ("DataSpec", "Part"):
+        from sparknet.data import spec
+
+        return getattr(spec, name)
+    if name == "hold_out":
+        from sparknet.data.holdout import hold_out
+
+        return hold_out
+    raise AttributeError(f"module 'sparknet.data' has no attribute {name!r}")
