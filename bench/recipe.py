@@ -45,6 +45,8 @@ COMMON = {"model_preset": "sparknet-demo", "warmup_ratio": 0.05}
 # the NanoChat block with the demo's Muon recipe, which the screening rows change one thing of
 NANOCHAT = {"model_preset": "sparknet-nanochat-demo", "optimizer": "muon", "learning_rate": 2e-3,
             "muon_learning_rate": 2e-3}
+# the winners together: the embedding at 4x the LR, wsd with a 50% cool-down (the demo's recipe)
+BUNDLE = {**NANOCHAT, "lr_schedule": "wsd", "decay_ratio": 0.5, "embedding_learning_rate": 8e-3}
 # name -> flags on top of COMMON
 RECIPES: dict = {
     # the reference: AdamW on the demo's GPT-2 at each of three peak LRs (its best is REFERENCE)
@@ -86,10 +88,19 @@ RECIPES: dict = {
     "nanochat + muon + cautious wd": {**NANOCHAT, "optimizer": "screen-muon-cautious-wd"},
     "nanochat + normuon": {**NANOCHAT, "optimizer": "screen-normuon"},
     # the winners of the rows above together
-    "nanochat + muon + wsd 50%, embedding LR x4": {**NANOCHAT, "lr_schedule": "wsd", "decay_ratio": 0.5,
-                                                   "embedding_learning_rate": 8e-3},
-    "nanochat + muon + wsd 50%, embedding LR x4, 80% of the tokens": {
-        **NANOCHAT, "lr_schedule": "wsd", "decay_ratio": 0.5, "embedding_learning_rate": 8e-3, "token_share": 0.8},
+    "nanochat + muon + wsd 50%, embedding LR x4": BUNDLE,
+    "nanochat + muon + wsd 50%, embedding LR x4, 80% of the tokens": {**BUNDLE, "token_share": 0.8},
+    # one change at a time on top of that bundle (the demo's recipe), and the bundle less one part of the block
+    "bundle + muon 4e-3": {**BUNDLE, "muon_learning_rate": 4e-3},
+    "bundle, embedding LR x16": {**BUNDLE, "embedding_learning_rate": 3.2e-2},
+    "bundle, head LR x0.5": {**BUNDLE, "optimizer": "screen-muon-head-half"},
+    "bundle + momentum warmup": {**BUNDLE, "optimizer": "screen-muon-momentum-warmup"},
+    "bundle + cautious wd": {**BUNDLE, "optimizer": "screen-muon-cautious-wd"},
+    "bundle + normuon": {**BUNDLE, "optimizer": "screen-normuon"},
+    "bundle + document masking": {**BUNDLE, "document_masking": True},
+    "bundle, tied": {**BUNDLE, "model_preset": "screen-nanochat-tied"},
+    "bundle, no cap": {**BUNDLE, "model_preset": "screen-nanochat-nocap"},
+    "bundle, gelu": {**BUNDLE, "model_preset": "screen-nanochat-gelu"},
     # the mix over time: the demo's mix for 80% of the tokens, then prose alone (configs/demo_anneal.json)
     "anneal": {"optimizer": "adamw", "learning_rate": 2e-3, "mix_config": "configs/demo_anneal.json"},
     "anneal + wsd": {"optimizer": "adamw", "learning_rate": 2e-3, "mix_config": "configs/demo_anneal.json",
