@@ -92,6 +92,7 @@ RECIPES: dict = {
     "nanochat + muon + wsd 50%, embedding LR x4, 80% of the tokens": {**BUNDLE, "token_share": 0.8},
     # one change at a time on top of that bundle (the demo's recipe), and the bundle less one part of the block
     "bundle + muon 4e-3": {**BUNDLE, "muon_learning_rate": 4e-3},
+    "bundle + muon 8e-3": {**BUNDLE, "muon_learning_rate": 8e-3},
     "bundle, embedding LR x16": {**BUNDLE, "embedding_learning_rate": 3.2e-2},
     "bundle, head LR x0.5": {**BUNDLE, "optimizer": "screen-muon-head-half"},
     "bundle + momentum warmup": {**BUNDLE, "optimizer": "screen-muon-momentum-warmup"},
