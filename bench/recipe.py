@@ -57,11 +57,7 @@ RECIPES: dict = {
     "muon": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 2e-3},
     "muon 4e-3": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 4e-3},
     "muon 8e-3": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 8e-3},
-    # Muon's details and the schedule, one at a time
-    "muon + momentum warmup": {"optimizer": "screen-muon-momentum-warmup", "learning_rate": 2e-3,
-                               "muon_learning_rate": 2e-3},
-    "muon + cautious wd": {"optimizer": "screen-muon-cautious-wd", "learning_rate": 2e-3, "muon_learning_rate": 2e-3},
-    "normuon": {"optimizer": "screen-normuon", "learning_rate": 2e-3, "muon_learning_rate": 2e-3},
+    # the schedule and document masking, one at a time
     "muon + wsd 50%": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 2e-3, "lr_schedule": "wsd",
                        "decay_ratio": 0.5},
     "muon + document masking": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 2e-3,
@@ -84,9 +80,6 @@ RECIPES: dict = {
     "nanochat + muon, head LR x0.5": {**NANOCHAT, "optimizer": "screen-muon-head-half"},
     "nanochat + muon + wsd 50%": {**NANOCHAT, "lr_schedule": "wsd", "decay_ratio": 0.5},
     "nanochat + muon + document masking": {**NANOCHAT, "document_masking": True},
-    "nanochat + muon + momentum warmup": {**NANOCHAT, "optimizer": "screen-muon-momentum-warmup"},
-    "nanochat + muon + cautious wd": {**NANOCHAT, "optimizer": "screen-muon-cautious-wd"},
-    "nanochat + normuon": {**NANOCHAT, "optimizer": "screen-normuon"},
     # the winners of the rows above together
     "nanochat + muon + wsd 50%, embedding LR x4": BUNDLE,
     "nanochat + muon + wsd 50%, embedding LR x4, 80% of the tokens": {**BUNDLE, "token_share": 0.8},
@@ -94,9 +87,6 @@ RECIPES: dict = {
     "bundle + muon 4e-3": {**BUNDLE, "muon_learning_rate": 4e-3},
     "bundle, embedding LR x16": {**BUNDLE, "embedding_learning_rate": 3.2e-2},
     "bundle, head LR x0.5": {**BUNDLE, "optimizer": "screen-muon-head-half"},
-    "bundle + momentum warmup": {**BUNDLE, "optimizer": "screen-muon-momentum-warmup"},
-    "bundle + cautious wd": {**BUNDLE, "optimizer": "screen-muon-cautious-wd"},
-    "bundle + normuon": {**BUNDLE, "optimizer": "screen-normuon"},
     "bundle + document masking": {**BUNDLE, "document_masking": True},
     "bundle, tied": {**BUNDLE, "model_preset": "screen-nanochat-tied"},
     "bundle, no cap": {**BUNDLE, "model_preset": "screen-nanochat-nocap"},
