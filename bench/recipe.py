@@ -57,11 +57,9 @@ RECIPES: dict = {
     "muon": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 2e-3},
     "muon 4e-3": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 4e-3},
     "muon 8e-3": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 8e-3},
-    # the schedule and document masking, one at a time
+    # the schedule
     "muon + wsd 50%": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 2e-3, "lr_schedule": "wsd",
                        "decay_ratio": 0.5},
-    "muon + document masking": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 2e-3,
-                                "document_masking": True},
     # the NanoChat block (QK-norm, ReLU², norms without weights, one after the embedding, untied output layer,
     # logits soft-capped at 15) with the demo's Muon, then less one part at a time
     "nanochat + muon": {"model_preset": "sparknet-nanochat-demo", "optimizer": "muon", "learning_rate": 2e-3,
@@ -79,7 +77,6 @@ RECIPES: dict = {
     "nanochat + muon, embedding LR x16": {**NANOCHAT, "embedding_learning_rate": 3.2e-2},
     "nanochat + muon, head LR x0.5": {**NANOCHAT, "optimizer": "screen-muon-head-half"},
     "nanochat + muon + wsd 50%": {**NANOCHAT, "lr_schedule": "wsd", "decay_ratio": 0.5},
-    "nanochat + muon + document masking": {**NANOCHAT, "document_masking": True},
     # the winners of the rows above together
     "nanochat + muon + wsd 50%, embedding LR x4": BUNDLE,
     "nanochat + muon + wsd 50%, embedding LR x4, 80% of the tokens": {**BUNDLE, "token_share": 0.8},
@@ -87,7 +84,6 @@ RECIPES: dict = {
     "bundle + muon 4e-3": {**BUNDLE, "muon_learning_rate": 4e-3},
     "bundle, embedding LR x16": {**BUNDLE, "embedding_learning_rate": 3.2e-2},
     "bundle, head LR x0.5": {**BUNDLE, "optimizer": "screen-muon-head-half"},
-    "bundle + document masking": {**BUNDLE, "document_masking": True},
     "bundle, tied": {**BUNDLE, "model_preset": "screen-nanochat-tied"},
     "bundle, no cap": {**BUNDLE, "model_preset": "screen-nanochat-nocap"},
     "bundle, gelu": {**BUNDLE, "model_preset": "screen-nanochat-gelu"},
