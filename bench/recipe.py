@@ -75,7 +75,6 @@ RECIPES: dict = {
     "nanochat + muon, 80% of the tokens": {**NANOCHAT, "token_share": 0.8},
     "nanochat + muon, embedding LR x4": {**NANOCHAT, "embedding_learning_rate": 8e-3},
     "nanochat + muon, embedding LR x16": {**NANOCHAT, "embedding_learning_rate": 3.2e-2},
-    "nanochat + muon, head LR x0.5": {**NANOCHAT, "optimizer": "screen-muon-head-half"},
     "nanochat + muon + wsd 50%": {**NANOCHAT, "lr_schedule": "wsd", "decay_ratio": 0.5},
     # the winners of the rows above together
     "nanochat + muon + wsd 50%, embedding LR x4": BUNDLE,
@@ -83,7 +82,6 @@ RECIPES: dict = {
     # one change at a time on top of that bundle (the demo's recipe), and the bundle less one part of the block
     "bundle + muon 4e-3": {**BUNDLE, "muon_learning_rate": 4e-3},
     "bundle, embedding LR x16": {**BUNDLE, "embedding_learning_rate": 3.2e-2},
-    "bundle, head LR x0.5": {**BUNDLE, "optimizer": "screen-muon-head-half"},
     "bundle, tied": {**BUNDLE, "model_preset": "screen-nanochat-tied"},
     "bundle, no cap": {**BUNDLE, "model_preset": "screen-nanochat-nocap"},
     "bundle, gelu": {**BUNDLE, "model_preset": "screen-nanochat-gelu"},

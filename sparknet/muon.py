@@ -122,11 +122,11 @@ class Muon(torch.optim.Muon):
 
 
 def parameter_groups(model: torch.nn.Module, *, lr: float, muon_lr: float, weight_decay: float,
-                     embedding_lr: float | None = None, head_lr: float | None = None) -> tuple[list, list]:
+                     embedding_lr: float | None = None) -> tuple[list, list]:
     """(Muon's groups, AdamW's groups) of `model`'s trainable parameters: the hidden matrices (`hidden_matrices`)
-    at `muon_lr`; the input embedding at `embedding_lr` and an output layer of its own at `head_lr` (each `lr`
-    when None), with `weight_decay`; other tables (positions) at `lr` with it; 1-D parameters (norms, biases) at
-    `lr` without. A tied output layer is the input embedding's weight, in its group."""
+    at `muon_lr`; the input embedding at `embedding_lr` (`lr` when None) with `weight_decay`; an output layer of its
+    own and other tables (positions) at `lr` with it, each role in its group (the layout checkpoints record); 1-D
+    parameters (norms, biases) at `lr` without. A tied output layer is the input embedding's weight, in its group."""
     hidden = hidden_matrices(model)
     named = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
     embedding = model.get_input_embeddings().weight
@@ -140,7 +140,7 @@ def parameter_groups(model: torch.nn.Module, *, lr: float, muon_lr: float, weigh
     muon = [{"params": [param for name, param in named if name in hidden], "lr": muon_lr}]
     adamw = [{"params": roles["embedding"], "lr": lr if embedding_lr is None else embedding_lr,
               "weight_decay": weight_decay},
-             {"params": roles["head"], "lr": lr if head_lr is None else head_lr, "weight_decay": weight_decay},
+             {"params": roles["head"], "lr": lr, "weight_decay": weight_decay},
              {"params": roles["table"], "lr": lr, "weight_decay": weight_decay},
              {"params": roles["scalar"], "lr": lr, "weight_decay": 0.0}]
     return muon, [group for group in adamw if group["params"]]
