@@ -61,15 +61,9 @@ RECIPES: dict = {
     "muon + wsd 50%": {"optimizer": "muon", "learning_rate": 2e-3, "muon_learning_rate": 2e-3, "lr_schedule": "wsd",
                        "decay_ratio": 0.5},
     # the NanoChat block (QK-norm, ReLU², norms without weights, one after the embedding, untied output layer,
-    # logits soft-capped at 15) with the demo's Muon, then less one part at a time
+    # logits soft-capped at 15) with the demo's Muon
     "nanochat + muon": {"model_preset": "sparknet-nanochat-demo", "optimizer": "muon", "learning_rate": 2e-3,
                         "muon_learning_rate": 2e-3},
-    "nanochat tied + muon": {"model_preset": "screen-nanochat-tied", "optimizer": "muon", "learning_rate": 2e-3,
-                             "muon_learning_rate": 2e-3},
-    "nanochat no cap + muon": {"model_preset": "screen-nanochat-nocap", "optimizer": "muon", "learning_rate": 2e-3,
-                               "muon_learning_rate": 2e-3},
-    "nanochat gelu + muon": {"model_preset": "screen-nanochat-gelu", "optimizer": "muon", "learning_rate": 2e-3,
-                             "muon_learning_rate": 2e-3},
     # one change at a time on top of the NanoChat block with Muon
     "nanochat + muon 4e-3": {**NANOCHAT, "muon_learning_rate": 4e-3},
     "nanochat + muon, 80% of the tokens": {**NANOCHAT, "token_share": 0.8},
@@ -79,12 +73,9 @@ RECIPES: dict = {
     # the winners of the rows above together
     "nanochat + muon + wsd 50%, embedding LR x4": BUNDLE,
     "nanochat + muon + wsd 50%, embedding LR x4, 80% of the tokens": {**BUNDLE, "token_share": 0.8},
-    # one change at a time on top of that bundle (the demo's recipe), and the bundle less one part of the block
+    # one change at a time on top of that bundle; "bundle + muon 4e-3" won and is the demo's recipe
     "bundle + muon 4e-3": {**BUNDLE, "muon_learning_rate": 4e-3},
     "bundle, embedding LR x16": {**BUNDLE, "embedding_learning_rate": 3.2e-2},
-    "bundle, tied": {**BUNDLE, "model_preset": "screen-nanochat-tied"},
-    "bundle, no cap": {**BUNDLE, "model_preset": "screen-nanochat-nocap"},
-    "bundle, gelu": {**BUNDLE, "model_preset": "screen-nanochat-gelu"},
     # the mix over time: the demo's mix for 80% of the tokens, then prose alone (configs/demo_anneal.json)
     "anneal": {"optimizer": "adamw", "learning_rate": 2e-3, "mix_config": "configs/demo_anneal.json"},
     "anneal + wsd": {"optimizer": "adamw", "learning_rate": 2e-3, "mix_config": "configs/demo_anneal.json",
