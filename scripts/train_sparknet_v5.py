@@ -33,7 +33,6 @@ WEIGHT_DECAY = 0.1  # AdamW weight decay
 ADAM_BETAS = (0.9, 0.95)  # AdamW betas
 MAX_GRAD_NORM = 1.0  # clip the global grad norm to this (0: no clipping)
 DROPOUT = 0.0  # dropout everywhere (the public reference run used 0.1; it costs ~40% of step time on CPU)
-DOCUMENT_MASKING = False  # attention only within each document of a block (position ids restart at each EOS)
 EVAL_STEPS = 250  # evaluate on the validation split every this many steps
 SAVE_STEPS = 500  # save a checkpoint every this many steps (a multiple of EVAL_STEPS)
 SAVE_TOTAL_LIMIT = 3  # checkpoints kept (the best one is always kept)

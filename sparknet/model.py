@@ -27,7 +27,6 @@ class Preset:
     n_positions: int
     arch: str = "gpt2"  # a key of sparknet.architectures.ARCHITECTURES
     intermediate: int = 0  # the MLP's width where the architecture takes one (gpt2's MLP is 4 x n_embd)
-    overrides: tuple[tuple[str, Any], ...] = ()  # config values set over the architecture's
 
 
 PRESETS: dict[str, Preset] = {
@@ -45,13 +44,6 @@ PRESETS: dict[str, Preset] = {
                                      intermediate=1024),
     "sparknet-nanochat-tiny": Preset(n_layer=2, n_embd=64, n_head=2, n_positions=128, arch="nanochat",
                                      intermediate=256),
-    # screening variants (bench/recipe.py): the NanoChat block less one of its parts
-    "screen-nanochat-tied": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="nanochat",
-                                   intermediate=1024, overrides=(("tie_word_embeddings", True),)),
-    "screen-nanochat-nocap": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="nanochat",
-                                    intermediate=1024, overrides=(("final_logit_softcapping", None),)),
-    "screen-nanochat-gelu": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="nanochat",
-                                   intermediate=1024, overrides=(("hidden_act", "gelu_pytorch_tanh"),)),
 }
 # MODEL_PRESET when the trainers' constant is not set and no INIT_FROM base gives the shape
 DEFAULT_PRESET = "sparknet-70m"
@@ -100,10 +92,7 @@ def _counts(preset: Preset, vocab_size: int) -> tuple[int, int]:
 
 
 def _config(preset: Preset, vocab_size: int, bos: int, eos: int, dropout: float) -> Any:
-    config = ARCHITECTURES[preset.arch].config(preset, vocab_size, bos, eos, dropout)
-    for key, value in preset.overrides:
-        setattr(config, key, value)
-    return config
+    return ARCHITECTURES[preset.arch].config(preset, vocab_size, bos, eos, dropout)
 
 
 def build_model(

@@ -90,17 +90,11 @@ def adjusted_lr(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float
 
 class Muon(torch.optim.Muon):
     """`torch.optim.Muon` whose Newton–Schulz iteration runs in `newton_schulz_dtype(device)` (see the module
-    docstring); `ns_dtype` forces one (tests). Two options torch does not have, off by default (the step is then
-    torch's): `cautious` weight decay (only where the update moves the weight towards zero already, Chen et al.
-    2025), and `normuon_beta2`, NorMuon's per-neuron normalisation of the orthogonalised update (Li et al. 2025)."""
+    docstring); `ns_dtype` forces one (tests)."""
 
-    def __init__(self, params: Any, *, ns_dtype: torch.dtype | None = None, cautious: bool = False,
-                 normuon_beta2: float | None = None, **kwargs: Any) -> None:
+    def __init__(self, params: Any, *, ns_dtype: torch.dtype | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self.ns_dtype = ns_dtype
-        for group in self.param_groups:
-            group.setdefault("cautious", cautious)
-            group.setdefault("normuon_beta2", normuon_beta2)
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -122,35 +116,17 @@ class Muon(torch.optim.Muon):
                 update = grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
                 dtype = self.ns_dtype or newton_schulz_dtype(param.device)
                 update = orthogonalise(update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
-                if group["normuon_beta2"]:
-                    update = normalise_neurons(update, state, group["normuon_beta2"], group["eps"])
-                if group["cautious"]:  # decayed only where the update pulls the same way (both signs agree)
-                    param.sub_(param * (update * param > 0), alpha=lr * group["weight_decay"])
-                else:
-                    param.mul_(1 - lr * group["weight_decay"])
+                param.mul_(1 - lr * group["weight_decay"])
                 param.add_(update, alpha=-adjusted_lr(lr, group["adjust_lr_fn"], param.shape))
         return loss
 
 
-def normalise_neurons(update: torch.Tensor, state: dict[str, Any], beta2: float, eps: float) -> torch.Tensor:
-    """NorMuon: each row (a neuron) of the orthogonalised update divided by the root of a running mean (`beta2`)
-    of its squared entries, kept in the state as `second_momentum_buffer`; then scaled back to the update's
-    Frobenius norm, so the LR adjustment after it means what it meant."""
-    row_mean = update.square().mean(dim=1, keepdim=True)
-    if "second_momentum_buffer" not in state:
-        state["second_momentum_buffer"] = torch.zeros_like(row_mean)
-    second = state["second_momentum_buffer"]
-    second.lerp_(row_mean, 1 - beta2)
-    normed = update / (second.sqrt() + eps)
-    return normed * (update.norm() / normed.norm().clamp(min=eps))
-
-
 def parameter_groups(model: torch.nn.Module, *, lr: float, muon_lr: float, weight_decay: float,
-                     embedding_lr: float | None = None, head_lr: float | None = None) -> tuple[list, list]:
+                     embedding_lr: float | None = None) -> tuple[list, list]:
     """(Muon's groups, AdamW's groups) of `model`'s trainable parameters: the hidden matrices (`hidden_matrices`)
-    at `muon_lr`; the input embedding at `embedding_lr` and an output layer of its own at `head_lr` (each `lr`
-    when None), with `weight_decay`; other tables (positions) at `lr` with it; 1-D parameters (norms, biases) at
-    `lr` without. A tied output layer is the input embedding's weight, in its group."""
+    at `muon_lr`; the input embedding at `embedding_lr` (`lr` when None) with `weight_decay`; an output layer of its
+    own and other tables (positions) at `lr` with it, each role in its group (the layout checkpoints record); 1-D
+    parameters (norms, biases) at `lr` without. A tied output layer is the input embedding's weight, in its group."""
     hidden = hidden_matrices(model)
     named = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
     embedding = model.get_input_embeddings().weight
@@ -164,7 +140,7 @@ def parameter_groups(model: torch.nn.Module, *, lr: float, muon_lr: float, weigh
     muon = [{"params": [param for name, param in named if name in hidden], "lr": muon_lr}]
     adamw = [{"params": roles["embedding"], "lr": lr if embedding_lr is None else embedding_lr,
               "weight_decay": weight_decay},
-             {"params": roles["head"], "lr": lr if head_lr is None else head_lr, "weight_decay": weight_decay},
+             {"params": roles["head"], "lr": lr, "weight_decay": weight_decay},
              {"params": roles["table"], "lr": lr, "weight_decay": weight_decay},
              {"params": roles["scalar"], "lr": lr, "weight_decay": 0.0}]
     return muon, [group for group in adamw if group["params"]]
@@ -173,32 +149,25 @@ def parameter_groups(model: torch.nn.Module, *, lr: float, muon_lr: float, weigh
 class MuonAdamW(torch.optim.Optimizer):
     """Muon for `muon_groups` (no weight decay unless a group gives one); AdamW for `adamw_groups` (each with its
     lr and weight decay; `parameter_groups` makes both). Muon's step is scaled to match AdamW's update size
-    ("match_rms_adamw"), so its LR is on AdamW's scale. With `momentum_warmup_steps`, Muon's momentum rises
-    linearly from 0.85 to `momentum` over that many steps (the step count is saved with the state)."""
+    ("match_rms_adamw"), so its LR is on AdamW's scale."""
 
     def __init__(self, muon_groups: list[dict[str, Any]], adamw_groups: list[dict[str, Any]], *,
-                 betas: tuple[float, float], momentum: float = 0.95, momentum_warmup_steps: int = 0,
-                 fused: bool = False, ns_dtype: torch.dtype | None = None, **muon_options: Any) -> None:
+                 betas: tuple[float, float], momentum: float = 0.95, fused: bool = False,
+                 ns_dtype: torch.dtype | None = None) -> None:
         if not any(group["params"] for group in muon_groups):
             raise ValueError("no hidden weight matrices for Muon")
         self.muon = Muon(muon_groups, lr=muon_groups[0]["lr"], weight_decay=0.0, momentum=momentum,
-                         adjust_lr_fn="match_rms_adamw", ns_dtype=ns_dtype, **muon_options)
+                         adjust_lr_fn="match_rms_adamw", ns_dtype=ns_dtype)
         self.adamw = torch.optim.AdamW(adamw_groups, betas=betas, fused=fused or None)
         super().__init__([p for group in muon_groups + adamw_groups for p in group["params"]], {})
         # the inner optimizers' own dicts: an LR scheduler or clipping that edits these edits theirs
         self.param_groups = self.muon.param_groups + self.adamw.param_groups
-        self.momentum, self.momentum_warmup_steps, self.steps = momentum, momentum_warmup_steps, 0
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         loss = closure() if closure is not None else None
-        if self.momentum_warmup_steps:
-            done = min(self.steps / self.momentum_warmup_steps, 1.0)
-            for group in self.muon.param_groups:
-                group["momentum"] = 0.85 + done * (self.momentum - 0.85)
         self.muon.step()
         self.adamw.step()
-        self.steps += 1
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -206,10 +175,9 @@ class MuonAdamW(torch.optim.Optimizer):
         self.adamw.zero_grad(set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict(), "steps": self.steps}
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.muon.load_state_dict(state_dict["muon"])
         self.adamw.load_state_dict(state_dict["adamw"])
         self.param_groups = self.muon.param_groups + self.adamw.param_groups
-        self.steps = state_dict.get("steps", 0)  # checkpoints from before the count

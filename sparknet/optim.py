@@ -37,39 +37,23 @@ def _adamw(trainer: Any, model: Any) -> torch.optim.Optimizer:
     return Trainer.create_optimizer(trainer, model)
 
 
-def _muon(trainer: Any, model: Any, muon_weight_decay: float = 0.0, head_scale: float = 1.0,
-          warmup_share: float = 0.0, **options: Any) -> torch.optim.Optimizer:
+def _muon(trainer: Any, model: Any) -> torch.optim.Optimizer:
     """Muon (MUON_LEARNING_RATE, no weight decay) for the hidden weight matrices, AdamW for the rest
-    (sparknet.muon), the input embedding at EMBEDDING_LEARNING_RATE; `options` are MuonAdamW's."""
+    (sparknet.muon), the input embedding at EMBEDDING_LEARNING_RATE."""
     from sparknet.muon import MuonAdamW, parameter_groups
 
     args, settings = trainer.args, trainer.settings
     muon, adamw = parameter_groups(model, lr=args.learning_rate, muon_lr=settings.muon_learning_rate,
-                                   weight_decay=args.weight_decay, embedding_lr=settings.embedding_learning_rate,
-                                   head_lr=args.learning_rate * head_scale)
-    muon[0]["weight_decay"] = muon_weight_decay
-    return MuonAdamW(muon, adamw, betas=(args.adam_beta1, args.adam_beta2), fused=args.device.type == "cuda",
-                     momentum_warmup_steps=round(warmup_share * args.max_steps), **options)
+                                   weight_decay=args.weight_decay, embedding_lr=settings.embedding_learning_rate)
+    return MuonAdamW(muon, adamw, betas=(args.adam_beta1, args.adam_beta2), fused=args.device.type == "cuda")
 
 
 MUON_WHY_NOT_FSDP = "Muon orthogonalises each whole weight matrix, and FSDP gives each process a shard of it"
 MUON_SETTINGS = ("muon_learning_rate", "embedding_learning_rate")
 
 
-def _screen(doc: str, **options: Any) -> OptimizerChoice:
-    """A screening variant of Muon for bench/recipe.py (removed again unless it wins)."""
-    return OptimizerChoice(doc, lambda trainer, model: _muon(trainer, model, **options),
-                           not_under_fsdp=MUON_WHY_NOT_FSDP, settings=MUON_SETTINGS)
-
-
 OPTIMIZERS: dict[str, OptimizerChoice] = {
     "adamw": OptimizerChoice("AdamW, no weight decay on biases and norms (fused on CUDA)", _adamw),
     "muon": OptimizerChoice("Muon for the hidden weight matrices, AdamW for the rest", _muon,
                             not_under_fsdp=MUON_WHY_NOT_FSDP, settings=MUON_SETTINGS),
-    "screen-muon-momentum-warmup": _screen("Muon, momentum 0.85 -> 0.95 over the first 20% of steps",
-                                           warmup_share=0.2),
-    "screen-muon-cautious-wd": _screen("Muon with cautious weight decay 1.0 (x LR)", muon_weight_decay=1.0,
-                                       cautious=True),
-    "screen-normuon": _screen("NorMuon (beta2 0.95)", normuon_beta2=0.95),
-    "screen-muon-head-half": _screen("Muon, the output layer's AdamW LR x0.5", head_scale=0.5),
 }

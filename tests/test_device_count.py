@@ -206,6 +206,26 @@ def test_a_run_folder_in_another_format_is_refused_in_one_line_and_left_as_it_is
     assert json.loads((run_dir / RUN_CONFIG).read_text()) == old  # the refused attempt wrote nothing
 
 
+def test_a_retired_setting_left_off_resumes_and_one_turned_on_is_refused(tmp_path: Path) -> None:
+    """A run recorded when DOCUMENT_MASKING existed resumes when it was off (the same run without the setting);
+    one that trained with it on is refused as changed, since it cannot be continued as it was."""
+    from sparknet.errors import UserError
+    from sparknet.run_files import RUN_CONFIG
+    from sparknet.train.folders import RUN_FORMAT, open_run
+
+    run_dir = tmp_path / "ckpt" / "run"
+    run_dir.mkdir(parents=True)
+    today = {"model_preset": "sparknet-tiny", "global_batch_size": 16, "data": "packed"}
+    for masking in (False, True):
+        (run_dir / RUN_CONFIG).write_text(json.dumps({"format_version": RUN_FORMAT, **today,
+                                                      "document_masking": masking}))
+        if masking:
+            with pytest.raises(UserError, match="DOCUMENT_MASKING: true -> null"):
+                open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), today, False, True)
+        else:
+            assert open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), today, False, True).resume is None
+
+
 def test_a_stream_run_folder_in_another_format_is_refused_before_its_hold_out(corpus_config: Path,
                                                                              tokenizer_dir: Path,
                                                                              tmp_path: Path) -> None:

@@ -51,7 +51,6 @@ from sparknet.tokenizer import portable_config
 from sparknet.train.batch import BatchPlan, TokenCount, budget, check_enough_blocks, plan_batch
 from sparknet.train.callbacks import MetricsCallback, MetricsSpec, SamplingCallback
 from sparknet.train.data_plan import DataPlan
-from sparknet.train.document_mask import DocumentCollator
 from sparknet.train.folders import EVAL_START, RunFolder, checkpoint_context, latest_complete_checkpoint, open_run
 from sparknet.train.fused_loss import fuse_head
 from sparknet.train.hf_trainer import SparkTrainer, check_launch, compiles, training_arguments
@@ -278,9 +277,8 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
               if main_process else NullWriter())
     batch_log = run.run_dir / (BATCH_LOG if main_process else f"batches.rank{process_rank()}.jsonl")
     # default_data_collator only stacks the fixed-size blocks: nothing is padded, so nothing is masked as padding
-    collator = DocumentCollator(tokenizer.eos_token_id) if s.document_masking else default_data_collator
     trainer = SparkTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval_dataset(),
-                           processing_class=tokenizer, data_collator=collator, nonfinite=s.nonfinite,
+                           processing_class=tokenizer, data_collator=default_data_collator, nonfinite=s.nonfinite,
                            batch_log=batch_log if s.record_batches else None,
                            settings=s,
                            global_batch=batch.global_batch, phase_steps=phase_steps,

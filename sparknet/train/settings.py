@@ -54,7 +54,6 @@ class TrainSettings:
     adam_betas: tuple[float, float] = setting()
     max_grad_norm: float = setting()
     dropout: float = setting()
-    document_masking: bool = setting()
     eval_steps: int = setting(identity=False)
     save_steps: int = setting(identity=False)
     save_total_limit: int = setting(identity=False)
