@@ -372,6 +372,10 @@ def test_a_checkpoint_rotated_away_is_a_missing_folder_never_a_hub_id(random_mod
     with pytest.raises(UserError, match="checkpoint-40 no longer exists|not found"):
         resolve_model(relative)
     assert resolve_model("openai-community/gpt2").folder is None  # a Hub id stays one
+    typo = tmp_path / "checkpoint" / "run" / "checkpoint-40"  # no run folder at all: a typo, never "rotated away"
+    with pytest.raises(UserError, match=r"checkpoint-40 not found, nor its run folder .*checkpoint/run: pass") as exc:
+        resolve_model(str(typo))
+    assert "no longer exists" not in str(exc.value)
     proc = run_script("eval_perplexity.py", "--models", json.dumps([str(run / "checkpoint-40")]), "--data",
                       "x.jsonl", "--eval_dir", tmp_path / "eval")
     lines = proc.stderr.strip().splitlines()

@@ -51,6 +51,9 @@ def _gone(folder: Path) -> str:
     """A local model folder that is not there: for a checkpoint-N, most likely removed by its run's rotation."""
     if checkpoint_step(folder) is None:
         return f"{folder} no longer exists: evaluate another model folder"
+    if not folder.parent.is_dir():  # no run folder either: a mistyped path, not a rotated checkpoint
+        return (f"{folder} not found, nor its run folder {folder.parent}: pass checkpoints/RUN_NAME of a run, a "
+                "checkpoint-N inside it, or a Hub id")
     newer = checkpoints_by_step(folder.parent)
     held = f"; {folder.parent.name} holds {', '.join(p.name for p in newer[-3:])}" if newer else ""
     return (f"{folder} no longer exists (a running training's SAVE_TOTAL_LIMIT removes old checkpoints{held}): "
