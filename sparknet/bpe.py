@@ -50,7 +50,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
 
 
 def bytes_per_token(tok: Any, texts: list[str]) -> float | None:
-    """UTF-8 bytes per token over `texts` (higher is better compression); None without text."""
+    """UTF-8 bytes per token over `texts` (higher is better compression); None without text. `tok`: `train_bpe`'s,
+    which encodes special-token text as text (sparknet.tokenizer's rule)."""
     if not texts:
         return None
     n_tokens = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
@@ -107,7 +108,7 @@ def _train_into(config: MixConfig, out_dir: Path, *, vocab_size: int, max_bytes:
     tmp = out_dir.with_name(f".{out_dir.name}.building")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save(wrap(tok, config.context_length), tmp)
+    save(wrap(tok, config.context_length), tmp)  # its eos string encodes as the eos id for plain AutoTokenizer users
     report = {
         "config": config.path,
         "mix": config.to_dict()["mix"],

@@ -21,7 +21,8 @@ def continuations(model: Any, tokenizer: Any, prompt: str, *, skip_special_token
     from sparknet.model import model_context
 
     device = next(model.parameters()).device
-    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    # a literal "<|endoftext|>" in a prompt is text, as in training (sparknet.tokenizer's rule), whatever the tokenizer
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False, split_special_tokens=True)["input_ids"]
     if ids.shape[1] == 0:
         ids = torch.tensor([[tokenizer.eos_token_id]])
     context, new = model_context(model), int(options.get("max_new_tokens", 0))

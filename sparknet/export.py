@@ -221,7 +221,8 @@ def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict
                                       ["preset", metadata.get("model", {}).get("name") or "-"]]),
             "## Tokenizer", "",
             f"Byte-level BPE, vocabulary {config.vocab_size}, `<|endoftext|>` as bos/eos/pad "
-            f"(trained: `{card_path(metadata.get('tokenizer', {}).get('path', '-'))}`).", ""]
+            f"(trained: `{card_path(metadata.get('tokenizer', {}).get('path', '-'))}`). {_end_of_text_text(metadata)}",
+            ""]
     body += _training_section(metadata, settings, metrics)
     body += _results_section(perplexity, benchmarks, has_image)
     body += _usage_section(repo_id, local_path)
@@ -233,6 +234,16 @@ def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict
              "meaningless text, has no instruction tuning or safety training, and reflects the biases of its "
              "training data. For research and education, not for decisions or facts.", ""]
     return f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body)
+
+
+def _end_of_text_text(metadata: dict[str, Any]) -> str:
+    """How `<|endoftext|>` was and is encoded (sparknet.tokenizer's rule): training's literal as text, the user's
+    `tokenizer.eos_token` as the eos id."""
+    trained = ("In training, a literal `<|endoftext|>` inside a document was text, encoded as its characters; only the "
+               "end of text SparkNet appended after each document was the eos id. ") if metadata else ""
+    return (f"{trained}This tokenizer encodes `tokenizer.eos_token` in your text as the eos id, as GPT-2's does: "
+            "`tokenizer(text + tokenizer.eos_token)` ends with the end of text (load it with "
+            "`split_special_tokens=True` to encode a literal as text instead).")
 
 
 def _usage_section(repo_id: str, local_path: tuple[str, str]) -> list[str]:

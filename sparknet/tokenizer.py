@@ -5,13 +5,17 @@ sparknet.bpe).
 SparkNet's tokenizer is GPT-2's kind: `<|endoftext|>` is a real special token (never the empty string, never
 padding) used as bos, eos and unk.
 
-One rule for special-token text inside a document (a literal "<|endoftext|>" in a web page or a code file): it is
-text, encoded as its characters are, everywhere. Only the eos SparkNet appends separates documents. The tokenizer
-trains on it as text (sparknet.bpe `train_bpe`), the build and the stream encode it as text (data/encoding/packer.py's
-DocumentEncoder), every tokenizer SparkNet loads does (`load_tokenizer`: evaluation, generation, the trainer's
-samples), and every tokenizer folder it writes says so (`split_special_tokens` in tokenizer_config.json, read by
-`AutoTokenizer`: the exported model's users encode it the same way). Encoded as the eos id, a literal would end a
-document where the text goes on, and evaluation would score other tokens than training saw.
+Special-token text inside a document (a literal "<|endoftext|>" in a web page or a code file) is text to SparkNet,
+encoded as its characters are, everywhere SparkNet encodes a document: only the eos SparkNet appends separates
+documents. The tokenizer trains on it as text (sparknet.bpe `train_bpe`), the build and the stream encode it as
+text (data/encoding/packer.py's DocumentEncoder), and so does every tokenizer SparkNet loads (`load_tokenizer`, which
+asks for it explicitly: evaluation, generation, the trainer's samples, the benchmarks). Encoded as the eos id, a
+literal would end a document where the text goes on, and evaluation would score other tokens than training saw.
+
+The folders SparkNet writes (the tokenizer's, the run folder and its checkpoints, the export) do not carry that rule
+(no `split_special_tokens` in tokenizer_config.json): loaded with plain `AutoTokenizer`, their `eos_token` string
+encodes as the eos id, as in every GPT-2-kind tokenizer, so `tokenizer(text + tokenizer.eos_token)` ends a
+fine-tuning document with an end of text. SparkNet's own encoding never reads the flag from a folder.
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ def wrap(tok: Any, context_length: int) -> Any:
         unk_token=EOT,
         model_max_length=context_length,
         clean_up_tokenization_spaces=False,
-        split_special_tokens=True,  # special-token text in a document is text (the module's rule)
+        # not split_special_tokens: the saved folder encodes its eos string as the eos id (the module's rule);
+        # SparkNet's own encoding asks for text explicitly (`load_tokenizer`, the raw backend's encode_special_tokens)
     )
 
 
@@ -64,14 +69,14 @@ def save(fast: Any, out_dir: Path) -> None:
 
 
 def portable_config(out_dir: Path) -> None:
-    """The saved tokenizer_config.json with a class every transformers version can load, special-token text in a
-    document encoded as text (`split_special_tokens`, the module's rule: the exported model's users encode as
-    training did), and nothing about how this copy was loaded (for a tokenizer saved by someone else, e.g. the
-    Trainer)."""
+    """The saved tokenizer_config.json with a class every transformers version can load, no `split_special_tokens`
+    (the module's rule: loaded with plain `AutoTokenizer`, the folder encodes `tokenizer.eos_token` in text as the eos
+    id, as every GPT-2-kind tokenizer does; a tokenizer loaded by `load_tokenizer` would save it as true), and nothing
+    about how this copy was loaded (for a tokenizer saved by someone else, e.g. the Trainer)."""
     cfg_path = out_dir / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["tokenizer_class"] = TOKENIZER_CLASS
-    cfg["split_special_tokens"] = True
+    cfg.pop("split_special_tokens", None)
     for key in LOADER_KEYS:  # how this copy was loaded, not what the tokenizer is: wrong for whoever downloads it
         cfg.pop(key, None)
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
@@ -102,7 +107,9 @@ def load_tokenizer(name_or_path: str) -> Any:
     else:
         source = name_or_path
     try:
-        with _quiet_hub_retries():  # special-token text in a document is text (the module's rule), any tokenizer
+        # special-token text in a document is text (the module's rule), for any tokenizer, whatever its folder's
+        # tokenizer_config.json says (SparkNet's own folders say nothing: their users' eos string is the eos id)
+        with _quiet_hub_retries():
             tok = AutoTokenizer.from_pretrained(source, split_special_tokens=True)
     except Exception as exc:  # reported against the user's value with the library's reason
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -17,6 +17,7 @@ from sparknet.eval.benchmarks import save_results
 from sparknet.eval.reports import merge_json
 from sparknet.eval.results import perplexity_setting
 from sparknet.testing.hub_server import HubServer
+from sparknet.tokenizer import EOT
 from tests.helpers import run_script
 
 METADATA = {
@@ -62,9 +63,27 @@ def test_export_folder_and_card(run: tuple[Path, Path]) -> None:
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "generation_config.json", "loss.png",
                                                       "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     AutoModelForCausalLM.from_pretrained(str(out))
-    assert AutoTokenizer.from_pretrained(str(out)).pad_token == "<|endoftext|>"
-    # nothing about how this machine loaded it (a downloader would inherit local_files_only)
-    assert not {"is_local", "local_files_only"} & set(json.loads((out / "tokenizer_config.json").read_text()))
+    tok = AutoTokenizer.from_pretrained(str(out))
+    assert tok.pad_token == "<|endoftext|>"
+    # the fine-tuning idiom: a user's document ended with the eos string ends with the eos id, as with GPT-2's
+    assert tok("hello" + tok.eos_token)["input_ids"][-1] == tok.eos_token_id
+    assert tok(["a", "b" + tok.eos_token])["input_ids"][1][-1] == tok.eos_token_id
+    # SparkNet's own encoding of the same folder keeps a literal inside a document text, as training did: the
+    # loader (evaluation, generation) and the packer (the build, the stream)
+    import numpy as np
+
+    from sparknet.data.encoding.packer import DocumentEncoder
+    from sparknet.tokenizer import load_tokenizer
+
+    document = f"a literal {EOT} inside a document"
+    ours = load_tokenizer(str(out))
+    assert ours.eos_token_id == tok.eos_token_id and ours.eos_token_id not in ours.encode(document)
+    flat, lengths = DocumentEncoder((out / "tokenizer.json").read_text(), tok.eos_token_id, np.uint16)([document])
+    assert flat.tolist() == [*ours.encode(document), tok.eos_token_id] and lengths.tolist() == [len(flat)]
+    # nothing about how this machine loaded it (a downloader would inherit local_files_only), and no flag that
+    # would make the eos string text for its users
+    saved = json.loads((out / "tokenizer_config.json").read_text())
+    assert not {"is_local", "local_files_only", "split_special_tokens"} & set(saved)
     card = ModelCard.load(out / "README.md")
     data = card.data.to_dict()
     assert data["license"] == "apache-2.0" and data["language"] == ["en"]
@@ -74,7 +93,10 @@ def test_export_folder_and_card(run: tuple[Path, Path]) -> None:
     assert (result.dataset_name, result.metric_type, result.metric_value) == ("arc_easy", "acc", 0.41)
     for fact in ("70,123", "70.12%", "501,760", "| learning_rate | 0.002 |", "1.8892", "33.1000",
                  "![loss curve](loss.png)", "AutoModelForCausalLM.from_pretrained", 'pipeline("text-generation"',
-                 "## Limitations", "arc_easy"):
+                 "## Limitations", "arc_easy",
+                 # how a literal in a training document was treated, and what the user's eos string encodes as
+                 f"a literal `{EOT}` inside a document was text, encoded as its characters",
+                 "encodes `tokenizer.eos_token` in your text as the eos id"):
         assert fact in card.text, fact
     from sparknet.export import export_model
 

@@ -40,14 +40,19 @@ def test_loads_offline_with_autotokenizer(tokenizer_dir: Path) -> None:
     assert len(tok) == 1024 and tok.model_max_length == 128
     assert tok.eos_token == tok.bos_token == EOT and tok.eos_token_id == tok.bos_token_id
     assert tok.pad_token is None  # nothing is ever padded, so the end-of-text token is never masked as padding
-    # the token is there, and text that spells it is text (sparknet.tokenizer's rule: only SparkNet's eos separates)
-    assert tok.convert_tokens_to_ids(EOT) == tok.eos_token_id and tok.eos_token_id not in tok.encode(EOT)
+    # the token is there; plain AutoTokenizer encodes its eos string as the eos id, as GPT-2's on the Hub does (the
+    # fine-tuning idiom `text + eos_token`), while SparkNet's loader keeps text that spells it text
+    # (sparknet.tokenizer's rule: only SparkNet's eos separates documents)
+    assert tok.convert_tokens_to_ids(EOT) == tok.eos_token_id
+    assert tok("hello" + tok.eos_token)["input_ids"][-1] == tok.eos_token_id
+    assert tok(f"a {EOT} b")["input_ids"].count(tok.eos_token_id) == 1
+    ours = load_tokenizer(str(tokenizer_dir))
+    assert ours.eos_token_id not in ours.encode(f"a {EOT} b") and ours.eos_token_id not in ours.encode(EOT)
+    assert ours.decode(ours.encode(f"a {EOT} b")) == f"a {EOT} b"
     added = json.loads((tokenizer_dir / "tokenizer.json").read_text())["added_tokens"]
     assert [(t["content"], t["special"]) for t in added] == [(EOT, True)]
-    assert (
-        json.loads((tokenizer_dir / "tokenizer_config.json").read_text())["tokenizer_class"]
-        == "PreTrainedTokenizerFast"
-    )
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and "split_special_tokens" not in config
 
 
 def test_every_byte_is_in_the_vocabulary() -> None:
@@ -387,7 +392,8 @@ def test_special_token_text_in_a_document_is_text_in_every_stage_and_the_counts_
     documents with the HF tokenizer, which made each literal the eos id (2,886 tokens scored where the build's
     encoding gives 2,988). One rule, text, everywhere: the tokenizer trains on it as text, the build and the stream
     encode it as text, and so do evaluation (of the files, and of the packed split decoded and encoded again: the
-    script), generation (any tokenizer SparkNet loads) and the exported model's tokenizer; the token counts agree."""
+    script) and generation (any tokenizer SparkNet loads, the export's included); the token counts agree. The
+    folders loaded with plain AutoTokenizer encode it as the eos id, as GPT-2's does (the users' `text + eos_token`)."""
     import random
 
     import numpy as np
@@ -424,11 +430,16 @@ def test_special_token_text_in_a_document_is_text_in_every_stage_and_the_counts_
     flat, lengths = encoder(held)
     assert (flat == hf.eos_token_id).sum() == len(held)  # the build's encoding: one eos per document, no more
     expected = [flat[end - length:end - 1].tolist() for end, length in zip(np.cumsum(lengths), lengths, strict=True)]
-    # the tokenizer folder, any tokenizer SparkNet loads (evaluation, generation) and the export encode alike
+    # any tokenizer SparkNet loads (evaluation, generation), of the tokenizer folder or the export, encodes alike
     model = random_run_folder(tokenizer, tmp_path / "checkpoints" / "rand")
     export_model(str(model), tmp_path / "exported", eval_root=str(tmp_path / "eval"))
-    for loaded in (hf, load_tokenizer(str(tokenizer)), AutoTokenizer.from_pretrained(str(tmp_path / "exported"))):
+    for loaded in (load_tokenizer(str(tokenizer)), load_tokenizer(str(tmp_path / "exported")),
+                   AutoTokenizer.from_pretrained(str(tmp_path / "exported"), split_special_tokens=True)):
         assert loaded(held, add_special_tokens=False)["input_ids"] == expected
+    # the folders themselves, loaded plainly, encode the eos string as the eos id (a user's `text + eos_token`)
+    for folder in (tokenizer, tmp_path / "exported"):
+        plain = AutoTokenizer.from_pretrained(str(folder))
+        assert plain(held[1], add_special_tokens=False)["input_ids"].count(plain.eos_token_id) == 1
 
     # evaluation scores what the build encoded: the files, and (the script) the packed split decoded and encoded
     (row,) = evaluate_perplexity([str(model)], DataRequest(str(write_jsonl(tmp_path / "held.jsonl", held))),

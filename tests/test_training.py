@@ -81,6 +81,13 @@ def test_export_loads_with_automodel_and_matches_logits(finished) -> None:
     assert tok.pad_token == tok.eos_token == "<|endoftext|>" and model.config.pad_token_id == tok.eos_token_id
     saved = json.loads((result.run_dir / "tokenizer_config.json").read_text())
     assert saved["tokenizer_class"] == "PreTrainedTokenizerFast" and "local_files_only" not in saved
+    # the run folder and its checkpoints encode the eos string as the eos id for plain AutoTokenizer, as the export
+    # does (sparknet.tokenizer's rule: the flag the trainer's in-memory tokenizer carries is not saved)
+    checkpoints = sorted(result.run_dir.glob("checkpoint-*"))
+    assert checkpoints
+    for folder in (result.run_dir, *checkpoints):
+        assert "split_special_tokens" not in json.loads((folder / "tokenizer_config.json").read_text()), folder
+    assert tok("def main():" + tok.eos_token)["input_ids"][-1] == tok.eos_token_id
     tok.padding_side = "left"
     batch = tok(["def main():\n    return", "The"], return_tensors="pt", padding=True)
     out = model.generate(**batch, max_new_tokens=4, do_sample=False)

@@ -104,6 +104,8 @@ class PeriodicBenchmark(TrainerCallback):
         was_training = model.training
         try:
             with rng_kept():
+                # the run's tokenizer as `load_tokenizer` loaded it: a literal "<|endoftext|>" in a task's text is
+                # text, as in training (sparknet.tokenizer's rule)
                 self.last = run_benchmarks(model, self.tokenizer, self.tasks, self._suite,
                                            limit=self.limit or None, device=str(next(model.parameters()).device))
         finally:

@@ -16,6 +16,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from sparknet.runtime import follow_umask, quiet_closed_terminal
+from sparknet.tokenizer import portable_config
 from sparknet.train.folders import mark_complete
 
 log = logging.getLogger("sparknet.train")
@@ -117,6 +118,8 @@ class SafetyCallback(TrainerCallback):
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if folder.is_dir():
                 follow_umask(folder)  # safetensors writes 0600; before the marker, which vouches for the files
+                if (folder / "tokenizer_config.json").is_file():  # as the run folder's (sparknet.tokenizer's rule)
+                    portable_config(folder)
                 mark_complete(folder, state.global_step)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:

@@ -335,7 +335,9 @@ def _tokens_per_document(source: dict[str, Any], source_spec: Any, spec: StreamS
     texts = list(itertools.islice(iter_texts(source_spec, lambda: tokenizer), TOKENS_SAMPLE_ROWS))
     if not texts:
         return None
-    encoded = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+    backend = tokenizer.backend_tokenizer
+    backend.encode_special_tokens = True  # a literal "<|endoftext|>" is text, as the stream's DocumentEncoder has it
+    encoded = backend.encode_batch(texts, add_special_tokens=False)
     return sum(len(e.ids) + 1 for e in encoded) / len(texts)
 
 
