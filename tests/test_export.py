@@ -175,7 +175,12 @@ def test_an_interrupted_overwrite_leaves_the_old_export_whole(run: tuple[Path, P
                 raise KeyboardInterrupt
             os.replace(src, dst)
 
+    def exchange_killed(a: Path, b: Path) -> bool:  # the atomic swap (Linux): killed before it as well
+        KilledAtTheOldFolder().replace(a, b)
+        return False
+
     monkeypatch.setattr(runtime_module, "os", KilledAtTheOldFolder())
+    monkeypatch.setattr(runtime_module, "_exchange", exchange_killed)
     with pytest.raises(KeyboardInterrupt):
         export_module.export_model(str(folder), out, eval_root=str(tmp / "eval"), overwrite=True,
                                    repo_id="someone/renamed")
