@@ -43,6 +43,7 @@ def main() -> None:
     )
     from sparknet.eval.results import check_benchmarks
     from sparknet.harness import run_benchmarks, write_offline_suite
+    from sparknet.tokenizer import load_tokenizer
 
     for ref in refs:
         check_loadable(ref)
@@ -52,7 +53,9 @@ def main() -> None:
         include = write_offline_suite(load_documents(SUITE_DATA), runtime.project_path(SUITE_DIR), SUITE_ITEMS, SEED)
     results = []
     for ref in refs:
-        scores = run_benchmarks(ref.source, tokenizer_source(ref), TASKS, include, limit=LIMIT or None,
+        # loaded by SparkNet, not by lm-eval from the folder: special-token text in a task's text is text, as in
+        # training (sparknet.tokenizer's rule; the folder's own config encodes it as the eos id, as users expect)
+        scores = run_benchmarks(ref.source, load_tokenizer(tokenizer_source(ref)), TASKS, include, limit=LIMIT or None,
                                 batch_size=BATCH_SIZE, num_fewshot=NUM_FEWSHOT)
         results.append(scores)
         done = [r.spec for r in refs[:len(results)]]

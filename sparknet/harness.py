@@ -63,8 +63,10 @@ def run_benchmarks(model_source: Any, tokenizer_source: Any, tasks: list[str], i
                    limit: int | None = None, batch_size: int = 8, num_fewshot: int | None = None,
                    device: str | None = None) -> dict[str, dict[str, float]]:
     """{task: {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "items", "shots"}} of one model (items: those
-    scored, after `limit`): a folder or Hub id with its tokenizer's (loaded with `load_tokenizer`), or a model and
-    tokenizer in memory (the trainer's periodic benchmark). Unknown task names and Hub tasks offline are UserErrors."""
+    scored, after `limit`): a folder or Hub id with its tokenizer in memory (eval_benchmarks.py loads it with
+    `load_tokenizer`, so special-token text in a task is text, as in training; harness sits below the tokenizer
+    floor), or a model and tokenizer in memory (the trainer's periodic benchmark). Unknown task names and Hub tasks
+    offline are UserErrors."""
     import datasets
     import lm_eval.api.model
     import lm_eval.api.task
@@ -87,12 +89,6 @@ def run_benchmarks(model_source: Any, tokenizer_source: Any, tasks: list[str], i
     unknown = [task for task in tasks if task not in manager.all_tasks]
     if unknown:
         raise UserError(f"unknown task(s) {', '.join(unknown)}: see `lm-eval ls tasks`, or {SUITE_TASK} (offline)")
-    if isinstance(tokenizer_source, str):
-        from sparknet.tokenizer import load_tokenizer
-
-        # loaded by SparkNet, not by lm-eval from the folder: special-token text in a task's text is text, as in
-        # training (sparknet.tokenizer's rule; the folder's own config would encode it as the eos id)
-        tokenizer_source = load_tokenizer(tokenizer_source)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
     try:
