@@ -526,3 +526,30 @@ def test_a_streamed_run_in_phases_resumes_exactly_across_the_boundary(setup: dic
                                                              setup["tokenizer"], **settings))
         out = finish(proc)
         assert proc.returncode == 1 and "Traceback" not in out and "phases" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_a_stopped_streamed_run_in_phases_continued_with_more_steps_is_refused_before_anything_is_written(
+        setup: dict[str, Path], tmp_path: Path) -> None:
+    """A streamed run in phases of 20 steps killed at step 8, continued with MAX_STEPS 40 and ALLOW_CONFIG_CHANGE: its
+    phases' ends move with the budget and are part of the stream's position, so it is refused in one line naming
+    the MAX_STEPS that continues it, before anything is written (it was found only on loading the position, after
+    run_config.json took the new budget: the original command was then refused as changed settings). The original
+    command still resumes."""
+    args = stream_args(tmp_path, setup["config"], setup["tokenizer"], global_batch_size=4, batch_size=4, eval_steps=4,
+                       save_steps=4, sample_steps=0, target_tokens="None")
+    run_dir = tmp_path / "ckpt" / "run"
+    proc = start_script("train_sparknet.py", [*args, "--max_steps", 20])
+    wait_for(run_dir / "checkpoint-8" / ".complete", proc)
+    proc.kill()
+    proc.communicate()
+    before = {path: path.read_bytes() for path in sorted(tmp_path.rglob("*")) if path.is_file()}
+    refused = run_script("train_sparknet.py", *args, "--max_steps", 40, "--allow_config_change", "true")
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr and len(errors) == 1, refused.stderr[-3000:]
+    assert "is in phases" in errors[0] and "phase_end_blocks: [60, 80] -> [120, 160]" in errors[0], errors[0]
+    assert "Continue it with MAX_STEPS=20" in errors[0] and "start a new RUN_NAME" in errors[0], errors[0]
+    assert {path: path.read_bytes() for path in sorted(tmp_path.rglob("*")) if path.is_file()} == before
+    resumed = run_script("train_sparknet.py", *args, "--max_steps", 20)
+    assert resumed.returncode == 0 and f"resuming from {run_dir / 'checkpoint-8'}" in resumed.stderr, \
+        resumed.stderr[-3000:]

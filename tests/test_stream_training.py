@@ -352,3 +352,33 @@ def test_a_damaged_hold_out_file_is_held_out_again_on_resume_or_refused_in_one_l
     error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(error) == 1 and f"{run_dir / VAL_REPORT} is damaged" in error[0] and "another RUN_NAME" in error[0], \
         proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_stopped_streamed_run_continued_with_more_steps_trains_each_block_of_the_stream_once(
+        corpus_config: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
+    """A streamed run of 12 steps killed at step 11, inside its last window (the blocks 40-48 of windows of 20 blocks:
+    cut short where the run ended), continued with MAX_STEPS 20 and ALLOW_CONFIG_CHANGE, as the packed trainer
+    continues: the rest of that window is trained as it was shuffled, then the stream goes on, so the 20 steps
+    trained exactly the stream's first 80 blocks, each once (those of an uninterrupted run of 20 steps)."""
+    from collections import Counter
+
+    settings = dict(global_batch_size=4, batch_size=4, eval_steps=11, save_steps=11, logging_steps=1000,
+                    record_batches=True, num_workers=1, shuffle_window=20, target_tokens="None")
+    reference = run_script("train_sparknet.py", *stream_args(tmp_path / "a", corpus_config, tokenizer_dir,
+                                                             **settings, max_steps=20))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    run_dir = tmp_path / "b" / "ckpt" / "run"
+    kill_when(run_dir / "checkpoint-11" / ".complete",
+              _stream(stream_args(tmp_path / "b", corpus_config, tokenizer_dir, **settings, max_steps=12)))
+    proc = run_script("train_sparknet.py", *stream_args(tmp_path / "b", corpus_config, tokenizer_dir, **settings,
+                                                        max_steps=20, allow_config_change="true"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resuming from {run_dir / 'checkpoint-11'}" in proc.stderr
+    expected, got = read_steps(tmp_path / "a" / "ckpt" / "run" / "batches.jsonl"), read_steps(run_dir / "batches.jsonl")
+    assert sorted(got) == sorted(expected) == list(range(1, 21))
+    for step in range(1, 11):  # the windows the end did not cut: as the uninterrupted run's
+        assert got[step]["blocks"] == expected[step]["blocks"], step
+    trained = Counter(block for record in got.values() for block in record["blocks"])
+    assert trained == Counter(block for record in expected.values() for block in record["blocks"])
+    assert json.loads((run_dir / "training_metadata.json").read_text())["steps"] == 20

@@ -64,12 +64,14 @@ class StreamPlan(DataPlan):
     report: dict[str, Any]  # the validation hold-out's (train_sparknet's VAL_REPORT)
     commits: dict[str, str | None]
     write_hold_out: bool  # the run folder has no hold-out yet, or a damaged one held out again
+    run_dir: Path | None = None  # the run's folder: a position saved in it is checked against the plan
 
     def metadata(self) -> dict[str, Any]:
         stats = self.stream.stats()
         realised = {k: stats[k] for k in ("shares", "tokens", "documents", "validation_repeats_removed", "blocks",
                                           "restarts", "exhausted", "end")}
-        validation = {k: v for k, v in self.report.items() if k != "document_hashes"}  # thousands of hashes
+        # thousands of hashes and item starts: kept in the run folder's VAL_REPORT, not the metadata
+        validation = {k: v for k, v in self.report.items() if k not in ("document_hashes", "item_starts")}
         from sparknet.data.source.opening import text_column
 
         config = self.spec.config
@@ -91,7 +93,42 @@ class StreamPlan(DataPlan):
         per_step = batch.global_batch // batch.devices
         self.stream.plan(phase_ends=[end * per_step for end in ends] if ends is not None else None,
                          end_blocks=max_steps * per_step)
+        if self.run_dir is not None:
+            self._check_saved_position(self.run_dir, per_step)
         return ends
+
+    def _check_saved_position(self, run_dir: Path, per_step: int) -> None:
+        """Refuses, before the run folder is touched (its run_config.json is rewritten with the new settings), a
+        resume whose saved stream position is of other data settings than this plan's: found only on loading it,
+        the refusal would leave the run's original command refused as changed settings. More steps alone are no
+        change (the position holds its window's length: data/stream/token_stream.py); in a run in phases they move
+        the phases' ends, which are in the position (the mixer's phase and its counts since that phase began)."""
+        from sparknet.data.stream.token_stream import settings_changes
+        from sparknet.run_files import METADATA, checkpoints_by_step
+        from sparknet.runtime import process_rank
+        from sparknet.train.folders import incomplete
+
+        if (run_dir / METADATA).is_file():  # finished: open_run says so
+            return
+        complete = [path for path in checkpoints_by_step(run_dir) if incomplete(path) is None]
+        path = complete[-1] / STREAM_STATE.format(rank=process_rank()) if complete else None
+        try:
+            saved = json.loads(path.read_text())["settings"] if path is not None else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # a damaged position is refused where the resume reads it
+        changes = settings_changes(saved, self.stream.settings) if isinstance(saved, dict) else []
+        if not changes:
+            return
+        ends = saved.get("phase_end_blocks")
+        if ends and all(change.startswith("phase_end_blocks") for change in changes):
+            raise UserError(f"run {run_dir.name} is in phases, and continuing it with another budget moves their ends "
+                            f"(phase_end_blocks: {ends} -> {self.stream.settings['phase_end_blocks']}): the stream's "
+                            f"saved position ({path}) is laid out in the phases' blocks. Continue it with "
+                            f"MAX_STEPS={ends[-1] // per_step} (its budget), or start a new RUN_NAME (INIT_FROM="
+                            f"{path.parent} to start from its weights)")
+        raise UserError(f"run {run_dir.name}'s saved stream position ({path}) was taken with other data settings "
+                        f"({'; '.join(changes)}): the stream cannot continue from it with these. Continue the run "
+                        "with the settings it was started with, or start a new RUN_NAME")
 
     def prepare_run(self, run_dir: Path, resume: Path | None) -> None:
         """Writes the validation blocks into a new run folder (or over damaged ones); on resume, restores this rank's
@@ -143,6 +180,7 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
         report=report,
         commits=commits,
         write_hold_out=write_hold_out,
+        run_dir=run_dir,
         fixed_identity={"stream_processes": (world_size(), (
             "the stream's position is kept per process, each reading its own documents, so it resumes only on the "
             "same number of processes: run with that many (torchrun --nproc_per_node N), or start a new RUN_NAME "

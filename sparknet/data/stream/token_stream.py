@@ -12,10 +12,12 @@ optimizer steps of 16 blocks), while the packed trainer samples blocks from the 
 then sees two or three documents, and trained measurably worse (issue 40: eval loss 6.59 against 5.30 at equal
 tokens). So the blocks are taken `window_blocks` at a time and handed out in a seeded permutation of the window
 (seeded by the data seed, the rank and the window's first block): the position is the window's start and the index
-in it, and a resume makes the window again from its start. A window never reaches past a phase's end or the blocks
-the run will take (`plan`), so every step's blocks come from its phase and the run trains on exactly the first
-blocks of the stream. It costs `window_blocks` blocks of memory (block_size x 2-4 bytes each) and, at the start and
-after each resume, the time to make one window.
+in it and its length, and a resume makes the window again from its start. A window never reaches past a phase's end
+or the blocks the run will take (`plan`), so every step's blocks come from its phase and the run trains on exactly
+the first blocks of the stream. The window's length is part of the position, not of the settings: a run continued
+with more steps (ALLOW_CONFIG_CHANGE) makes its last window again as it was cut, at the old end, hands out the rest
+of it, and goes on with the next blocks, so that each block of the stream is trained once. It costs `window_blocks`
+blocks of memory (block_size x 2-4 bytes each) and, at the start and after each resume, the time to make one window.
 
 The position is the one thing written by hand here, because no library gives it for this pipeline: `datasets`
 saves a plain stream's position but not a shuffle buffer's, nor which encoded documents a mixer has used, nor a
@@ -33,7 +35,7 @@ import itertools
 import json
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -151,8 +153,7 @@ class TokenStream(torch.utils.data.IterableDataset):
     def _window_size(self, start: int) -> int:
         """Blocks in the window that starts after `start` blocks: `window_blocks`, less where a phase or the run
         ends sooner."""
-        ends = [end for end in (*(self.part.phase_ends or ()), self.part.end_blocks or 0) if end > start]
-        return min([self.part.window_blocks, *(end - start for end in ends)])
+        return window_size(start, self.part.window_blocks, self.part.phase_ends, self.part.end_blocks)
 
     @property
     def reads_hub(self) -> bool:
@@ -179,6 +180,8 @@ class TokenStream(torch.utils.data.IterableDataset):
         if self._window is not None:
             state = copy.deepcopy(self._window[0])
             state["window"] = {"start": state["blocks_yielded"], "index": self._window_index}
+            if self._window[1]:  # made: its length, which the plan's end may have cut (none handed out before)
+                state["window"]["size"] = len(self._window[1])
         elif self._pipeline is not None:
             state = self._pipeline.state_dict()
         elif self._state is not None:
@@ -195,11 +198,13 @@ class TokenStream(torch.utils.data.IterableDataset):
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise UserError(f"not a TokenStream state of format {STATE_FORMAT}: cannot resume the stream from it")
         saved = _plain(state.get("settings", {}))
-        if saved != self.settings:
-            changes = "; ".join(describe_changes(saved, self.settings))
+        # the blocks the run will take only cut its last window, whose length the position holds (`_windowed`):
+        # a run continued with more steps goes on from the same position
+        changes = "; ".join(settings_changes(saved, self.settings))
+        if changes:
             raise UserError(f"the saved stream position was taken with other data settings ({changes}): it cannot "
                             "be resumed with these; start a new run")
-        self._state = copy.deepcopy(state)
+        self._state = _windowed(copy.deepcopy(state), saved)
         self._replay = [np.asarray(block, dtype=self.dtype) for block in self._state.pop("replay", [])]
         self._given = int(self._state["blocks_yielded"])
         self._since_step = []
@@ -264,11 +269,39 @@ class TokenStream(torch.utils.data.IterableDataset):
         if window is not None:
             self._window_index = int(window["index"])
             start = self._pipeline.state_dict()
-            blocks = list(itertools.islice(self._pipeline.blocks(), self._window_size(int(window["start"]))))
+            blocks = list(itertools.islice(self._pipeline.blocks(), int(window["size"]) if "size" in window
+                                           else self._window_size(int(window["start"]))))
             order = np.random.default_rng([self.spec.seed, self.part.rank, int(window["start"])]) \
                 .permutation(len(blocks))
             self._window = (start, [blocks[i] for i in order])
         return self._pipeline
+
+
+def window_size(start: int, window_blocks: int, phase_ends: Sequence[int] | None, end_blocks: int | None) -> int:
+    """Blocks in the window that starts after `start` blocks: `window_blocks`, less where a phase or the run
+    (`end_blocks`) ends sooner."""
+    ends = [end for end in (*(phase_ends or ()), end_blocks or 0) if end > start]
+    return min([window_blocks, *(end - start for end in ends)])
+
+
+def settings_changes(saved: dict[str, Any], settings: dict[str, Any]) -> list[str]:
+    """What differs between the settings a position was saved with and `settings`, that the position cannot be
+    continued with: every setting but the blocks the run will take (`end_blocks`), which only cut its last window,
+    whose length the position holds."""
+    def without_end(values: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in _plain(values).items() if key != "end_blocks"}
+
+    return describe_changes(without_end(saved), without_end(settings))
+
+
+def _windowed(state: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+    """`state` with its window's length: a position saved before lengths were recorded has the one its own
+    settings' end gave it."""
+    window = state.get("window")
+    if window is not None and "size" not in window and int(window.get("index", 0)):
+        window["size"] = window_size(int(window["start"]), int(saved.get("window_blocks", 0)),
+                                     saved.get("phase_end_blocks"), saved.get("end_blocks"))
+    return state
 
 
 def _plain(data: Any) -> Any:
