@@ -163,6 +163,7 @@ def test_a_rate_limit_mid_run_is_retried_and_the_streamed_run_trains_the_same_bl
     assert sorted(got) == sorted(expected) == list(range(1, 121))
     for step in expected:
         assert got[step]["blocks"] == expected[step]["blocks"], step
+    assert "data/hub_retries" not in read_events(tmp_path / "a" / "logs" / "run")  # the local mix's run: none
     retries = read_events(tmp_path / "b" / "logs" / "run")["data/hub_retries"]
     assert [s for s, _ in retries] == list(range(10, 121, 10)), retries
     values = [v for _, v in retries]

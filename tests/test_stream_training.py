@@ -96,6 +96,7 @@ def test_a_streamed_run_reports_its_mix_to_tensorboard_and_the_metadata(corpus_c
     events = read_events(tmp_path / "logs" / "run")
     capacity = "data/capacity_tokens_per_second"
     assert {"data/share/prose", "data/share/code", capacity, "train/loss", "eval/loss"} <= set(events)
+    assert "data/hub_retries" not in events  # a local mix: no Hub read to retry (tests/test_hub_faults.py: a Hub one)
     assert all(v > 0 for _, v in events[capacity])
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -40,9 +41,19 @@ def test_tensorboard_tags_present_once_and_finite(finished) -> None:
     assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1  # one event stream
     events = read_events(log_dir)
     expected = {"train/loss", "train/perplexity", "train/learning_rate", "train/grad_norm", "perf/tokens_per_second",
-                "perf/examples_per_second", "perf/tokens_seen", "perf/mfu", "perf/device_memory_gb", "eval/loss",
-                "eval/perplexity", "eval/bits_per_byte"}
+                "perf/examples_per_second", "perf/tokens_seen", "perf/mfu", "eval/loss", "eval/perplexity",
+                "eval/bits_per_byte", "eval/bits_per_byte/prose", "eval/bits_per_byte/code"}
     assert expected <= set(events), expected - set(events)
+    # on a CPU there is no device memory: no figure that would be the process's instead; a packed run has no data/
+    assert "perf/device_memory_gb" not in events and not [tag for tag in events if tag.startswith("data/")], events
+    # the Custom Scalars tab: the loss first, then bits per byte, speed and LR, each chart on tags the run wrote
+    (categories, step), = _layout(log_dir)
+    assert step == 0 and [title for title, _ in categories] == ["Loss", "Bits per byte", "Speed", "Learning rate"]
+    shown = {title: sorted(tag for tag in events if any(re.match(regex, tag) for regex in regexes))
+             for title, regexes in categories}
+    assert shown == {"Loss": ["eval/loss", "train/loss"],
+                     "Bits per byte": ["eval/bits_per_byte", "eval/bits_per_byte/code", "eval/bits_per_byte/prose"],
+                     "Speed": ["perf/tokens_per_second"], "Learning rate": ["train/learning_rate"]}, shown
     samples = [tag for tag in events if tag.startswith("text:samples")]
     assert len(samples) == 1 and [s for s, _ in events[samples[0]]] == [8, 16, 24, 32, 40]
     for tag, points in events.items():
@@ -55,6 +66,24 @@ def test_tensorboard_tags_present_once_and_finite(finished) -> None:
     assert events["perf/tokens_seen"][-1] == (40, 40 * 4 * 128)
     assert events["eval/loss"][-1][1] < events["eval/loss"][0][1]  # it learns
     assert all(0 < v < 10 for _, v in events["eval/bits_per_byte"])
+
+
+def _layout(log_dir: Path) -> list[tuple[list[tuple[str, list[str]]], int]]:
+    """The Custom Scalars layouts a run's event files hold, as TensorBoard's plugin reads them: each one's categories
+    (title, the tag regexes of their charts) and its step."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    layouts = []
+    for path in sorted(log_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                if value.tag == "custom_scalars__config__":
+                    layout = layout_pb2.Layout.FromString(value.tensor.string_val[0])
+                    layouts.append(([(category.title, [regex for chart in category.chart
+                                                       for regex in chart.multiline.tag])
+                                     for category in layout.category], event.step))
+    return layouts
 
 
 def test_samples_written(finished) -> None:
@@ -195,6 +224,10 @@ def test_kill_then_resume_reproduces_lr_and_batch_order(tiny_dataset: Path, tmp_
     for tag in ("train/loss", "train/learning_rate", "train/grad_norm", "eval/loss"):
         assert [s for s, _ in events[tag]] == [s for s, _ in reference_events[tag]], tag
     assert [v for _, v in events["train/learning_rate"]] == [v for _, v in reference_events["train/learning_rate"]]
+    # the Custom Scalars layout once per run: the resume's event file adds none
+    log_dir = tmp_path / "b" / "logs" / "run"
+    assert len(list(log_dir.glob("events.out.tfevents.*"))) == 2 and _layout(log_dir) == _layout(
+        tmp_path / "a" / "logs" / "run") and len(_layout(log_dir)) == 1
 
 
 @pytest.mark.slow

@@ -35,11 +35,40 @@ TAG_DESCRIPTIONS = {
     "perf/examples_per_second": "Training blocks per second over all processes together (global).",
     "perf/mfu": "Model FLOPs utilisation of one device: FLOPs per token x global tokens/s / (peak FLOP/s x devices).",
     "perf/tokens_seen": "Training tokens consumed so far, all processes together.",
-    "perf/device_memory_gb": "Peak memory of the main process's device (GPU) or its resident memory (CPU), GiB.",
+    "perf/device_memory_gb": "Peak memory PyTorch allocated on the main process's GPU, GiB (GPU runs only: on a CPU "
+                             "there is no device memory apart from the machine's).",
     "data/capacity_tokens_per_second": "What the stream can supply (this process): tokens handed to the trainer per "
                                        "second spent producing them while it waited. A capacity, not the training "
                                        "rate: far above perf/tokens_per_second when data is not the bottleneck.",
 }
+
+
+# The Custom Scalars tab's charts (TensorBoard's Time Series tab sorts groups by name: data, eval, perf, train, so the
+# loss came last): what a user looks at first, in that order. Regexes that TensorBoard matches from a tag's start,
+# the same for every run, so that `tensorboard --logdir logs` merges the runs' layouts into one.
+LAYOUT = {
+    "Loss": {"train and eval loss": ["Multiline", ["^train/loss$", "^eval/loss$"]]},
+    "Bits per byte": {"eval bits per byte, all and per source": ["Multiline", ["^eval/bits_per_byte(/.*)?$"]]},
+    "Speed": {"training tokens per second (all processes)": ["Multiline", ["^perf/tokens_per_second$"]]},
+    "Learning rate": {"learning rate": ["Multiline", ["^train/learning_rate$"]]},
+}
+LAYOUT_TAG = "custom_scalars__config__"  # the tag TensorBoard's custom scalars plugin reads the layout from
+
+
+def has_layout(log_dir: Path) -> bool:
+    """Whether the run's first event file begins with the layout (sparknet.train.run writes it right after the file
+    is made, at a run's start, or at a resume of a run whose logs hold none): read from its first few records only,
+    so that a resume of a long run reads nothing else."""
+    import itertools
+
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    # the name holds the creation time in seconds: events.out.tfevents.<time>.<host>...
+    files = sorted(log_dir.glob("events.out.tfevents.*"), key=lambda path: (path.name.split(".")[3], path.name))
+    if not files:
+        return False
+    return any(value.tag == LAYOUT_TAG for event in itertools.islice(EventFileLoader(str(files[0])).Load(), 5)
+               for value in event.summary.value)
 
 
 def add_described_scalar(writer: Any, tag: str, value: float, step: int) -> bool:
@@ -220,8 +249,9 @@ class MetricsCallback(TrainerCallback):
             "train/perplexity": perplexity(loss),
             "train/learning_rate": float(logs.get("learning_rate", 0.0)),
             "perf/tokens_seen": float(state.global_step * self.spec.tokens_per_step),
-            "perf/device_memory_gb": self._memory_gb(),
         }
+        if self.spec.device_kind == "cuda":  # a CPU has no device memory of its own: the figure would be another
+            scalars["perf/device_memory_gb"] = self._memory_gb()
         if not warmup:
             scalars["perf/tokens_per_second"] = tokens_per_s
             scalars["perf/examples_per_second"] = tokens_per_s / self.spec.block_size
@@ -241,11 +271,7 @@ class MetricsCallback(TrainerCallback):
     def _memory_gb(self) -> float:
         import torch
 
-        if self.spec.device_kind == "cuda":
-            return torch.cuda.max_memory_allocated() / 2**30
-        import psutil
-
-        return psutil.Process().memory_info().rss / 2**30
+        return torch.cuda.max_memory_allocated() / 2**30
 
     def _write(self, scalars: dict[str, float], step: int) -> None:
         for tag, value in scalars.items():

@@ -49,7 +49,7 @@ from sparknet.runtime import (
 )
 from sparknet.tokenizer import portable_config
 from sparknet.train.batch import BatchPlan, TokenCount, budget, check_enough_blocks, plan_batch
-from sparknet.train.callbacks import MetricsCallback, MetricsSpec, SamplingCallback
+from sparknet.train.callbacks import LAYOUT, MetricsCallback, MetricsSpec, SamplingCallback, has_layout
 from sparknet.train.data_plan import DataPlan
 from sparknet.train.folders import EVAL_START, RunFolder, checkpoint_context, latest_complete_checkpoint, open_run
 from sparknet.train.fused_loss import fuse_head
@@ -273,8 +273,14 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     args = training_arguments(s, output_dir=run.run_dir, max_steps=max_steps, batch=batch, device=device,
                               fresh=run.resume is None, data_arguments=data.trainer_arguments, phase_steps=phase_steps)
     # purge what a killed attempt logged after its checkpoint: the resumed run writes those steps again
-    writer = (SummaryWriter(str(run.log_dir), purge_step=run.resume_step + 1 if run.resume else None)
-              if main_process else NullWriter())
+    if main_process:
+        logged_layout = has_layout(run.log_dir)  # before the writer makes its own event file
+        writer = SummaryWriter(str(run.log_dir), purge_step=run.resume_step + 1 if run.resume else None)
+        if not logged_layout:  # once per run, so that a resume adds no second one
+            writer.add_custom_scalars(LAYOUT)
+            writer.flush()
+    else:
+        writer = NullWriter()
     batch_log = run.run_dir / (BATCH_LOG if main_process else f"batches.rank{process_rank()}.jsonl")
     # default_data_collator only stacks the fixed-size blocks: nothing is padded, so nothing is masked as padding
     trainer = SparkTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval_dataset(),

@@ -391,7 +391,7 @@ class StreamCallback(TrainerCallback):
     stream's capacity over the window (`data/capacity_tokens_per_second`: tokens handed out per second spent
     producing them while the trainer waited; far above perf/tokens_per_second when data is not the bottleneck,
     described so in TensorBoard) and the share of the window's time the trainer waited for data
-    (`data/wait_fraction`), and the Hub reads retried so far (`data/hub_retries`)."""
+    (`data/wait_fraction`), and, where a source is on the Hub, the Hub reads retried so far (`data/hub_retries`)."""
 
     def __init__(self, *, stream: Any, writer: Any) -> None:
         self.stream, self.writer = stream, writer
@@ -442,6 +442,8 @@ class StreamCallback(TrainerCallback):
                 self.writer.add_scalar(tag, tokens / busy, state.global_step)
             self._described = True
         self.writer.add_scalar("data/wait_fraction", min(1.0, busy / max(wall, 1e-9)), state.global_step)
+        if not self.stream.reads_hub:  # a local mix has no Hub read to retry: no flat line of zeros
+            return
         from sparknet.data.source.hub_retries import hub_retries
 
         # Hub reads retried after a transient failure, since this process started (each one is also a log line)
