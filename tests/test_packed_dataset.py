@@ -653,3 +653,25 @@ def test_a_jsonl_line_that_is_not_an_object_stops_the_build_in_one_line(tokenize
     error = [str(caught.value)]
     assert "\n" not in error[0] and f"({data}): line 4 is \"just a string\", not a JSON object" in error[0], error
     assert "with its text in 'text'" in error[0]
+
+
+def test_a_source_that_runs_dry_in_a_build_says_so_as_the_build(corpus_dir: Path, tokenizer_dir: Path,
+                                                                tmp_path: Path) -> None:
+    """Through the script: a small code source runs dry in the train split. The warning is the build's (its logger
+    name, "the build's train split", the mix in manifest.json), not the stream's "the training mix is in the
+    metadata": a build has no metadata."""
+    from tests.helpers import read_texts
+
+    code = write_jsonl(tmp_path / "code.jsonl",
+                       [text[:400] for text in read_texts(corpus_dir / "code.train.jsonl")[:40]])
+    config = write_config(tmp_path / "mix.json", [
+        {"name": "json", "prob": 0.7, "data_files": str(corpus_dir / "prose.train.jsonl")},
+        {"name": "json", "prob": 0.3, "data_files": str(code)}])
+    proc = run_script("build_dataset_v5.py", *build_args(config, tmp_path / "ds", tokenizer_dir, "--target_tokens",
+                                                         60_000, "--val_tokens", 2_000))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dry = [line for line in proc.stderr.splitlines() if "ran dry after" in line]
+    assert len(dry) == 1 and "WARNING sparknet.data.packed.build: source 'code' ran dry after" in dry[0], dry
+    assert "in the build's train split" in dry[0] and "manifest.json" in dry[0], dry
+    assert "metadata" not in proc.stderr and "stream" not in dry[0], proc.stderr[-3000:]
+    assert json.loads((tmp_path / "ds" / "manifest.json").read_text())["exhausted_sources"] == ["code"]

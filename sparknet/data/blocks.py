@@ -34,7 +34,16 @@ from sparknet.data.encoding.packer import BlockPacker
 from sparknet.data.pipeline import Pipeline
 from sparknet.errors import UserError
 
-log = logging.getLogger("sparknet.data.stream.token_stream")  # its warnings are the stream's, under the stream's name
+# Who runs the loop, for its dry-source warning: under that one's logger name, saying where its mix is recorded.
+# The hold-out is known by its part (Part(training=False)); the stream says so; the build constructs the loop
+# without a consumer.
+CONSUMERS = {
+    "stream": ("sparknet.data.stream.token_stream", "ON_EXHAUSTED={on_exhausted}; the training mix is in the metadata"),
+    "build": ("sparknet.data.packed.build", "the train split's mix is in the dataset's manifest.json"),
+    "validation": ("sparknet.data.holdout", "the validation split's mix is in its report: the dataset's manifest.json, "
+                                            "or a streamed run's val_report.json"),
+}
+log = logging.getLogger(CONSUMERS["stream"][0])
 STATE_FORMAT = 2  # of the position StreamBlocks.state_dict() gives
 
 
@@ -74,9 +83,12 @@ class StreamBlocks:
     """The blocks from a position (`state`, `initial_state`'s format) on: `pipeline`'s pieces packed into blocks of
     its spec's block size. `settings` is what the position is a position of (saved with it)."""
 
-    def __init__(self, pipeline: Pipeline, state: dict[str, Any], *, settings: dict[str, Any]) -> None:
+    def __init__(self, pipeline: Pipeline, state: dict[str, Any], *, settings: dict[str, Any],
+                 consumer: str = "build") -> None:
+        """`consumer`: "stream" or "build" (`CONSUMERS`), for a training part; a validation part is the hold-out's."""
         self.pipeline = pipeline
         self.part = pipeline.part
+        self.consumer = consumer if self.part.training else "validation"
         self.sources = pipeline.sources
         self.mixer = pipeline.mixer
         self.settings = settings
@@ -236,10 +248,13 @@ class StreamBlocks:
                 # its realised share so far (of the tokens mixed): what the run trains on from here on differs
                 total = sum(c.units for c in self.mixer.counts.values())
                 count = self.mixer.counts[label]
-                log.warning("source %r ran dry after %d documents, %.1f%% of the tokens so far (asked %.1f%%): %s "
-                            "(ON_EXHAUSTED=%s; the training mix is in the metadata)", label,
-                            self.packer.documents_by_source[label],
-                            100 * count.units / max(total, 1), 100 * count.requested, then, self.on_exhausted)
+                name, where = CONSUMERS[self.consumer]
+                split = {"stream": "in the training stream", "build": "in the build's train split",
+                         "validation": "in the validation hold-out"}[self.consumer]
+                logging.getLogger(name).warning(
+                    "source %r ran dry after %d documents, %.1f%% of the tokens so far (asked %.1f%%), %s: %s (%s)",
+                    label, self.packer.documents_by_source[label], 100 * count.units / max(total, 1),
+                    100 * count.requested, split, then, where.format(on_exhausted=self.on_exhausted))
         return dry
 
     def _finish(self, reason: str) -> None:

@@ -265,7 +265,7 @@ class TokenStream(torch.utils.data.IterableDataset):
             self._encoders = Encoders(self.spec)
             self._encoders_finalizer = weakref.finalize(self, self._encoders.terminate)
         pipeline = Pipeline(self.spec, self.part, self._encoders, state)
-        self._pipeline = StreamBlocks(pipeline, state, settings=self.settings)
+        self._pipeline = StreamBlocks(pipeline, state, settings=self.settings, consumer="stream")
         if window is not None:
             self._window_index = int(window["index"])
             start = self._pipeline.state_dict()
