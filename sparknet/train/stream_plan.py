@@ -117,8 +117,8 @@ class StreamPlan(DataPlan):
         except (OSError, ValueError, KeyError, TypeError):
             return  # a damaged position is refused where the resume reads it
         changes = settings_changes(saved, self.stream.settings) if isinstance(saved, dict) else []
-        if not changes:
-            return
+        if not changes or any(change.startswith("world_size") for change in changes):
+            return  # another process count is refused by the run's identity (stream_processes), naming the fix
         ends = saved.get("phase_end_blocks")
         if ends and all(change.startswith("phase_end_blocks") for change in changes):
             raise UserError(f"run {run_dir.name} is in phases, and continuing it with another budget moves their ends "
