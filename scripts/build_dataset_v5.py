@@ -12,12 +12,15 @@ CONFIG = "configs/datasets_v5.json"  # mix config
 TOKENIZER_DIR = "tokenizer-v5"  # tokenizer folder or Hub id (e.g. gpt2)
 OUTPUT_DIR = "datasets/sparknet-v5-1b"  # dataset folder
 TARGET_TOKENS: int | None = None  # training tokens (None: the config's target_tokens)
-# validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most a tenth of TARGET_TOKENS and 2M)
+# validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most a tenth of the config's target_tokens
+# and 2M; the stream's rule, and the same for every TARGET_TOKENS so that a dataset grows)
 VAL_TOKENS: int | None = None
 BLOCK_SIZE: int | None = None  # tokens per training block (None: the config's context_length)
 NUM_WORKERS: int | None = None  # tokenizer processes (None: all cores; 0: encode in this process)
 SEED: int | None = None  # seed of the per-source shuffle (None: the config's seed)
-SHUFFLE_BUFFER = 10_000  # documents shuffled per source through a buffer (0: keep each source's order)
+# documents shuffled per source through a buffer (0: keep each source's order; None: 1/20 of the smallest source's
+# rows, at most 10,000: the stream's rule)
+SHUFFLE_BUFFER: int | None = None
 DTYPE = "auto"  # token dtype on disk: auto (uint16 when the vocab fits), uint16 or uint32
 FAIL_ON_EXHAUSTED = False  # stop with an error, not a warning, when a source runs dry before its share
 OVERWRITE = False  # replace an existing dataset built from other inputs

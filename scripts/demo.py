@@ -15,6 +15,7 @@ VOCAB_SIZE = 8192  # a small vocabulary suits the ~10 MB demo corpus
 TOKENIZER_BYTES = 4_000_000  # bytes of text sampled for the tokenizer (of the ~10 MB demo corpus)
 DATASET_DIR = "datasets/demo"  # the demo's packed dataset (never datasets/sparknet-v5-1b/)
 VAL_TOKENS = 25_000  # validation tokens held out from the demo mix
+SHUFFLE_BUFFER = 10_000  # documents per source in the build's shuffle buffer: each demo source shuffled whole
 RUN_NAME = "demo"  # checkpoints/demo and logs/demo (resumed after an interruption, else replaced)
 # with the recipe below: 1.70 bits/byte on 500k tokens, where a tuned AdamW on GPT-2 gets 2.10 (bench/RESULTS.md)
 MODEL_PRESET = "sparknet-nanochat-demo"  # NanoChat block (QK-norm, ReLU², untied head), 4 layers, width 256
@@ -57,7 +58,8 @@ def main() -> None:
                    "--max_bytes", TOKENIZER_BYTES, "--output_dir", TOKENIZER_DIR, "--overwrite", "true")
     # resuming, the build reuses the dataset or goes on from its saved position (same inputs)
     chain.step("packed dataset", "build_dataset_v5.py", "--config", CONFIG, "--tokenizer_dir", TOKENIZER_DIR,
-               "--output_dir", DATASET_DIR, "--val_tokens", VAL_TOKENS, "--overwrite", str(not resume).lower())
+               "--output_dir", DATASET_DIR, "--val_tokens", VAL_TOKENS, "--shuffle_buffer", SHUFFLE_BUFFER,
+               "--overwrite", str(not resume).lower())
     if not resume:
         remove_previous_run(RUN_NAME)
     chain.step("training", "train_sparknet_v5.py", "--run_name", RUN_NAME, "--config", CONFIG,

@@ -13,9 +13,11 @@ RUN_NAME = "sparknet-70m-stream"  # run folder name under checkpoints/ and logs/
 CONFIG = "configs/datasets_v1.json"  # mix config: its sources are streamed
 TOKENIZER_DIR = "tokenizer-v5"  # tokenizer folder or Hub id
 BLOCK_SIZE: int | None = None  # tokens per training block (None: the config's context_length)
-# validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most a tenth of the budget and 1M)
+# validation tokens, whole blocks (None: 1 per 100 bytes of the sources, at most a tenth of the config's target_tokens
+# and 2M: the build's rule, so that the build's and the stream's defaults hold out the same blocks)
 VAL_TOKENS: int | None = None
-# documents shuffled per source (0: each source's order; None: 1/20 of the smallest source's rows, at most 10,000)
+# documents shuffled per source (0: each source's order; None: 1/20 of the smallest source's rows, at most 10,000:
+# the build's rule)
 SHUFFLE_BUFFER: int | None = None
 # training blocks handed out in a shuffled order per window, so a step mixes documents (0: the stream's order)
 SHUFFLE_WINDOW = 1024
@@ -82,7 +84,7 @@ def main() -> None:
     from sparknet.data.source.hub_retries import set_hub_retry_minutes
 
     set_hub_retry_minutes(HUB_RETRY_MINUTES)
-    from sparknet.data.scaled_defaults import STREAM_VAL_TOKENS, default_shuffle_buffer, default_val_tokens
+    from sparknet.data.scaled_defaults import default_shuffle_buffer, default_val_tokens
     from sparknet.train.phases import check_every_phase_trains
     from sparknet.train.run import report_outcome, step_budget, train
     from sparknet.train.settings import TrainSettings
@@ -96,9 +98,9 @@ def main() -> None:
         _, _, max_steps, per_step = step_budget(settings, block, config.target_tokens)
         check_every_phase_trains([(phase.name, phase.share) for phase in config.phases], max_steps, per_step)
     workers = max(1, runtime.available_cores() // runtime.local_world_size()) if NUM_WORKERS is None else NUM_WORKERS
-    budget = settings.tokens_asked(block)  # the validation split is scaled to it too
+    budget = settings.tokens_asked(block)
     spec = StreamSpec(config=config, tokenizer_dir=TOKENIZER_DIR, block_size=block,
-                      val_tokens=default_val_tokens(config, STREAM_VAL_TOKENS, budget) if VAL_TOKENS is None else
+                      val_tokens=default_val_tokens(config, budget) if VAL_TOKENS is None else
                       VAL_TOKENS,
                       seed=config.seed if DATA_SEED is None else DATA_SEED,
                       shuffle_buffer=default_shuffle_buffer(config) if SHUFFLE_BUFFER is None else SHUFFLE_BUFFER,

@@ -68,21 +68,30 @@ def _digests(blocks: np.ndarray) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["one", pytest.param("phased", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("config", ["one", pytest.param("phased", marks=pytest.mark.slow), "defaults"])
 def test_a_one_process_stream_holds_out_val_bin_and_trains_on_train_bin_each_block_once(
         config: str, setup: dict[str, Path], tmp_path: Path) -> None:
-    cfg, tokenizer = setup[config], setup["tokenizer"]
+    """`defaults`: both scripts with VAL_TOKENS and SHUFFLE_BUFFER unset (the README's commands): one rule scales
+    both the same way, so the same tokens need no flag."""
+    cfg, tokenizer = setup["one" if config == "defaults" else config], setup["tokenizer"]
+    data = {} if config == "defaults" else {"val_tokens": VAL_TOKENS, "shuffle_buffer": SHUFFLE_BUFFER}
+    flags = [str(a) for key, value in data.items() for a in (f"--{key}", value)]
     proc = run_script("build_dataset_v5.py", "--config", cfg, "--tokenizer_dir", tokenizer, "--output_dir",
-                      tmp_path / "ds", "--val_tokens", VAL_TOKENS, "--shuffle_buffer", SHUFFLE_BUFFER,
-                      "--num_workers", 0)
+                      tmp_path / "ds", *flags, "--num_workers", 0)
     assert proc.returncode == 0, proc.stderr
+    args = stream_args(tmp_path, cfg, tokenizer, target_tokens=STEPS * GLOBAL_BATCH * BLOCK,
+                       global_batch_size=GLOBAL_BATCH, batch_size=GLOBAL_BATCH, num_workers=0, record_batches=True,
+                       eval_steps=STEPS, save_steps=STEPS, **data)
+    for key in ("val_tokens", "shuffle_buffer") if config == "defaults" else ():  # the script's defaults
+        at = args.index(f"--{key}")
+        del args[at:at + 2]
+    proc = run_script("train_sparknet.py", *args)
+    assert proc.returncode == 0, proc.stderr
+    if config == "defaults":
+        inputs = json.loads((tmp_path / "ds" / "manifest.json").read_text())["inputs"]
+        assert inputs["shuffle_buffer"] < 10_000 and inputs["val_tokens"] < 2_000_000  # scaled, not the caps
     train = np.asarray(PackedDataset(tmp_path / "ds", "train").tokens)
     assert len(train) == STEPS * GLOBAL_BATCH
-    proc = run_script("train_sparknet.py", *stream_args(
-        tmp_path, cfg, tokenizer, target_tokens=STEPS * GLOBAL_BATCH * BLOCK, global_batch_size=GLOBAL_BATCH,
-        batch_size=GLOBAL_BATCH, val_tokens=VAL_TOKENS, shuffle_buffer=SHUFFLE_BUFFER, num_workers=0,
-        record_batches=True, eval_steps=STEPS, save_steps=STEPS))
-    assert proc.returncode == 0, proc.stderr
     run = tmp_path / "ckpt" / "run"
     # the hold-out: val.bin's blocks, token for token
     assert np.array_equal(np.load(run / "val_blocks.npy"), np.asarray(PackedDataset(tmp_path / "ds", "val").tokens))
@@ -110,18 +119,16 @@ def test_a_dataset_grows_into_the_bytes_of_a_fresh_build_of_the_larger_size(setu
     grown, fresh = tmp_path / "grown", tmp_path / "fresh"
     small = build_dataset(spec(grown, 6_000 * 4))
     assert small["complete"] and (grown / "position.json").is_file()
-    # VAL_TOKENS left unset: the dataset's own (the default, which scales with TARGET_TOKENS, would be other inputs)
     proc = run_script("build_dataset_v5.py", "--config", setup["one"], "--tokenizer_dir", setup["tokenizer"],
-                      "--output_dir", grown, "--target_tokens", 12_000 * 4,
+                      "--output_dir", grown, "--target_tokens", 12_000 * 4, "--val_tokens", VAL_TOKENS,
                       "--shuffle_buffer", SHUFFLE_BUFFER, "--seed", 1, "--num_workers", 0)
     assert proc.returncode == 0, proc.stderr
     assert "growing it to 48,000" in proc.stderr and "resuming the interrupted build" in proc.stderr
-    assert f"VAL_TOKENS: {VAL_TOKENS:,} validation tokens, those of the 24,000-token dataset" in proc.stderr
-    # ... but only for a growth: another input changed as well keeps the default (and is refused as other inputs)
+    # another input changed as well is other inputs, refused naming it (the defaults: tests/test_dataset_growth.py)
     other = run_script("build_dataset_v5.py", "--config", setup["one"], "--tokenizer_dir", setup["tokenizer"],
-                       "--output_dir", grown, "--target_tokens", 24_000 * 4, "--shuffle_buffer", SHUFFLE_BUFFER + 1,
-                       "--seed", 1, "--num_workers", 0)
-    assert other.returncode == 1 and "other inputs" in other.stderr and "val_tokens" in other.stderr, other.stderr
+                       "--output_dir", grown, "--target_tokens", 24_000 * 4, "--val_tokens", VAL_TOKENS,
+                       "--shuffle_buffer", SHUFFLE_BUFFER + 1, "--seed", 1, "--num_workers", 0)
+    assert other.returncode == 1 and "other inputs" in other.stderr and "shuffle_buffer" in other.stderr, other.stderr
     expected = build_dataset(spec(fresh, 12_000 * 4))
     for name in ("train.bin", "val.bin", "val_sources.bin", "position.json"):
         assert (grown / name).read_bytes() == (fresh / name).read_bytes(), name

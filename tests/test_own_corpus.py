@@ -52,49 +52,61 @@ def _rows(path: Path) -> int:
     return sum(1 for line in path.read_text().splitlines() if line.strip())
 
 
-def test_the_default_val_tokens_follow_the_sources_and_the_budget(own_config: Path, corpus_dir: Path,
-                                                                  caplog: pytest.LogCaptureFixture) -> None:
-    """VAL_TOKENS not set: 1 per 100 bytes of the sources, but never more than a tenth of the training budget (a
-    validation split four times the training split made one evaluation cost more than the whole training), nor the
-    recipe's figure; one line says both reasons."""
+def test_the_default_val_tokens_follow_the_sources_and_the_configs_budget(own_config: Path, corpus_dir: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """VAL_TOKENS not set: 1 per 100 bytes of the sources, but never more than a tenth of the config's training
+    budget (a validation split four times the training split made one evaluation cost more than the whole
+    training), nor 2M; one line says both reasons. A build or run of fewer tokens than the config's gets the same
+    split (every size of a dataset holds out the same blocks), and a warning that names VAL_TOKENS."""
     from sparknet.config import load_config
     from sparknet.data.scaled_defaults import default_val_tokens
 
     config = load_config(own_config)
     by_size = math.ceil(_source_bytes(corpus_dir) / 100)
     assert 20_000 < by_size < 50_000  # the sources decide at the config's budget (500k: a tenth is 50k)
+    small = load_config(write_config(own_config.parent / "small.json", json.loads(own_config.read_text())["mix"],
+                                     seed=42, context_length=256, target_tokens=100_000))
     with caplog.at_level("INFO", logger="sparknet"):
-        assert default_val_tokens(config, 2_000_000) == by_size
-        assert default_val_tokens(config, 2_000_000, 100_000) == 10_000  # the budget decides
-        assert default_val_tokens(config, 5_000, 10**9) == 5_000  # the recipe's figure decides
+        assert default_val_tokens(config) == by_size
+        assert default_val_tokens(config, 10**9) == by_size  # a size asked decides nothing
+        assert default_val_tokens(small) == 10_000  # the config's budget decides
+        assert default_val_tokens(config, 10**9, most=5_000) == 5_000  # the cap decides
+        assert default_val_tokens(config, 200_000) == by_size  # fewer tokens asked: the same split, and a warning
     lines = [r.getMessage() for r in caplog.records if "VAL_TOKENS" in r.getMessage()]
-    assert lines[1] == (f"VAL_TOKENS: 10,000 validation tokens (1 per 100 bytes of the sources' "
-                        f"{_source_bytes(corpus_dir):,} bytes would be {by_size:,}; a tenth of the 100,000 training "
-                        "tokens would be 10,000; at most 2,000,000; set VAL_TOKENS to choose)"), lines
+    assert lines[2] == (f"VAL_TOKENS: 10,000 validation tokens (1 per 100 bytes of the sources' "
+                        f"{_source_bytes(corpus_dir):,} bytes would be {by_size:,}; a tenth of the config's 100,000 "
+                        "training tokens would be 10,000; at most 2,000,000; set VAL_TOKENS to choose)"), lines
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and f"the {by_size:,} validation tokens are more than a tenth of the 200,000" in warned[0]
+    assert "set VAL_TOKENS" in warned[0], warned
     hub = write_config(own_config.parent / "hub.json", [{"name": "someone/web", "prob": 1.0}], target_tokens=250_000)
-    assert default_val_tokens(load_config(hub), 2_000_000) == 25_000  # a size not known: the budget still bounds it
+    assert default_val_tokens(load_config(hub)) == 25_000  # a size not known: the config's budget still bounds it
 
 
 @pytest.mark.slow
-def test_a_build_with_the_default_val_tokens_fits_a_few_mb(own_config: Path, corpus_dir: Path, tokenizer_dir: Path,
-                                                          tmp_path: Path) -> None:
-    """VAL_TOKENS not set: 1 validation token per 100 bytes of the sources (at most 2M), but at most a tenth of the
-    TARGET_TOKENS given on the command line (not the config's), said in one line; the build that failed after the
-    whole hold-out (2M tokens of 4 MB) now gives a training split."""
+def test_a_build_with_the_default_val_tokens_fits_a_few_mb_and_holds_out_the_same_split_at_any_size(
+        own_config: Path, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
+    """VAL_TOKENS not set: 1 validation token per 100 bytes of the sources (at most 2M and a tenth of the config's
+    target_tokens), said in one line; the build that failed after the whole hold-out (2M tokens of 4 MB) gives a
+    training split, and a smaller TARGET_TOKENS holds out the very same validation split (with a warning)."""
     out = tmp_path / "ds"
     proc = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer_dir,
                       "--output_dir", out, "--num_workers", 0, "--target_tokens", 200_000)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    by_size = math.ceil(_source_bytes(corpus_dir) / 100)
-    assert by_size > 20_000  # so the flag's budget decides, where the config's (500k) would not
-    chosen = 20_000
+    chosen = math.ceil(_source_bytes(corpus_dir) / 100)
+    assert chosen < 50_000  # the sources decide, not the config's budget (500k: a tenth is 50k)
     said = [line for line in proc.stderr.splitlines() if "VAL_TOKENS" in line]
-    assert len(said) == 1 and f"{chosen:,} validation tokens" in said[0], proc.stderr[-3000:]
-    assert "a tenth of the 200,000 training tokens" in said[0], said
+    assert len(said) == 2 and f"{chosen:,} validation tokens (1 per 100 bytes" in said[0], proc.stderr[-3000:]
+    assert "more than a tenth of the 200,000 training tokens asked here" in said[1], said
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["inputs"]["val_tokens"] == chosen
     assert manifest["splits"]["val"]["blocks"] == math.ceil(chosen / 256)
     assert manifest["splits"]["train"]["tokens"] == 200_000 // 256 * 256
+    full = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer_dir,
+                      "--output_dir", tmp_path / "full", "--num_workers", 0)  # the config's 500k
+    assert full.returncode == 0 and "more than a tenth" not in full.stderr, full.stderr[-3000:]
+    for name in ("val.bin", "val_sources.bin"):
+        assert (out / name).read_bytes() == (tmp_path / "full" / name).read_bytes(), name
     # a value set on the command line is kept, whatever the sources hold
     again = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer_dir,
                        "--output_dir", tmp_path / "ds2", "--num_workers", 0, "--target_tokens", 20_000,
@@ -107,12 +119,13 @@ def test_a_build_with_the_default_val_tokens_fits_a_few_mb(own_config: Path, cor
 def test_a_stream_with_the_default_shuffle_buffer_starts_on_a_few_hundred_rows_and_resumes_exactly(
         own_config: Path, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
     """SHUFFLE_BUFFER and VAL_TOKENS not set: the buffer is 5% of the smallest source's rows, the hold-out 1 token
-    per 100 bytes (at most a tenth of the budget), each said in one line and recorded in the run's identity; the mix
-    is 70/30 to within 2 points; killed after a checkpoint, the same command resumes to the same blocks, LR and
-    weights."""
+    per 100 bytes (at most a tenth of the config's budget), each said in one line and recorded in the run's
+    identity; the mix is 70/30 to within 2 points; killed after a checkpoint, the same command resumes to the same
+    blocks, LR and weights."""
     rows = min(_rows(corpus_dir / "prose.train.jsonl"), _rows(corpus_dir / "code.train.jsonl"))
     settings = dict(block_size=128, target_tokens=48 * 4 * 128, eval_steps=8, save_steps=16, record_batches=True)
-    buffer, val = rows // 20, min(math.ceil(_source_bytes(corpus_dir) / 100), settings["target_tokens"] // 10)
+    # the config's budget (500k) bounds the hold-out, not the run's
+    buffer, val = rows // 20, min(math.ceil(_source_bytes(corpus_dir) / 100), 500_000 // 10)
     args = _without(stream_args(tmp_path / "a", own_config, tokenizer_dir, **settings), "val_tokens",
                     "shuffle_buffer")
     out = finish_ok(start_script("train_sparknet.py", args))

@@ -1,18 +1,23 @@
-"""Defaults that scale to the sources: VAL_TOKENS (the build's and the stream's) and the stream's SHUFFLE_BUFFER,
-when the user leaves them unset (None), so that a few MB of one's own text works as the 1B-token recipe does.
+"""Defaults that scale to the sources: VAL_TOKENS and SHUFFLE_BUFFER, when the user leaves them unset (None), so
+that a few MB of one's own text works as the 1B-token recipe does. One rule for the build and the stream: both
+scripts call these functions with the same config, so their own commands, defaults only, give the same tokens.
 
 - VAL_TOKENS: one validation token per VAL_BYTES_PER_TOKEN bytes of the sources' files (about 2.5-4% of their
-  tokens at 2.5-4 bytes per token), at most 1/VAL_SHARE_OF_BUDGET of the training budget and at most the recipe's
-  figure (2M for a build, 1M for the stream). A fixed 2M held out the whole of a 4 MB corpus; the sources' size
-  alone held out 1.1M tokens of 109 MB of sources for a budget of 250k, so that one evaluation cost more than the
-  whole training.
-- SHUFFLE_BUFFER (the stream): 1/BUFFER_ROWS_SHARE of the smallest local source's rows, at most 10,000: a buffer
-  near a source's size shuffles little (it holds most of the source before giving its first document).
+  tokens at 2.5-4 bytes per token), at most 1/VAL_SHARE_OF_BUDGET of the config's `target_tokens` and at most
+  VAL_TOKENS_MOST. A fixed 2M held out the whole of a 4 MB corpus; the sources' size alone held out 1.1M tokens of
+  109 MB of sources for a budget of 250k, so that one evaluation cost more than the whole training.
+  The budget is the config's, not a script's TARGET_TOKENS or MAX_STEPS: the validation split decides every block
+  after it, so a default that followed the size would make each size of a dataset other data (a growth would not be
+  the fresh build of its size) and each run length another stream. A build or run much smaller than its config says
+  so in a warning (its hold-out is more than a tenth of its training tokens) and VAL_TOKENS sets it.
+- SHUFFLE_BUFFER: 1/BUFFER_ROWS_SHARE of the smallest local source's rows, at most 10,000: a buffer near a
+  source's size holds most of it before giving its first document.
 
 A value the user sets (in the script or as a flag) is kept as it is: only None scales. A Hub source's size is not
-known before reading it: where it decides, the recipe's figure is kept. Each choice is one log line. The chosen
-values follow from the local files alone (`source/sizes.py`), which every run's and dataset's identity fingerprints,
-so a resumed run gets the same values.
+known before reading it: where it decides, the recipe's figure is kept. Each choice made from the data is one log
+line. The chosen
+values follow from the config and its local files alone (`source/sizes.py`), which every run's and dataset's identity
+fingerprints, so a resumed run or a grown dataset gets the same values.
 """
 
 from __future__ import annotations
@@ -24,19 +29,20 @@ from sparknet.data.source.sizes import source_size
 
 log = logging.getLogger(__name__)
 
-BUILD_VAL_TOKENS = 2_000_000  # the build's VAL_TOKENS for sources of 200 MB or more (or unknown size)
-STREAM_VAL_TOKENS = 1_000_000  # the stream's, for sources of 100 MB or more
-SHUFFLE_BUFFER = 10_000  # the stream's SHUFFLE_BUFFER for sources of 200,000 rows or more (or unknown size)
+VAL_TOKENS_MOST = 2_000_000  # VAL_TOKENS for sources of 200 MB or more (or unknown size) and a budget of 20M or more
+SHUFFLE_BUFFER = 10_000  # SHUFFLE_BUFFER for sources of 200,000 rows or more (or unknown size)
 VAL_BYTES_PER_TOKEN = 100
-VAL_SHARE_OF_BUDGET = 10  # validation tokens are at most a tenth of the training budget (TARGET_TOKENS)
+VAL_SHARE_OF_BUDGET = 10  # validation tokens are at most a tenth of the config's training budget (target_tokens)
 BUFFER_ROWS_SHARE = 20  # the buffer is at most 1/20 (5%) of the smallest source's rows
 
 
-def default_val_tokens(config: MixConfig, most: int, target_tokens: int | None = None) -> int:
+def default_val_tokens(config: MixConfig, training_tokens: int | None = None, most: int = VAL_TOKENS_MOST) -> int:
     """VAL_TOKENS when unset: one per VAL_BYTES_PER_TOKEN bytes of the mix's local files (all of `most` when a Hub
-    source's size is unknown), at most 1/VAL_SHARE_OF_BUDGET of the training budget (`target_tokens`, else the
-    config's) and at most `most`; one line says which of them decided and the others' figures."""
-    budget = target_tokens if target_tokens is not None else config.target_tokens
+    source's size is unknown), at most 1/VAL_SHARE_OF_BUDGET of the config's target_tokens and at most `most`; one
+    line says which of them decided and the others' figures. `training_tokens`, the build's or run's own (a
+    TARGET_TOKENS or MAX_STEPS smaller than the config's), decides nothing: a warning says when the hold-out is more
+    than a tenth of them."""
+    budget = config.target_tokens
     sizes = {spec.label: source_size(spec, row_limit=0) for spec in config.mix}
     unknown = [label for label, size in sizes.items() if size.bytes is None]
     total = sum(size.bytes or 0 for size in sizes.values())
@@ -45,21 +51,26 @@ def default_val_tokens(config: MixConfig, most: int, target_tokens: int | None =
     chosen = max(1, min(most, by_size, by_budget))
     size_reason = (f"the size of {', '.join(unknown)} is not known before reading it" if unknown else
                    f"1 per {VAL_BYTES_PER_TOKEN} bytes of the sources' {total:,} bytes would be {by_size:,}")
-    budget_reason = f"a tenth of the {budget:,} training tokens would be {by_budget:,}"
+    budget_reason = f"a tenth of the config's {budget:,} training tokens would be {by_budget:,}"
     log.info("VAL_TOKENS: %s validation tokens (%s; %s; at most %s; set VAL_TOKENS to choose)", f"{chosen:,}",
              size_reason, budget_reason, f"{most:,}")
+    if training_tokens is not None and chosen > training_tokens // VAL_SHARE_OF_BUDGET:
+        log.warning("VAL_TOKENS: the %s validation tokens are more than a tenth of the %s training tokens asked here "
+                    "(the default follows the config's target_tokens, %s, so that every size holds out the same "
+                    "split): set VAL_TOKENS to hold out fewer", f"{chosen:,}", f"{training_tokens:,}", f"{budget:,}")
     return chosen
 
 
 def default_shuffle_buffer(config: MixConfig, most: int = SHUFFLE_BUFFER) -> int:
-    """The stream's SHUFFLE_BUFFER when unset: 1/BUFFER_ROWS_SHARE of the rows of the smallest source whose rows are
-    known, at most `most` (all of it when no source's rows are known)."""
+    """SHUFFLE_BUFFER when unset (the build's and the stream's): 1/BUFFER_ROWS_SHARE of the rows of the smallest
+    source whose rows are known, at most `most` (all of it when no source's rows are known)."""
     limit = most * BUFFER_ROWS_SHARE  # past this many rows a source does not lower the buffer: no need to count on
     rows = {spec.label: size.rows for spec in config.mix
             if (size := source_size(spec, row_limit=limit)).rows is not None}
     if not rows:
-        log.info("SHUFFLE_BUFFER: %s documents per source (no source's rows are known before reading it; set "
-                 "SHUFFLE_BUFFER to choose)", f"{most:,}")
+        # the recipe's figure, nothing scaled: not said at INFO (a first line stays the error, if any)
+        log.debug("SHUFFLE_BUFFER: %s documents per source (no source's rows are known before reading it; set "
+                  "SHUFFLE_BUFFER to choose)", f"{most:,}")
         return most
     smallest = min(rows, key=lambda label: (rows[label], label))
     chosen = min(most, rows[smallest] // BUFFER_ROWS_SHARE)

@@ -12,16 +12,22 @@ A config in phases has its training split written phase after phase: phase k's b
 block range and realised shares (`splits.train.phases`), with its own `complete` and `shares_missed`, and the trainer
 draws each phase's steps from that range only. The validation split is mixed by the run-wide mix.
 
-A build writes into a hidden sibling folder and renames it to OUTPUT_DIR only once the manifest is in it. Every
-CHECKPOINT_SECONDS of training blocks it saves its position there (POSITION: the stream's position, the stream's
-format, with what the hold-out left to training): an interrupted build of the same inputs goes on from the last
-save and writes the same bytes (one interrupted while holding out starts over: the hold-out is small). The dataset
-keeps the position after its last block, so that a build of the same inputs with a larger TARGET_TOKENS appends to
-it (`grow`) and gives the bytes a fresh build of that size gives.
+A build writes into a hidden sibling folder (`.NAME.building`) and puts it at OUTPUT_DIR only once the manifest is
+in it. Every CHECKPOINT_SECONDS of training blocks it saves its position there (POSITION: the stream's position, the
+stream's format, with what the hold-out left to training): an interrupted build of the same inputs goes on from the
+last save and writes the same bytes (one interrupted while holding out starts over: the hold-out is small). The
+dataset keeps the position after its last block, its sha256 in the manifest, so that a build of the same inputs with
+a larger TARGET_TOKENS appends to it (`grow`) and gives the bytes a fresh build of that size gives.
+
+A growth never touches the complete dataset: it copies the files into the hidden folder, appends there, and the
+grown dataset takes OUTPUT_DIR's place in one atomic step (runtime.replace_folder). Until then trainers and
+evaluations read the complete one, unchanged; a growth that fails, is interrupted or is refused leaves it as it was,
+and only OVERWRITE replaces a complete dataset with another.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -60,7 +66,7 @@ from sparknet.runtime import replace_folder, write_json_atomic, writes_to
 from sparknet.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
-STATE_FORMAT = 2  # of POSITION
+POSITION_FORMAT = 3  # of POSITION (the build's saved position; 3: the hold-out's report has its item starts)
 WRITE_BLOCKS = 256  # blocks gathered before a write to train.bin
 
 # The rules that decide which document goes where, part of a dataset's inputs: a dataset built by other rules is
@@ -83,7 +89,7 @@ class BuildSpec:
     seed: int
     num_workers: int = 0
     dtype: str = "auto"
-    shuffle_buffer: int = 0
+    shuffle_buffer: int | None = 0  # None: scaled to the sources (data/scaled_defaults.py)
     fail_on_exhausted: bool = False
     overwrite: bool = False
     checkpoint_seconds: float = 60.0  # how often the position is saved for a resume (0: never)
@@ -108,31 +114,11 @@ def _damage(folder: Path, manifest: dict[str, Any], contents: bool = True) -> st
     return None
 
 
-def _val_tokens_of_the_dataset_grown(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any]:
-    """VAL_TOKENS unset and OUTPUT_DIR holding a dataset that this build grows but for its VAL_TOKENS: the inputs
-    with that dataset's VAL_TOKENS, said in one line. The default scales with TARGET_TOKENS, so a new figure would
-    make every growth a dataset of other inputs; anything else that differs still is."""
-    try:
-        manifest = read_manifest(spec.output_dir) if (spec.output_dir / MANIFEST).is_file() else None
-    except UserError:
-        return inputs  # judged by _check_existing, with its own message
-    if manifest is None:
-        return inputs
-    grown = {**inputs, "val_tokens": manifest["inputs"]["val_tokens"]}
-    if grown == inputs or not _growable(spec.output_dir, manifest, grown):
-        return inputs
-    spec.val_tokens = int(grown["val_tokens"])
-    log.info("VAL_TOKENS: %s validation tokens, those of the %s-token dataset in %s that this build grows (not the "
-             "default above; set VAL_TOKENS to choose)", f"{spec.val_tokens:,}",
-             f"{manifest['inputs']['target_tokens']:,}", spec.output_dir)
-    return grown
-
-
 def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] | None:
     """The existing manifest when OUTPUT_DIR already holds this very dataset, whole, or a smaller one that this
-    build grows (`_growable`); None when it is to be (re)built; errors for anything the user must decide. With
-    OVERWRITE a damaged or other dataset is replaced, but a folder holding anything other than dataset files never
-    is."""
+    build grows (`_growable`, its position checked); None when it is to be (re)built; errors for anything the user
+    must decide. With OVERWRITE a damaged or other dataset is replaced (once the new one is complete), but a folder
+    holding anything other than dataset files never is."""
     out = spec.output_dir
     if not out.exists():
         return None
@@ -149,35 +135,70 @@ def _check_existing(spec: BuildSpec, inputs: dict[str, Any]) -> dict[str, Any] |
         dataset_files = {MANIFEST, VAL_SOURCES, POSITION, *(f"{s}.bin" for s in SPLITS)}
         only_dataset_files = all(p.name in dataset_files for p in out.iterdir())
         if spec.overwrite and only_dataset_files:
-            return None  # a damaged dataset: rebuilt in place
+            return None  # a damaged dataset: rebuilt beside it, then put in its place
         if unreadable is not None:
             raise unreadable from None
         raise UserError(
             f"{out} exists but holds no dataset (no {MANIFEST}): move it away or choose another OUTPUT_DIR"
         )
-    if manifest["inputs"] != inputs and not _growable(out, manifest, inputs):
+    growable = _growable(manifest, inputs)
+    if manifest["inputs"] != inputs and not growable:
         if spec.overwrite:
             return None
-        changes = "; ".join(describe_changes(manifest["inputs"], inputs))
-        raise UserError(
-            f"{out} already holds a dataset built from other inputs ({changes}). Choose another "
-            "OUTPUT_DIR, or pass --overwrite true to replace it"
-        )
+        raise UserError(f"{out} already holds {_why_not_this_dataset(manifest, inputs)}")
     damage = _damage(out, manifest)
-    if damage is None:
-        return manifest
-    if spec.overwrite:
-        return None
-    raise UserError(f"{out} holds this dataset but it is damaged ({damage}): pass --overwrite true to rebuild it")
+    if damage is not None:
+        if spec.overwrite:
+            return None
+        raise UserError(f"{out} holds this dataset but it is damaged ({damage}): pass --overwrite true to rebuild it")
+    if growable:
+        _check_position(out, manifest)
+    return manifest
 
 
-def _growable(folder: Path, manifest: dict[str, Any], inputs: dict[str, Any]) -> bool:
-    """Whether the dataset in `folder` grows into one of `inputs`: the same inputs but a larger TARGET_TOKENS, built
-    whole (its position after its last block kept), in one phase (phases' blocks follow the size)."""
+def _why_not_this_dataset(manifest: dict[str, Any], inputs: dict[str, Any]) -> str:
+    """Why the dataset of `manifest` is neither this build's nor one it grows, and what keeps it: the end of a
+    sentence that starts with the folder's name."""
+    old = manifest["inputs"]
+    bigger = {**old, "target_tokens": inputs["target_tokens"]} == inputs and inputs["target_tokens"] > old[
+        "target_tokens"]
+    elsewhere = "build the larger size in another OUTPUT_DIR (this dataset is kept), or pass --overwrite true to " \
+                "replace it"
+    if bigger and "phases" in inputs:
+        return (f"this dataset in phases at {old['target_tokens']:,} training tokens, and a dataset in phases cannot "
+                f"grow (each phase's blocks follow the size): {elsewhere}")
+    if bigger:
+        return (f"this dataset at {old['target_tokens']:,} training tokens, but it is not complete (a source ran dry "
+                f"or its mix missed the shares: see its {MANIFEST}), so it cannot grow: {elsewhere}")
+    changes = "; ".join(describe_changes(old, inputs))
+    return (f"a dataset built from other inputs ({changes}). Choose another OUTPUT_DIR, or pass --overwrite true to "
+            "replace it")
+
+
+def _growable(manifest: dict[str, Any], inputs: dict[str, Any]) -> bool:
+    """Whether the dataset of `manifest` grows into one of `inputs`: the same inputs but a larger TARGET_TOKENS, built
+    whole, in one phase (phases' blocks follow the size). Its position is checked apart (`_check_position`)."""
     old = manifest["inputs"]
     return ({**old, "target_tokens": inputs["target_tokens"]} == inputs
             and inputs["target_tokens"] > old["target_tokens"] and "phases" not in inputs
-            and bool(manifest.get("complete")) and (folder / POSITION).is_file())
+            and bool(manifest.get("complete")))
+
+
+def _check_position(folder: Path, manifest: dict[str, Any]) -> None:
+    """The position a growth goes on from is the one the build kept: present, and of the sha256 its manifest
+    records. Anything else is one line naming the file, before any work, with advice that keeps the dataset."""
+    path = folder / POSITION
+    keep = ("build the larger size in another OUTPUT_DIR (this dataset is kept and stays usable as it is), or "
+            "pass --overwrite true to rebuild it at the larger size")
+    if not path.is_file():
+        raise UserError(f"{path} is missing, so the dataset in {folder} cannot grow from where it ended: {keep}")
+    recorded = manifest.get("position_sha256")
+    if recorded is None:
+        raise UserError(f"{folder}'s {MANIFEST} records no sha256 of {POSITION} (a build before positions were "
+                        f"checked), so it cannot grow: {keep}")
+    if hashlib.sha256(path.read_bytes()).hexdigest() != recorded:
+        raise UserError(f"{path} is damaged (its sha256 is not the one its {MANIFEST} records), so the dataset "
+                        f"cannot grow from it: {keep}")
 
 
 def build_dataset(spec: BuildSpec) -> dict[str, Any]:
@@ -187,27 +208,32 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
     started = time.time()
     tok = load_tokenizer(spec.tokenizer)
     check_source_tokenizers(spec.config, spec.tokenizer, tok)
-    val_default = spec.val_tokens is None
-    if val_default:  # the default scales to the sources and the budget, said in one line after the quick checks
-        from sparknet.data.scaled_defaults import BUILD_VAL_TOKENS, default_val_tokens
+    # the defaults scale to the sources and the config (the stream's rule), said in one line after the quick checks
+    from sparknet.data.scaled_defaults import default_shuffle_buffer, default_val_tokens
 
-        spec.val_tokens = default_val_tokens(spec.config, BUILD_VAL_TOKENS, spec.target_tokens)
+    if spec.shuffle_buffer is None:
+        spec.shuffle_buffer = default_shuffle_buffer(spec.config)
+    if spec.val_tokens is None:
+        spec.val_tokens = default_val_tokens(spec.config, spec.target_tokens)
     _check_spec(spec)
     trained_for = _trained_context(spec, tok)
     dtype = token_dtype(len(tok), spec.dtype)
     inputs = _inputs(spec, tok, dtype)
-    if val_default:
-        inputs = _val_tokens_of_the_dataset_grown(spec, inputs)
     writes_to(spec.output_dir.parent)
     with exclusive(spec.output_dir, "a dataset build"):  # a second build at once would write the same files
-        existing = _check_existing(spec, inputs)
         tmp = spec.output_dir.with_name(f".{spec.output_dir.name}.building")
+        try:
+            existing = _check_existing(spec, inputs)
+        except UserError as exc:
+            raise UserError(f"{exc}{_left_in(tmp, spec)}") from None
         if existing is not None and existing["inputs"] == inputs:
-            log.info("%s already holds this dataset (same inputs): nothing to do", spec.output_dir)
+            log.info("%s already holds this dataset (same inputs): nothing to do%s", spec.output_dir,
+                     _left_in(tmp, spec))
             return existing
+        block_bytes = spec.block_size * dtype.itemsize
         if existing is not None:
-            _start_growing(spec, existing, inputs, tmp)
-        state = _resume_point(tmp, inputs, spec.block_size * dtype.itemsize)
+            _start_growing(spec, existing, inputs, tmp, block_bytes)
+        state = _resume_point(tmp, inputs, block_bytes)
         # read at the commit recorded in the manifest (a resumed build at its first run's), even if a branch moves
         commits = state["commits"] if state is not None else resolve_revisions(spec.config)
         data = DataSpec(config=at_commits(spec.config, commits), tokenizer_json=tok.backend_tokenizer.to_str(),
@@ -215,8 +241,16 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
                         val_tokens=spec.val_tokens, shuffle_buffer=spec.shuffle_buffer, num_workers=spec.num_workers,
                         read_ahead=spec.read_ahead,
                         dtype=spec.dtype)
-        manifest = _build(spec, data, tmp, {"format": STATE_FORMAT, "inputs": inputs, "commits": commits}, state)
+        try:
+            manifest = _build(spec, data, tmp, {"format": POSITION_FORMAT, "inputs": inputs, "commits": commits},
+                              state)
+        except BaseException:
+            if existing is not None:
+                log.warning("the complete %s-token dataset in %s is unchanged",
+                            f"{existing['inputs']['target_tokens']:,}", spec.output_dir)
+            raise
         manifest.update(description(spec, tok, dtype, inputs, commits, trained_for))
+        manifest["position_sha256"] = hashlib.sha256((tmp / POSITION).read_bytes()).hexdigest()  # what a growth reads
         manifest["build_seconds"] = round(time.time() - started, 2)
         write_json_atomic(tmp / MANIFEST, manifest)
         # what is published is what the manifest says, byte for byte in size (its hashes were taken as it wrote)
@@ -224,22 +258,44 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
         if damage is not None:
             raise UserError(f"the build's own files do not match its manifest ({damage}): something else wrote into "
                             f"{tmp} (or the disk is full); run the same command again")
-        replace_folder(tmp, spec.output_dir)
+        replace_folder(tmp, spec.output_dir)  # one atomic step: the complete dataset or the new one, never none
         return manifest
 
 
-def _start_growing(spec: BuildSpec, manifest: dict[str, Any], inputs: dict[str, Any], tmp: Path) -> None:
-    """Turns the complete dataset in OUTPUT_DIR into an interrupted build of `inputs` stopped after its last block:
-    its folder becomes the build's, its position the saved one (so an interruption from here on resumes as any
-    build does)."""
-    log.info("%s holds this dataset at %s training tokens: growing it to %s", spec.output_dir,
-             f"{manifest['inputs']['target_tokens']:,}", f"{inputs['target_tokens']:,}")
+def _left_in(tmp: Path, spec: BuildSpec) -> str:
+    """What a command that neither resumes nor discards an interrupted build in `tmp` says of it (its end of line)."""
+    state = _read_state(tmp)
+    if state is None:
+        return ""
+    target = (state.get("inputs") or {}).get("target_tokens")
+    what = f"to {target:,} training tokens " if isinstance(target, int) else ""
+    return (f" (an interrupted build {what}is kept in {tmp}: the command that started it resumes it; delete the "
+            "folder to drop it)")
+
+
+def _start_growing(spec: BuildSpec, manifest: dict[str, Any], inputs: dict[str, Any], tmp: Path,
+                   block_bytes: int) -> None:
+    """Makes `tmp` an interrupted build of `inputs` stopped after the last block of the complete dataset in
+    OUTPUT_DIR: its files copied (the dataset itself is never written to), its position the saved one, so that an
+    interruption from here on resumes as any build does. An interrupted growth of these very inputs is left to
+    resume; one of other inputs is discarded, and said."""
+    grown_from = f"{manifest['inputs']['target_tokens']:,}"
+    state, why = _saved_state(tmp, inputs, block_bytes) if tmp.exists() else (None, None)
+    if state is not None:
+        log.info("%s holds this dataset at %s training tokens: resuming its growth to %s", spec.output_dir,
+                 grown_from, f"{inputs['target_tokens']:,}")
+        return
     if tmp.exists():
+        log.warning("discarded %s: %s; the complete dataset in %s is kept and grows from its end", tmp, why,
+                    spec.output_dir)
         shutil.rmtree(tmp)
-    spec.output_dir.rename(tmp)
-    position = json.loads((tmp / POSITION).read_text())
-    (tmp / MANIFEST).unlink()
-    write_json_atomic(tmp / POSITION, {**position, "inputs": inputs}, compact=True)
+    log.info("%s holds this dataset at %s training tokens: growing it to %s beside it (it stays as it is until the "
+             "grown one replaces it)", spec.output_dir, grown_from, f"{inputs['target_tokens']:,}")
+    tmp.mkdir()
+    for name in (*(f"{split}.bin" for split in SPLITS), VAL_SOURCES):
+        shutil.copyfile(spec.output_dir / name, tmp / name)
+    position = json.loads((spec.output_dir / POSITION).read_text())  # its sha256 checked (_check_position)
+    write_json_atomic(tmp / POSITION, {**position, "inputs": inputs}, compact=True)  # last: a resumable build now
 
 
 def _check_spec(spec: BuildSpec) -> None:
@@ -285,9 +341,11 @@ def _inputs(spec: BuildSpec, tok: Any, dtype: np.dtype) -> dict[str, Any]:
 
 
 def _resume_point(tmp: Path, inputs: dict[str, Any], block_bytes: int) -> dict[str, Any] | None:
-    """The saved position of an interrupted build of these inputs in `tmp` (then kept), else None (`tmp` emptied)."""
-    state = _load_state(tmp, inputs, block_bytes) if tmp.exists() else None
+    """The saved position of an interrupted build of these inputs in `tmp` (then kept), else None (`tmp` emptied:
+    it never holds a complete dataset, which lives at OUTPUT_DIR)."""
+    state, why = _saved_state(tmp, inputs, block_bytes) if tmp.exists() else (None, None)
     if tmp.exists() and state is None:
+        log.warning("found an interrupted build in %s %s: starting over", tmp, why)
         shutil.rmtree(tmp)
     if state is not None:
         done = sum(state["written"].values()) * int(inputs["block_size"])
@@ -296,27 +354,32 @@ def _resume_point(tmp: Path, inputs: dict[str, Any], block_bytes: int) -> dict[s
     return state
 
 
-def _load_state(folder: Path, inputs: dict[str, Any], block_bytes: int) -> dict[str, Any] | None:
-    """The saved position of an interrupted build of these very inputs, or None (with the reason logged)."""
+def _read_state(folder: Path) -> dict[str, Any] | None:
+    """The saved position in `folder` as an object, or None (no file, unreadable, not an object)."""
+    try:
+        state = json.loads((folder / POSITION).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def _saved_state(folder: Path, inputs: dict[str, Any], block_bytes: int) -> tuple[dict[str, Any] | None, str]:
+    """The saved position of an interrupted build of these very inputs in `folder`, or None and why not (the end
+    of a sentence about the folder)."""
     path = folder / POSITION
     if not path.is_file():
-        log.warning("found an interrupted build in %s that saved no position: starting over", folder)
-        return None
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        log.warning("found an interrupted build in %s with an unreadable position (%s): starting over", folder, exc)
-        return None
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or state.get("inputs") != inputs:
-        log.warning("found an interrupted build in %s of other inputs: starting over", folder)
-        return None
+        return None, "that saved no position"
+    state = _read_state(folder)
+    if state is None:
+        return None, "with an unreadable position"
+    if state.get("format") != POSITION_FORMAT or state.get("inputs") != inputs:
+        changes = "; ".join(describe_changes(state.get("inputs") or {}, inputs)) or "another format"
+        return None, f"of other inputs ({changes})"
     for name, blocks in state["written"].items():
         file = folder / f"{name}.bin"
         if not file.is_file() or file.stat().st_size < blocks * block_bytes:
-            log.warning("found an interrupted build in %s whose %s is shorter than its position: starting over",
-                        folder, file.name)
-            return None
-    return state
+            return None, f"whose {file.name} is shorter than its position"
+    return state, ""
 
 
 class _Writing:
