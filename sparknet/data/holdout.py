@@ -7,7 +7,8 @@ there, or at the end of its last block, is training's: `HeldOut.rows` says, per 
 and from which token training takes each cut one (`HeldOutRows`, which every training part reads), so no token is
 in both splits and none is lost. `HeldOut.hashes` name the documents it took tokens of: training drops any copy of
 them (data/pieces.py). The source of each validation token is kept too (blocks join documents of several
-sources), for the eval loss per source.
+sources), for the eval loss per source, and where each item starts (`report["item_starts"]`): a document cut at
+its cap ends where a block ends, with no <|endoftext|>, so evaluation finds documents from this record.
 """
 
 from __future__ import annotations
@@ -68,12 +69,14 @@ def hold_out(spec: DataSpec, progress: Any = None) -> HeldOut:
         sizes = {label: source.reader.rows if label in counts["exhausted"] else None
                  for label, source in pipeline.sources.items()}
         source_ids = loop.packer.source_ids().reshape(len(blocks), spec.block_size)
+        item_starts = list(loop.packer.item_starts)
     finally:
         stop(pipeline.sources if pipeline is not None else {}, encoders, clean=False)
     if len(blocks) < wanted:
         log.warning("the sources hold only %d of the %d validation blocks asked", len(blocks), wanted)
     stacked = np.stack(blocks) if blocks else np.empty((0, spec.block_size), dtype=spec.token_dtype)
-    return HeldOut(stacked, source_ids, rows, hashes, _report(spec, counts, rows, sizes, len(blocks)))
+    report = {**_report(spec, counts, rows, sizes, len(blocks)), "item_starts": item_starts}
+    return HeldOut(stacked, source_ids, rows, hashes, report)
 
 
 def _documents_used(loop: StreamBlocks) -> dict[str, list[tuple[str, tuple[int, int], int, int]]]:

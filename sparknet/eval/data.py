@@ -1,9 +1,14 @@
 """The documents an evaluation scores, as text, so that any model, whatever its tokenizer, scores the same bytes.
 
 `DATA` may name:
-- a packed dataset folder (its `manifest.json`): a split decoded back to documents, cut at <|endoftext|>;
+- a packed dataset folder (its `manifest.json`): a split decoded back to documents;
 - a streaming run's validation blocks (`checkpoints/RUN/val_blocks.npy`, what the run evaluated on: about its
   VAL_TOKENS), decoded the same way with the run's tokenizer;
+  a validation split's documents are where its record says each item starts (the manifest's `splits.val.
+  item_starts`, the run's `val_report.json`): a document cut at its source's cap ends where a block ends, with no
+  <|endoftext|>, so cutting at <|endoftext|> would glue it to the next ones. Each is labelled with its source (the
+  tokens' sources, val_sources). A split without such a record (a training split, a dataset or run made before
+  the record) is cut at <|endoftext|>, with a warning where that may glue documents;
 - a mix config (`configs/*.json`): the rows each source held out for validation in a streaming run among the
   models (its `val_report.json`), or the first `holdout_rows` rows of each source;
 - a Hub dataset id, or a local folder of data files `datasets` can load: one split (`subset`, `split`), streamed;
@@ -89,7 +94,7 @@ def load_labelled_documents(request: DataRequest | str) -> tuple[list[str], list
     if kind == "packed":
         texts, labels = _packed_documents(request)
     elif kind == "blocks":
-        texts = _blocks_documents(request)
+        texts, labels = _blocks_documents(request)
     elif kind == "config":
         texts = _config_documents(request)
     elif kind == "dataset":
@@ -125,8 +130,10 @@ def trained_on(folder: Path | None, spec: str) -> str:
 
 
 def check_unchanged(folder: Path | None, source: str) -> None:
-    """When `source` is the packed dataset the run in `folder` was trained on, it must still be that dataset: a
-    folder rebuilt since with other inputs holds another validation split (and other training data)."""
+    """When `source` is the packed dataset the run in `folder` was trained on, its validation split must still be
+    the one the run held out: a folder rebuilt since with other inputs holds another. A dataset grown since (or
+    rebuilt at another size), its inputs the same but TARGET_TOKENS, holds the same validation split byte for byte
+    (the hold-out comes first and does not depend on the size: data/packed/build.py), so it is scored."""
     from sparknet.data.packed.dataset import read_manifest
     from sparknet.identity import describe_changes
     from sparknet.run_files import read_metadata
@@ -137,11 +144,37 @@ def check_unchanged(folder: Path | None, source: str) -> None:
     if not recorded.get("path") or Path(recorded["path"]).resolve() != project_path(source).resolve():
         return
     manifest = read_manifest(project_path(source)) or {}
-    if recorded.get("inputs") is not None and manifest.get("inputs") != recorded["inputs"]:
+    if recorded.get("inputs") is not None and _but_size(manifest.get("inputs")) != _but_size(recorded["inputs"]):
         changes = "; ".join(describe_changes(recorded["inputs"], manifest.get("inputs") or {})) or "inputs differ"
         raise UserError(f"{source} was rebuilt since {folder.name} was trained on it ({changes}): its validation "
                         "split is not the text the run held out. Rebuild it with the run's inputs, or pass DATA to "
                         "score other data knowingly")
+
+
+def _but_size(inputs: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A dataset's inputs less its training size: what its validation split depends on."""
+    return None if inputs is None else {key: value for key, value in inputs.items() if key != "target_tokens"}
+
+
+def is_runs_hold_out(folder: Path | None, data: str, split: str) -> bool:
+    """Whether `data` is a packed dataset whose validation split is, token for token, the hold-out of the streaming
+    run in `folder` (the same config, tokenizer, VAL_TOKENS, SHUFFLE_BUFFER and seed: the build is the stream
+    written to disk): what it never trained on (its training dropped any repeat of those documents)."""
+    from sparknet.data.packed.dataset import PackedDataset
+    from sparknet.run_files import run_of
+    from sparknet.runtime import project_path
+
+    if folder is None or split != "val" or data_kind(data) != "packed":
+        return False
+    run = run_of(folder)
+    try:
+        identity = json.loads((run / RUN_CONFIG).read_text(encoding="utf-8"))
+        blocks = read_val_blocks(run / VAL_BLOCKS)
+        dataset = PackedDataset(project_path(data), "val")
+    except (OSError, ValueError, UserError):
+        return False
+    return (isinstance(identity, dict) and identity.get("tokenizer_sha256") == dataset.manifest["tokenizer"]["sha256"]
+            and np.array_equal(np.asarray(dataset.tokens), blocks))
 
 
 def _is_mix_config(path: Path) -> bool:
@@ -223,18 +256,17 @@ def _packed_documents(request: DataRequest) -> tuple[list[str], list[str] | None
     dataset = PackedDataset(project_path(request.data), request.split)
     tokenizer = load_tokenizer(dataset.manifest["tokenizer"]["path"])
     dataset.verify(len(tokenizer))  # the bytes the build wrote, ids within the vocabulary
-    flat = np.asarray(dataset.tokens).reshape(-1)
-    texts = _decoded(flat, tokenizer)
-    if dataset.source_ids is None:
-        return texts, None
-    # _decoded's pieces start at 0 and after each eos; a document's tokens all come from its source
-    starts = np.concatenate([[0], np.flatnonzero(flat == tokenizer.eos_token_id) + 1])
-    ids = dataset.source_ids.reshape(-1)
-    return texts, [dataset.source_labels[ids[start]] if start < len(ids) else "" for start in starts]
+    starts = dataset.manifest["splits"][request.split].get("item_starts")
+    if starts is None and request.split == "val":
+        log.warning("%s records no item starts (built before they were recorded): its validation documents are cut "
+                    "at <|endoftext|>, which glues a document cut at its cap to the next; rebuild it to score each "
+                    "document on its own", request.data)
+    return _items(np.asarray(dataset.tokens), starts, dataset.source_ids, dataset.source_labels, tokenizer)
 
 
-def _blocks_documents(request: DataRequest) -> list[str]:
-    """A streaming run's validation blocks, with the tokenizer of the run folder that holds them."""
+def _blocks_documents(request: DataRequest) -> tuple[list[str], list[str] | None]:
+    """A streaming run's validation blocks, with the tokenizer of the run folder that holds them, cut where its
+    report says items start, each labelled with its source (VAL_SOURCES beside them)."""
     from sparknet.runtime import project_path
     from sparknet.tokenizer import load_tokenizer
 
@@ -247,14 +279,53 @@ def _blocks_documents(request: DataRequest) -> list[str]:
     except ValueError as exc:
         raise UserError(f"{path} is damaged ({exc}): run the run's training command again, which holds its "
                         "validation blocks out again (they follow from its config)") from None
-    return _decoded(blocks, load_tokenizer(str(path.parent)))
+    report, sources, labels = _run_record(path.parent, blocks)
+    starts = report.get("item_starts") if report is not None else None
+    if starts is None:
+        log.warning("%s records no item starts (a run from before they were recorded): its documents are cut at "
+                    "<|endoftext|>, which glues a document cut at its cap to the next", path.parent / VAL_REPORT)
+    return _items(blocks, starts, sources, labels, load_tokenizer(str(path.parent)))
 
 
-def _decoded(tokens: np.ndarray, tokenizer: Any) -> list[str]:
-    """Token blocks back to documents: the whole stream decoded, cut at <|endoftext|>."""
+def _run_record(run: Path, blocks: np.ndarray) -> tuple[dict[str, Any] | None, np.ndarray | None, list[str]]:
+    """A streaming run's VAL_REPORT and its blocks' token sources (VAL_SOURCES), where they are whole and of these
+    blocks; (None, None, []) or (report, None, []) where not (the documents are then not labelled)."""
+    from sparknet.run_files import VAL_SOURCES
+
+    try:
+        report = read_val_report(run / VAL_REPORT) if (run / VAL_REPORT).is_file() else None
+    except ValueError:
+        return None, None, []
+    if report is None or report.get("blocks") != len(blocks) or not (run / VAL_SOURCES).is_file():
+        return (report if report is not None and report.get("blocks") == len(blocks) else None), None, []
+    try:
+        sources = read_val_blocks(run / VAL_SOURCES, blocks.shape[1], len(blocks))
+    except ValueError:
+        return report, None, []
+    labels = list(report.get("source_labels") or [])
+    if sources.size and int(sources.max()) >= len(labels):
+        return report, None, []
+    return report, sources, labels
+
+
+def _items(tokens: np.ndarray, starts: list[int] | None, source_ids: np.ndarray | None, source_labels: list[str],
+           tokenizer: Any) -> tuple[list[str], list[str] | None]:
+    """Token blocks back to documents: the flat tokens cut at each item's start (`starts`; None: after each
+    <|endoftext|>), each without its <|endoftext|>, and each one's source label (the source of its first token)
+    when `source_ids` are given, else None."""
     flat = np.asarray(tokens).reshape(-1).astype(np.int64)
-    pieces = np.split(flat, np.flatnonzero(flat == tokenizer.eos_token_id) + 1)
-    return [tokenizer.decode(p[p != tokenizer.eos_token_id].tolist()) for p in pieces]
+    eos = tokenizer.eos_token_id
+    if starts is None:
+        starts = [0, *(np.flatnonzero(flat == eos) + 1).tolist()]
+    cuts = sorted({int(start) for start in starts if 0 <= int(start) < len(flat)} | {0})
+    pieces = np.split(flat, cuts[1:])
+    # an item's own <|endoftext|> ends it (only the appended one: a literal in a document is text, other ids)
+    texts = [tokenizer.decode((piece[:-1] if len(piece) and piece[-1] == eos else piece).tolist())
+             for piece in pieces]
+    if source_ids is None:
+        return texts, None
+    ids = np.asarray(source_ids).reshape(-1)
+    return texts, [source_labels[int(ids[start])] for start in cuts]
 
 
 def _dataset_documents(request: DataRequest) -> list[str]:

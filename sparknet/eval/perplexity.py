@@ -198,7 +198,7 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
             # a pre-tokenized source is decoded with the first model's tokenizer
             documents[source] = load_labelled_documents(dataclasses.replace(
                 request, data=source, runs=runs, decode_with=tokenizer_source(refs[0])))
-        _say_what_it_may_have_seen(ref, source, *documents[source])
+        _say_what_it_may_have_seen(ref, source, request.split, *documents[source])
         model, tokenizer, device = load_model(ref)
         window = model_context(model) if context is None else context
         if not 0 < window <= model_context(model):
@@ -224,13 +224,15 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
     return rows
 
 
-def _say_what_it_may_have_seen(ref: ModelRef, source: str, texts: list[str], labels: list[str] | None) -> None:
+def _say_what_it_may_have_seen(ref: ModelRef, source: str, split: str, texts: list[str],
+                               labels: list[str] | None) -> None:
     """A warning when a model is scored on data other than its own held-out data and some of the documents come from
     sources it was trained on (their files' sha256s, or Hub ids, against its run's records), with how many; none for
-    its own held-out data, for data it never trained on, and for a model that records no training data."""
+    its own held-out data (a packed dataset's validation split equal to a streaming run's hold-out included), for
+    data it never trained on, and for a model that records no training data."""
     import logging
 
-    from sparknet.eval.data import data_kind, streamed_from, trained_on
+    from sparknet.eval.data import data_kind, is_runs_hold_out, streamed_from, trained_on
     from sparknet.eval.overlap import documents_trained_on
     from sparknet.runtime import project_path
 
@@ -241,6 +243,8 @@ def _say_what_it_may_have_seen(ref: ModelRef, source: str, texts: list[str], lab
     if project_path(own).resolve() == project_path(source).resolve():  # its own held-out data, however spelled
         return
     if streamed_from(ref.folder, source):  # a streaming run's own mix: its held-out rows, which it never trained on
+        return
+    if is_runs_hold_out(ref.folder, source, split):  # the build of its config: val.bin is its own hold-out
         return
     kind = data_kind(source)
     found = documents_trained_on(ref.folder, source, kind, labels, len(texts))

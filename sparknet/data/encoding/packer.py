@@ -99,9 +99,15 @@ class BlockPacker:
         # split's per-token source ids, for the loss per source; a few runs per document, kept in the state)
         self._source_index: dict[str, int] | None = None
         self.source_runs: list[list[int]] = []
+        # ... and where each item (a document, or a piece of one) starts among those tokens: a piece of a long
+        # document, or a validation document cut at its cap, ends where a block ends with no <|endoftext|>, so the
+        # tokens alone cannot say where documents start (evaluation reads this record)
+        self.item_starts: list[int] = []
+        self._recorded = 0  # tokens handed out since `record_sources`
 
     def record_sources(self, labels: Sequence[str]) -> None:
-        """From now on, remembers which source (its index in `labels`) each handed-out token came from."""
+        """From now on, remembers which source (its index in `labels`) each handed-out token came from, and where
+        each item handed out starts (`item_starts`)."""
         self._source_index = {label: index for index, label in enumerate(labels)}
 
     def source_ids(self) -> np.ndarray:
@@ -117,7 +123,7 @@ class BlockPacker:
     def add(self, label: str, tokens: np.ndarray) -> None:
         """Appends one document (or piece of one) to the pending tokens."""
         self._pending.append(tokens)
-        self._segments.append([label, len(tokens)])
+        self._segments.append([label, len(tokens), len(tokens)])  # label, tokens not handed out, length
         self.pending_tokens += len(tokens)
         self.documents_by_source[label] += 1
 
@@ -145,6 +151,8 @@ class BlockPacker:
             used = min(seg[1], remaining)
             self.tokens_by_source[seg[0]] += used
             if self._source_index is not None:
+                if seg[1] == seg[2]:  # the item's first token handed out
+                    self.item_starts.append(self._recorded + n_tokens - remaining)
                 index = self._source_index[seg[0]]
                 if self.source_runs and self.source_runs[-1][0] == index:
                     self.source_runs[-1][1] += used
@@ -154,4 +162,6 @@ class BlockPacker:
             remaining -= used
             if seg[1] == 0:
                 self._segments.popleft()
+        if self._source_index is not None:
+            self._recorded += n_tokens
         return out.reshape(n_blocks, self.block_size)

@@ -79,6 +79,8 @@ def split_report(spec: Any, held: dict[str, Any], counts: dict[str, Any],
             "sources": sources[name],
         }
     splits["val"]["source_ids"] = held["source_ids"]
+    # where each validation item starts in val.bin's tokens (evaluation's documents: data/holdout.py)
+    splits["val"]["item_starts"] = held["report"]["item_starts"]
     return splits
 
 
