@@ -7,7 +7,8 @@ With --push_to_hub USER/REPO the folder is uploaded (token from HF_TOKEN or `hf 
 MODEL = "checkpoints/demo"  # run folder (checkpoints/RUN_NAME) or a checkpoint-N inside it
 OUTPUT_DIR = ""  # where the folder goes ("": exports/<RUN_NAME>)
 LICENSE = ""  # the card's license, a Hub licence id (apache-2.0, mit, gpl-3.0; checked): "" is `other`, with a warning
-LANGUAGE = ["en"]  # the card's languages (ISO 639-1 codes)
+# the card's languages (ISO 639-1 codes, e.g. ["en"]; []: none stated: the run knows its sources, not their languages)
+LANGUAGE: list[str] = []
 EVAL_DIR = "eval"  # eval results and plots are read from EVAL_DIR/<RUN_NAME>/
 OVERWRITE = False  # replace a non-empty OUTPUT_DIR
 UNFINISHED = False  # export a run folder whose training did not finish (no training_metadata.json) as it is

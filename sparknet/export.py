@@ -31,7 +31,8 @@ def export_model(spec: str, output_dir: Path, *, license: str = "", language: li
     """Writes the folder and returns the card's path. `spec`: checkpoints/RUN_NAME or a checkpoint-N inside it;
     `repo_id`: the Hub repository the card's usage example loads (default: the folder, by its path, with a
     commented line for the Hub); `license`: a Hub license id ("": not set, the card says `other` and a warning
-    asks for it: a model's licence follows its training data's, which the exporter knows, not SparkNet). The folder is
+    asks for it: a model's licence follows its training data's, which the exporter knows, not SparkNet); `language`:
+    the card's languages (None: none stated, as SparkNet does not know its sources' languages). The folder is
     written beside OUTPUT_DIR and put in place by renames, so an interrupted export leaves the old one whole; one
     export into a folder at a time (a second at once is refused in one line: both would build in one hidden folder).
     """
@@ -103,7 +104,7 @@ def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str
             "LICENSE is not set: the card says `license: %s`. A model's licence follows its training data's: set it "
             "with --license (a Hub license id, e.g. apache-2.0, mit, cc-by-sa-4.0, gpl-3.0)", UNSET_LICENSE)
     card = model_card(ref.name, model, metadata, perplexities, benchmarks, has_image=image.is_file(),
-                      license=license, language=language or ["en"], repo_id=repo_id,
+                      license=license, language=language or None, repo_id=repo_id,
                       local_path=usage_path(output_dir))
     (building / "README.md").write_text(card, encoding="utf-8")
     replace_folder(building, output_dir)
@@ -150,9 +151,10 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def card_data(name: str, metadata: dict[str, Any], benchmarks: dict[str, Any], *, license: str,
-              language: list[str]) -> Any:
+              language: list[str] | None) -> Any:
     """The YAML header. Hub datasets of the mix are listed (local files have no Hub id); benchmark results become
-    a model-index."""
+    a model-index; `language` only as the exporter states it (None or []: no `language` key): a run knows its
+    sources, not their languages, and a mix with code or another language is no `en` model."""
     from huggingface_hub import EvalResult, ModelCardData
 
     from sparknet.harness import METRICS
@@ -165,7 +167,7 @@ def card_data(name: str, metadata: dict[str, Any], benchmarks: dict[str, Any], *
                                metric_value=float(metrics[metric]))
                     for task, metrics in benchmarks.get("results", {}).items() for metric in METRICS
                     if isinstance(metrics.get(metric), (int, float))]
-    return ModelCardData(license=license or UNSET_LICENSE, language=language, library_name="transformers",
+    return ModelCardData(license=license or UNSET_LICENSE, language=language or None, library_name="transformers",
                          pipeline_tag="text-generation", datasets=datasets or None, tags=["sparknet", "causal-lm"],
                          model_name=name.replace("/", "-"), eval_results=eval_results or None,
                          base_model=base_model_name(metadata))
@@ -198,10 +200,11 @@ def base_model_text(metadata: dict[str, Any]) -> str:
 
 
 def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict[str, Any],
-               benchmarks: dict[str, Any], *, has_image: bool, license: str, language: list[str],
+               benchmarks: dict[str, Any], *, has_image: bool, license: str, language: list[str] | None,
                repo_id: str, local_path: tuple[str, str]) -> str:
     """README.md: YAML header, then what the model is, how it was trained, how well it does, how to use it.
-    `repo_id`: the Hub repository ("": not pushed); `local_path`: the folder's path and where it holds from."""
+    `repo_id`: the Hub repository ("": not pushed); `local_path`: the folder's path and where it holds from;
+    `language`: the languages the exporter states (None: the header names none)."""
     data = card_data(name, metadata, benchmarks, license=license, language=language)
     config = model.config
     parameters = sum(p.numel() for p in model.parameters())

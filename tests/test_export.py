@@ -86,7 +86,8 @@ def test_export_folder_and_card(run: tuple[Path, Path]) -> None:
     assert not {"is_local", "local_files_only", "split_special_tokens"} & set(saved)
     card = ModelCard.load(out / "README.md")
     data = card.data.to_dict()
-    assert data["license"] == "apache-2.0" and data["language"] == ["en"]
+    # no language unless the exporter states one (LANGUAGE): the run knows its sources, not their languages
+    assert data["license"] == "apache-2.0" and "language" not in data
     assert data["library_name"] == "transformers" and data["pipeline_tag"] == "text-generation"
     assert data["datasets"] == ["HuggingFaceFW/fineweb-edu"]  # local JSONL has no Hub id
     result = card.data.eval_results[0]
@@ -355,8 +356,10 @@ def test_the_license_is_other_with_a_warning_until_it_is_set(run: tuple[Path, Pa
     assert "LICENSE is not set" in caplog.text and "--license" in caplog.text, caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="sparknet"):
-        card = export_model(str(folder), tmp / "b", eval_root=str(tmp / "eval"), license="gpl-3.0")
+        card = export_model(str(folder), tmp / "b", eval_root=str(tmp / "eval"), license="gpl-3.0",
+                            language=["en", "fr"])
     assert ModelCard.load(card).data.license == "gpl-3.0"
+    assert ModelCard.load(card).data.language == ["en", "fr"]  # LANGUAGE, as the exporter states it
     assert "LICENSE" not in caplog.text
 
 
