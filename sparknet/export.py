@@ -103,7 +103,7 @@ def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str
         logging.getLogger("sparknet.export").warning(
             "LICENSE is not set: the card says `license: %s`. A model's licence follows its training data's: set it "
             "with --license (a Hub license id, e.g. apache-2.0, mit, cc-by-sa-4.0, gpl-3.0)", UNSET_LICENSE)
-    card = model_card(ref.name, model, metadata, perplexities, benchmarks, has_image=image.is_file(),
+    card = model_card(ref, model, metadata, perplexities, benchmarks, has_image=image.is_file(),
                       license=license, language=language or None, repo_id=repo_id,
                       local_path=usage_path(output_dir))
     (building / "README.md").write_text(card, encoding="utf-8")
@@ -199,12 +199,17 @@ def base_model_text(metadata: dict[str, Any]) -> str:
             f"`{base.get('sha256')}`, not on the Hub)")
 
 
-def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict[str, Any],
+def model_card(ref: ModelRef, model: Any, metadata: dict[str, Any], perplexity: dict[str, Any],
                benchmarks: dict[str, Any], *, has_image: bool, license: str, language: list[str] | None,
                repo_id: str, local_path: tuple[str, str]) -> str:
     """README.md: YAML header, then what the model is, how it was trained, how well it does, how to use it.
-    `repo_id`: the Hub repository ("": not pushed); `local_path`: the folder's path and where it holds from;
-    `language`: the languages the exporter states (None: the header names none)."""
+    `ref`: the model exported (its name; a run's checkpoint-N, whose weights are that step's, not those the run's
+    metadata ends with); `repo_id`: the Hub repository ("": not pushed); `local_path`: the folder's path and where it
+    holds from; `language`: the languages the exporter states (None: the header names none)."""
+    from sparknet.run_files import checkpoint_step, run_of
+
+    name = ref.name
+    checkpoint = checkpoint_step(ref.folder) if ref.folder is not None and run_of(ref.folder) != ref.folder else None
     data = card_data(name, metadata, benchmarks, license=license, language=language)
     config = model.config
     parameters = sum(p.numel() for p in model.parameters())
@@ -226,7 +231,7 @@ def model_card(name: str, model: Any, metadata: dict[str, Any], perplexity: dict
             f"Byte-level BPE, vocabulary {config.vocab_size}, `<|endoftext|>` as bos/eos/pad "
             f"(trained: `{card_path(metadata.get('tokenizer', {}).get('path', '-'))}`). {_end_of_text_text(metadata)}",
             ""]
-    body += _training_section(metadata, settings, metrics)
+    body += _training_section(metadata, settings, metrics, checkpoint)
     body += _results_section(perplexity, benchmarks, has_image)
     body += _usage_section(repo_id, local_path)
     if not license:
@@ -269,18 +274,24 @@ def _usage_section(repo_id: str, local_path: tuple[str, str]) -> list[str]:
             'print(generator("def fibonacci(n):", max_new_tokens=40)[0]["generated_text"])', "```", ""]
 
 
-def _training_section(metadata: dict[str, Any], settings: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
+def _training_section(metadata: dict[str, Any], settings: dict[str, Any], metrics: dict[str, Any],
+                      checkpoint: int | None) -> list[str]:
+    """What the model was trained on and how, which weights these are, and the run's final metrics (`checkpoint`:
+    the step of the checkpoint-N exported, None for the run's final model)."""
     if not metadata:
         return ["## Training", "", "No training_metadata.json was found for this model.", ""]
-    out = ["## Training data", ""] + _sources_table(metadata)
+    out = ["## Training data", ""] + _sources_table(metadata) + _data_text(metadata)
     out += [f"Mix config: `{card_path(metadata.get('config', {}).get('path', '-'))}` (not shipped with the model; "
             "the sources above are what it named).", ""]
     out += _phases_table(metadata)
     out += ["## Training", "", markdown_table(["setting", "value"], _settings_rows(metadata, settings))]
-    final_keys = ("train_loss", "eval_loss", "eval_perplexity", "eval_bits_per_byte", "tokens_per_second_mean")
+    out += _weights_text(metadata, checkpoint)
+    final_keys = ("eval_loss", "eval_perplexity", "eval_bits_per_byte", "train_loss", "tokens_per_second_mean")
     final = [[key, str(round(metrics[key], 4))] for key in final_keys if metrics.get(key) is not None]
     if final:
-        out += ["Final metrics (on the dataset's validation split):", "", markdown_table(["metric", "value"], final)]
+        out += [f"Final metrics. The eval figures are {validation_text(metadata)}. train_loss is the mean training "
+                "loss of the last logging window, tokens_per_second_mean the training's throughput:", "",
+                markdown_table(["metric", "value"], final)]
     per_source = metrics.get("eval_per_source") or {}
     if per_source:
         from sparknet.metrics import perplexity
@@ -291,6 +302,102 @@ def _training_section(metadata: dict[str, Any], settings: dict[str, Any], metric
                 "token of a block but its first, `<|endoftext|>` included):", "",
                 markdown_table(["source", "predicted tokens", "loss", "perplexity", "bits/byte"], rows)]
     return out
+
+
+def _data_text(metadata: dict[str, Any]) -> list[str]:
+    """How the data reached training: streamed (its shuffle buffer and window, its processes, its own validation
+    hold-out) or from a packed dataset (whose validation split the final metrics are on)."""
+    stream = metadata.get("stream")
+    if isinstance(stream, dict):
+        if "shuffle_buffer" in stream:
+            buffer, window = stream["shuffle_buffer"], stream.get("shuffle_window") or 0
+            order = (f"each source's documents shuffled in a buffer of {buffer:,} documents" if buffer else
+                     "each source read in its own order (no shuffle buffer)")
+            order += (f", the training blocks handed out in a seeded order within windows of at most {window:,} "
+                      "blocks per process"
+                      if window else ", the training blocks in the stream's order (no shuffle window)")
+        else:  # metadata written before the stream recorded them
+            order = "its shuffle buffer and window are not recorded in this run's metadata"
+        world = metadata.get("world_size") or 1
+        processes = stream.get("training", {}).get("processes")
+        if world <= 1:
+            spread = ""
+        elif processes == world:
+            spread = (f" It ran on {world} processes, each reading its own documents of each source: the table counts "
+                      "all of them.")
+        else:  # rank 0's figures alone, as the metadata recorded them before they were summed
+            seen = metadata.get("tokens_seen")
+            spread = (f" It ran on {world} processes, each reading its own documents of each source; the table's "
+                      "tokens and documents are process 0's stream alone (this run's metadata was written before "
+                      "they were summed over processes)" + (f": the run trained on {seen:,} tokens in all." if
+                                                            isinstance(seen, int) else "."))
+        return [f"Streamed: the sources were read, encoded and mixed while the model trained "
+                f"(scripts/train_sparknet.py), not read from a packed dataset; {order}.{spread} Its validation "
+                "blocks are its own hold-out, not a dataset's split: the first tokens of the mix, taken from the "
+                "start of each source before training; training read on after them, took the rest of each document "
+                "they cut, and dropped any verbatim repeat of one of their documents.", ""]
+    dataset = metadata.get("dataset")
+    if isinstance(dataset, dict) and dataset.get("path"):
+        return [f"From the packed dataset `{printable(card_path(dataset['path']))}` (scripts/build_dataset_v5.py): "
+                "the blocks of its train split; its validation split, which the build held out from the start of "
+                "the mix, is what the final metrics are on.", ""]
+    return []
+
+
+def validation_text(metadata: dict[str, Any]) -> str:
+    """Which validation blocks the run's final eval is on ("on ..."), and their size: blocks, tokens and documents
+    (the stream's own hold-out, or the packed dataset's validation split), and the tokens the eval loss averages."""
+    stream, dataset = metadata.get("stream"), metadata.get("dataset")
+    if isinstance(stream, dict) and isinstance(stream.get("validation"), dict):
+        split, sources = "the run's own validation hold-out", stream["validation"].get("sources") or {}
+        blocks, tokens = stream["validation"].get("blocks"), stream["validation"].get("tokens")
+    elif isinstance(dataset, dict) and (dataset.get("realised_mixture") or {}).get("val"):
+        split, sources = "the dataset's validation split", dataset["realised_mixture"]["val"]
+        tokens = sum(int(source.get("tokens", 0)) for source in sources.values())
+        block_size = (dataset.get("inputs") or {}).get("block_size")
+        blocks = tokens // block_size if isinstance(block_size, int) and block_size > 0 else None
+    else:
+        return "on the run's validation blocks (their size is not recorded)"
+    size = []
+    if isinstance(blocks, int):
+        size.append(f"{blocks:,} blocks")
+    if isinstance(tokens, int):
+        size.append(f"{tokens:,} tokens")
+    documents = [source.get("documents") for source in sources.values()]
+    if documents and all(isinstance(count, int) for count in documents):
+        cut = sum(int(source.get("documents_cut") or 0) for source in sources.values())
+        size.append(f"from {sum(documents):,} documents" + (
+            f" ({cut:,} of them only their start, cut at their source's cap; training took the rest of those)"
+            if cut else ""))
+    # the eval loss is the mean over the tokens the blocks predict: all but each block's first
+    predicted = (f". The eval loss averages the {tokens - blocks:,} tokens they predict (all but each block's first)"
+                 if isinstance(blocks, int) and isinstance(tokens, int) else "")
+    return f"on {split}" + (f": {', '.join(size)}{predicted}" if size else "")
+
+
+def _weights_text(metadata: dict[str, Any], checkpoint: int | None) -> list[str]:
+    """Which weights the folder holds, from the metadata: the run ends with the checkpoint of the lowest eval loss
+    (the Trainer's load_best_model_at_end, sparknet.train.hf_trainer.training_arguments), which may or may not be
+    the last step's; a checkpoint-N exported is that checkpoint, whatever the run ended with."""
+    from sparknet.run_files import checkpoint_step
+
+    metrics, steps = metadata.get("metrics", {}), metadata.get("steps")
+    of_steps = f" of {steps:,}" if isinstance(steps, int) else ""
+    best = metrics.get("best_checkpoint")
+    best_step = checkpoint_step(Path(best)) if isinstance(best, str) else None
+    if checkpoint is not None:
+        final = (f"checkpoint-{best_step}, the lowest eval loss" if best_step is not None else "the last step's")
+        return [f"Weights: the run's checkpoint-{checkpoint} (step {checkpoint:,}{of_steps}), exported as it is, not "
+                f"the model the run ended with ({final}): the final metrics below are that model's, not these "
+                "weights'.", ""]
+    if best_step is not None:
+        last = ("the last step's, which had the lowest eval loss of the checkpoints evaluated"
+                if best_step == steps else "not the last step's: the checkpoint with the lowest eval loss")
+        return [f"Weights: checkpoint-{best_step} (step {best_step:,}{of_steps}), {last} (the run ends with its best "
+                "checkpoint by eval loss: load_best_model_at_end).", ""]
+    if "best_checkpoint" in metrics and isinstance(steps, int):  # recorded, and none: no best to go back to
+        return [f"Weights: the last step's (step {steps:,}): no checkpoint was recorded as the best.", ""]
+    return []
 
 
 def _sources_table(metadata: dict[str, Any]) -> list[str]:
@@ -381,12 +488,16 @@ def _settings_rows(metadata: dict[str, Any], settings: dict[str, Any]) -> list[l
     schedule = lr_schedule_text(metadata, settings)
     if schedule:
         rows.append(["lr schedule", schedule])
+    # the packed trainer draws its blocks in SEED's order; the stream hands them out in windows the data seed orders
+    streamed = isinstance(metadata.get("stream"), dict)
     if "seed" in settings:
-        rows.append(["training seed (SEED: initialisation, dropout, the order blocks are drawn in)",
-                     str(settings["seed"])])
+        seeds = "initialisation, dropout" if streamed else "initialisation, dropout, the order blocks are drawn in"
+        rows.append([f"training seed (SEED: {seeds})", str(settings["seed"])])
     data_seed = data_seed_of(metadata)
     if data_seed is not None:
-        rows.append(["data seed (each source's shuffle and the validation hold-out)", str(data_seed)])
+        seeds = ("each source's shuffle, the order of the blocks in each window, and the validation hold-out"
+                 if streamed else "each source's shuffle and the validation hold-out")
+        rows.append([f"data seed ({seeds})", str(data_seed)])
     rows += [["steps", metadata.get("steps", "-")], ["tokens seen", metadata.get("tokens_seen", "-")],
              ["world size", metadata.get("world_size", "-")], ["device", metadata.get("device", {}).get("name", "-")],
              ["wall time (s)", str(metadata.get("wall_seconds", "-"))]]

@@ -253,6 +253,15 @@ def test_a_checkpoint_exports_with_the_config_of_the_final_export(finished, tmp_
         assert exported == final, file
     config = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
     assert config["use_cache"] is True and config["pad_token_id"] == config["eos_token_id"]
+    # the card says whose weights these are: this checkpoint's, not those of the model the run ended with, whose
+    # final metrics it shows
+    step, steps, best = checkpoint_step(checkpoint), result.metadata["steps"], _best_of(result.run_dir)
+    assert step != steps
+    card = (tmp_path / "checkpoint" / "README.md").read_text()
+    assert (f"Weights: the run's checkpoint-{step} (step {step} of {steps}), exported as it is, not the model the "
+            f"run ended with (checkpoint-{best}, the lowest eval loss): the final metrics below are that model's, not "
+            "these weights'.") in card, card
+    assert f"Weights: checkpoint-{best} (step {best} of {steps})" in (tmp_path / "final" / "README.md").read_text()
 
 
 def _snippet(card: str) -> str:
@@ -338,6 +347,13 @@ def test_no_absolute_local_path_goes_into_the_card(finished, tmp_path: Path,
     for weights in [result.run_dir / "model.safetensors", *result.run_dir.glob("checkpoint-*/model.safetensors")]:
         assert weights.stat().st_mode & 0o777 == 0o666 & ~mask, weights
     assert f"Mix config: `{config.name}`" in card
+    # the final metrics name the packed dataset's validation split and its size, as its manifest records them
+    val = json.loads((dataset / "manifest.json").read_text())["splits"]["val"]
+    cut = sum(source["documents_cut"] for source in val["sources"].values())
+    assert (f"The eval figures are on the dataset's validation split: {val['blocks']:,} blocks, {val['tokens']:,} "
+            f"tokens, from {val['documents']:,} documents ({cut:,} of them only their start") in card, card
+    assert f"From the packed dataset `{dataset.name}` (scripts/build_dataset_v5.py)" in card
+    assert "Streamed" not in card and "own hold-out" not in card
     assert f"| {dataset.name} (val) |" in card.split("## Evaluation")[1]  # the packed dataset's split
 
 
@@ -427,7 +443,8 @@ ANNEALED = {
     "base_model": {"init_from": "checkpoints/own-tiny", "name": "own-tiny", "commit": None,
                    "sha256": "ab" * 32, "step": None},
     "steps": 500,
-    "metrics": {"eval_loss": 5.0, "eval_per_source": {"manuals": {"loss": 4.5, "tokens": 1270, "bits_per_byte": 2.1}}},
+    "metrics": {"eval_loss": 5.0, "eval_per_source": {"manuals": {"loss": 4.5, "tokens": 1270, "bits_per_byte": 2.1}},
+                "best_checkpoint": "/elsewhere/checkpoints/own-anneal/checkpoint-400"},
 }
 
 
@@ -468,6 +485,12 @@ def test_the_card_of_an_annealed_run_tells_the_whole_story(run: tuple[Path, Path
     assert ("| web/en@v1 | Hub dataset | `someone/web`, subset `en`, split `train`, revision `v1`, commit "
             "`0123456789abcdef0123456789abcdef01234567` | `raw_content` |") in text
     assert "| manuals | 1,270 | 4.5000 |" in text  # the trainer's per-source eval, its tokens named
+    # the run ended with its best checkpoint, not its last step's (named, not by this machine's path)
+    assert ("Weights: checkpoint-400 (step 400 of 500), not the last step's: the checkpoint with the lowest eval "
+            "loss (the run ends with its best checkpoint by eval loss: load_best_model_at_end).") in text
+    assert "/elsewhere" not in text
+    # a packed dataset's validation split, its size not recorded in this metadata: not made up
+    assert "The eval figures are on the run's validation blocks (their size is not recorded)." in text
     assert "| datasets/own (val) | 9 | 2,988 |" in text and "| datasets/own (val) [manuals] | 5 | 2,000 |" in text
     # the two token counts of one validation split, each labelled with what it counts (issue 43.4)
     assert "| source | predicted tokens | loss |" in text and "every token of a block but its first" in text
@@ -489,3 +512,91 @@ def test_the_card_of_an_annealed_run_tells_the_whole_story(run: tuple[Path, Path
     assert "| muon_learning_rate | 0.001 |" in card.text
     assert "| lr schedule | cosine: linear warmup over steps 1-10, then a cosine decay from 0.002 to 0.1 x 0.002 at " \
            "step 500 |" in card.text
+
+
+def _card_sources(card: str) -> dict[str, tuple[int, int]]:
+    """The "Training data" table's tokens and documents per source, as the card prints them."""
+    table = card.split("## Training data")[1].split("\n\n")[1]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    return {row[0]: (int(row[4].replace(",", "")), int(row[5].replace(",", ""))) for row in rows}
+
+
+def _best_of(run_dir: Path) -> int:
+    """The step of the run's best checkpoint, as the Trainer recorded it in its last checkpoint (not the metadata)."""
+    from sparknet.run_files import checkpoint_step, checkpoints_by_step
+
+    state = json.loads((checkpoints_by_step(run_dir)[-1] / "trainer_state.json").read_text())
+    return checkpoint_step(Path(state["best_model_checkpoint"]))
+
+
+def _assert_validation_told(card: str, run_dir: Path) -> None:
+    """The card names the run's own hold-out, never a dataset's split, with its size as the run folder holds it:
+    val_blocks.npy's blocks and tokens, the items val_report.json records, the tokens the loss averages."""
+    import numpy as np
+
+    blocks, block_size = np.load(run_dir / "val_blocks.npy").shape
+    items = len(json.loads((run_dir / "val_report.json").read_text())["item_starts"])
+    assert (f"The eval figures are on the run's own validation hold-out: {blocks:,} blocks, {blocks * block_size:,} "
+            f"tokens, from {items:,} documents") in card, card
+    assert f"The eval loss averages the {blocks * (block_size - 1):,} tokens they predict" in card
+    assert "the dataset's validation split" not in card
+    assert "Its validation blocks are its own hold-out, not a dataset's split" in card
+
+
+def test_a_streamed_runs_card_says_it_was_streamed_and_what_its_weights_and_metrics_are(
+        corpus_config: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
+    """A streamed run (the streaming trainer, in this process): its card says it was streamed, with its shuffle
+    buffer and window, that its validation is its own hold-out (of the size its run folder holds), which checkpoint
+    the weights are (the Trainer's record of the best), and states no language."""
+    from huggingface_hub import ModelCard
+
+    from sparknet.cli import script_constants
+    from sparknet.export import export_model
+    from tests.helpers import STREAM, train_streamed
+
+    result = train_streamed(tmp_path, corpus_config, tokenizer_dir)
+    assert result.status == "finished"
+    card = ModelCard.load(export_model(str(result.run_dir), tmp_path / "out", eval_root=str(tmp_path / "eval")))
+    assert "language" not in card.data.to_dict()  # nothing asserted of a corpus of prose and code
+    text = card.text
+    window = script_constants("train_sparknet.py")["SHUFFLE_WINDOW"]
+    assert (f"Streamed: the sources were read, encoded and mixed while the model trained (scripts/train_sparknet.py), "
+            f"not read from a packed dataset; each source's documents shuffled in a buffer of "
+            f"{STREAM['shuffle_buffer']} documents, the training blocks handed out in a seeded order within windows "
+            f"of at most {window:,} blocks per process.") in text, text
+    assert "processes" not in text.split("## Training data")[1].split("## Training")[0]  # one process
+    _assert_validation_told(text, result.run_dir)
+    steps, best = result.metadata["steps"], _best_of(result.run_dir)
+    last = ("the last step's, which had the lowest eval loss of the checkpoints evaluated" if best == steps else
+            "not the last step's: the checkpoint with the lowest eval loss")
+    assert f"Weights: checkpoint-{best} (step {best:,} of {steps:,}), {last}" in text, text
+    # the stream's blocks are ordered in windows by the data seed, not SEED
+    assert "| training seed (SEED: initialisation, dropout) |" in text
+    identity = json.loads((result.run_dir / "run_config.json").read_text())
+    trained = steps * identity["global_batch_size"] * identity["block_size"]
+    assert sum(tokens for tokens, _ in _card_sources(text).values()) == trained == 40 * 4 * 128
+
+
+def test_an_older_multi_process_runs_card_says_its_table_is_one_process(run: tuple[Path, Path]) -> None:
+    """Metadata written before the stream's counts were summed over processes (no `processes`) on two processes:
+    the card says its table is process 0's stream alone, and the run's tokens in all; its shuffle settings, not
+    recorded then, are said to be unknown."""
+    from sparknet.export import export_model
+
+    folder, tmp = run
+    old = {**{k: v for k, v in METADATA.items() if k != "dataset"}, "world_size": 2, "stream": {
+        "data_seed": 1, "validation": {"blocks": 2, "tokens": 256, "sources": {
+            "fineweb-edu": {"tokens": 200, "documents": 3, "documents_cut": 1},
+            "local": {"tokens": 56, "documents": 1, "documents_cut": 0}}},
+        "training": {"shares": {"fineweb-edu": 0.7, "local": 0.3}, "tokens": {"fineweb-edu": 700, "local": 300},
+                     "documents": {"fineweb-edu": 4, "local": 2}, "requested_shares": {"fineweb-edu": 0.7,
+                                                                                       "local": 0.3}}}}
+    (folder / "training_metadata.json").write_text(json.dumps(old))
+    card = export_model(str(folder), tmp / "out", eval_root=str(tmp / "eval")).read_text()
+    assert ("It ran on 2 processes, each reading its own documents of each source; the table's tokens and documents "
+            "are process 0's stream alone (this run's metadata was written before they were summed over processes): "
+            "the run trained on 501,760 tokens in all.") in card, card
+    assert "its shuffle buffer and window are not recorded in this run's metadata" in card
+    assert ("on the run's own validation hold-out: 2 blocks, 256 tokens, from 4 documents (1 of them only their "
+            "start, cut at their source's cap; training took the rest of those). The eval loss averages the 254 "
+            "tokens they predict") in card

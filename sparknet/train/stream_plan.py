@@ -79,7 +79,9 @@ class StreamPlan(DataPlan):
                 "source_revisions": {s.label: {"revision": s.revision, "commit": self.commits.get(s.label)}
                                      for s in config.mix},
                 "text_columns": {s.label: text_column(s) for s in config.mix},  # the column each source was read from
-                "stream": {"data_seed": self.spec.seed, "validation": validation,
+                "stream": {"data_seed": self.spec.seed, "shuffle_buffer": self.spec.shuffle_buffer,
+                           "shuffle_window": self.spec.window_blocks, "on_exhausted": self.spec.on_exhausted,
+                           "validation": validation,
                            "training": {**realised, "requested_shares": requested_shares(self.stream.config)}},
                 **({"phases": self.phase_record()} if self.phase_steps else {})}
 
