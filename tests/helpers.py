@@ -147,6 +147,18 @@ def write_config(path: Path, mix: list[dict], **top: object) -> Path:
     return path
 
 
+def split_in_two_files(config: Path, folder: Path) -> Path:
+    """The mix with each source's file cut into two: shards that divide among two processes."""
+    mix = []
+    for entry in json.loads(config.read_text())["mix"]:
+        lines = Path(entry["data_files"]).read_text(encoding="utf-8").splitlines(keepends=True)
+        halves = [folder / f"{Path(entry['data_files']).stem}-{k}.jsonl" for k in range(2)]
+        for k, half in enumerate(halves):
+            half.write_text("".join(lines[k * len(lines) // 2:(k + 1) * len(lines) // 2]), encoding="utf-8")
+        mix.append({**entry, "data_files": [str(h) for h in halves]})
+    return write_config(folder / "mix.json", mix, context_length=128)
+
+
 def read_texts(path: Path) -> list[str]:
     return [json.loads(line)["text"] for line in path.read_text().splitlines()]
 

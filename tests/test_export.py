@@ -577,6 +577,61 @@ def test_a_streamed_runs_card_says_it_was_streamed_and_what_its_weights_and_metr
     assert sum(tokens for tokens, _ in _card_sources(text).values()) == trained == 40 * 4 * 128
 
 
+@pytest.mark.slow
+def test_two_processes_card_counts_every_process_stream(corpus_config: Path, tokenizer_dir: Path,
+                                                         tmp_path: Path) -> None:
+    """A streamed run on two processes (torchrun, as users run it) exported by the script: the "Training data"
+    table counts both processes' streams, its tokens the run's steps x global batch x block size (the Trainer's
+    and run_config.json's record, not the metadata's) split by source; its blocks too; and the rest of the card as
+    on one process."""
+    from huggingface_hub import ModelCard
+
+    from tests.helpers import finish_ok, split_in_two_files, start_script, stream_args
+
+    config = split_in_two_files(corpus_config, tmp_path)
+    args = stream_args(tmp_path, config, tokenizer_dir, target_tokens=20 * 8 * 128, global_batch_size=8,
+                       eval_steps=5, save_steps=10, logging_steps=1000, num_workers=1)
+    finish_ok(start_script("train_sparknet.py", args, processes=2))
+    run_dir = tmp_path / "ckpt" / "run"
+    proc = run_script("export_model.py", "--model", run_dir, "--output_dir", tmp_path / "out", "--eval_dir",
+                      tmp_path / "eval")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    card = ModelCard.load(tmp_path / "out" / "README.md")
+    identity = json.loads((run_dir / "run_config.json").read_text())
+    state = json.loads((run_dir / "checkpoint-20" / "trainer_state.json").read_text())
+    trained = state["global_step"] * identity["global_batch_size"] * identity["block_size"]
+    assert trained == 20 * 8 * 128
+    sources = _card_sources(card.text)
+    assert sum(tokens for tokens, _ in sources.values()) == trained, sources  # rank 0's alone was half
+    assert abs(sources["prose"][0] / trained - 0.6) < 0.05 and abs(sources["code"][0] / trained - 0.4) < 0.05
+    training = json.loads((run_dir / "training_metadata.json").read_text())["stream"]["training"]
+    assert training["blocks"] == state["global_step"] * identity["global_batch_size"] and training["processes"] == 2
+    assert "It ran on 2 processes, each reading its own documents of each source: the table counts all of them." \
+        in card.text
+    assert "language" not in card.data.to_dict()
+    _assert_validation_told(card.text, run_dir)
+    assert f"Weights: checkpoint-{_best_of(run_dir)} (step {_best_of(run_dir)} of 20)" in card.text
+
+
+def test_the_processes_counts_combine_into_the_runs() -> None:
+    """Each process's stream figures, summed where they count the run's training (tokens, documents, repeats
+    removed, blocks; the shares from the summed tokens), a dry source where any process saw it dry, the most
+    restarts any process made, the first end."""
+    from sparknet.train.stream_plan import combine_counts
+
+    rank0 = {"tokens": {"a": 600, "b": 424}, "documents": {"a": 5, "b": 3}, "validation_repeats_removed": {"a": 1,
+             "b": 0}, "blocks": 8, "restarts": {"a": 0, "b": 2}, "exhausted": ["b"], "end": None,
+             "shares": {"a": 600 / 1024, "b": 424 / 1024}}
+    rank1 = {"tokens": {"a": 700, "b": 324}, "documents": {"a": 6, "b": 2}, "validation_repeats_removed": {"a": 0,
+             "b": 2}, "blocks": 8, "restarts": {"a": 1, "b": 0}, "exhausted": ["a"], "end": "every source ran dry",
+             "shares": {"a": 700 / 1024, "b": 324 / 1024}}
+    assert combine_counts([rank0, rank1]) == {
+        "tokens": {"a": 1300, "b": 748}, "documents": {"a": 11, "b": 5}, "validation_repeats_removed": {"a": 1, "b": 2},
+        "shares": {"a": 1300 / 2048, "b": 748 / 2048}, "blocks": 16, "restarts": {"a": 1, "b": 2},
+        "exhausted": ["a", "b"], "end": "every source ran dry"}
+    assert combine_counts([rank0]) == {**rank0, "exhausted": ["b"]}
+
+
 def test_an_older_multi_process_runs_card_says_its_table_is_one_process(run: tuple[Path, Path]) -> None:
     """Metadata written before the stream's counts were summed over processes (no `processes`) on two processes:
     the card says its table is process 0's stream alone, and the run's tokens in all; its shuffle settings, not

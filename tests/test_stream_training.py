@@ -24,6 +24,7 @@ from tests.helpers import (
     read_events,
     read_steps,
     run_script,
+    split_in_two_files,
     start_script,
     stopped_checkpoint,
     stream_args,
@@ -113,18 +114,6 @@ def test_a_streamed_run_reports_its_mix_to_tensorboard_and_the_metadata(corpus_c
     AutoModelForCausalLM.from_pretrained(str(result.run_dir))
 
 
-def _split_in_two_files(config: Path, folder: Path) -> Path:
-    """The mix with each source's file cut into two: shards that divide among two processes."""
-    mix = []
-    for entry in json.loads(config.read_text())["mix"]:
-        lines = Path(entry["data_files"]).read_text(encoding="utf-8").splitlines(keepends=True)
-        halves = [folder / f"{Path(entry['data_files']).stem}-{k}.jsonl" for k in range(2)]
-        for k, half in enumerate(halves):
-            half.write_text("".join(lines[k * len(lines) // 2:(k + 1) * len(lines) // 2]), encoding="utf-8")
-        mix.append({**entry, "data_files": [str(h) for h in halves]})
-    return write_config(folder / "mix.json", mix, context_length=128)
-
-
 @pytest.mark.slow
 def test_two_processes_train_one_model_on_disjoint_documents_and_resume_exactly(corpus_config: Path,
                                                                                 tokenizer_dir: Path,
@@ -132,7 +121,7 @@ def test_two_processes_train_one_model_on_disjoint_documents_and_resume_exactly(
     """Each source in two files: each process reads one file of each, every row once (no 1-in-N warning)."""
     from transformers import AutoModelForCausalLM
 
-    config = _split_in_two_files(corpus_config, tmp_path)
+    config = split_in_two_files(corpus_config, tmp_path)
     settings = dict(target_tokens=60 * 2 * 4 * 128, global_batch_size=8, eval_steps=10, save_steps=10,
                     logging_steps=1000, record_batches=True, num_workers=1)
     out = finish_ok(_stream(stream_args(tmp_path / "a", config, tokenizer_dir, **settings), processes=2))

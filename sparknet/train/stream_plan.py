@@ -67,9 +67,13 @@ class StreamPlan(DataPlan):
     run_dir: Path | None = None  # the run's folder: a position saved in it is checked against the plan
 
     def metadata(self) -> dict[str, Any]:
+        """The data's record (every process calls it: the training counts are summed over them, a collective)."""
+        from sparknet.runtime import world_size
+
         stats = self.stream.stats()
-        realised = {k: stats[k] for k in ("shares", "tokens", "documents", "validation_repeats_removed", "blocks",
-                                          "restarts", "exhausted", "end")}
+        # each process's stream trained on its own documents: the run's training is all of them (rank 0's alone
+        # was half the tokens of a run on two processes)
+        realised = all_processes_counts({k: stats[k] for k in REALISED})
         # thousands of hashes and item starts: kept in the run folder's VAL_REPORT, not the metadata
         validation = {k: v for k, v in self.report.items() if k not in ("document_hashes", "item_starts")}
         from sparknet.data.source.opening import text_column
@@ -82,7 +86,9 @@ class StreamPlan(DataPlan):
                 "stream": {"data_seed": self.spec.seed, "shuffle_buffer": self.spec.shuffle_buffer,
                            "shuffle_window": self.spec.window_blocks, "on_exhausted": self.spec.on_exhausted,
                            "validation": validation,
-                           "training": {**realised, "requested_shares": requested_shares(self.stream.config)}},
+                           # `processes`: how many processes' streams the counts sum (older metadata: rank 0's only)
+                           "training": {**realised, "processes": world_size(),
+                                        "requested_shares": requested_shares(self.stream.config)}},
                 **({"phases": self.phase_record()} if self.phase_steps else {})}
 
     def callbacks(self, writer: Any) -> list[Any]:
@@ -379,6 +385,40 @@ def _tokens_per_document(source: dict[str, Any], source_spec: Any, spec: StreamS
     backend.encode_special_tokens = True  # a literal "<|endoftext|>" is text, as the stream's DocumentEncoder has it
     encoded = backend.encode_batch(texts, add_special_tokens=False)
     return sum(len(e.ids) + 1 for e in encoded) / len(texts)
+
+
+# the stream's figures of what training took, as the metadata records them
+REALISED = ("shares", "tokens", "documents", "validation_repeats_removed", "blocks", "restarts", "exhausted", "end")
+
+
+def all_processes_counts(counts: dict[str, Any]) -> dict[str, Any]:
+    """`counts` (this process's REALISED figures) combined with every other process's (`combine_counts`); this
+    process's alone when it is the only one. A collective: every process calls it."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return counts
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, counts)  # once, at the end of the run: a small dict per process
+    return combine_counts(gathered)
+
+
+def combine_counts(per_process: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's REALISED figures from each process's, in rank order: each process read its own documents, so tokens,
+    documents, repeats removed and blocks add up and the shares follow from the summed tokens; a source is dry where
+    any process saw it run dry; restarts are the most any process made over its part of a source; the end is the
+    first process's that ended (they stop together)."""
+    labels = list(per_process[0]["tokens"])
+    summed = {key: {label: sum(int(counts[key][label]) for counts in per_process) for label in labels}
+              for key in ("tokens", "documents", "validation_repeats_removed")}
+    total = sum(summed["tokens"].values())
+    dry = {label for counts in per_process for label in counts["exhausted"]}
+    return {**summed,
+            "shares": {label: (tokens / total if total else 0.0) for label, tokens in summed["tokens"].items()},
+            "blocks": sum(int(counts["blocks"]) for counts in per_process),
+            "restarts": {label: max(int(counts["restarts"][label]) for counts in per_process) for label in labels},
+            "exhausted": [label for label in labels if label in dry],
+            "end": next((counts["end"] for counts in per_process if counts["end"] is not None), None)}
 
 
 def requested_shares(config: MixConfig) -> dict[str, float]:
