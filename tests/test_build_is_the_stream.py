@@ -148,7 +148,7 @@ def test_the_stream_trains_as_well_as_the_build_on_one_and_two_processes(corpus_
     """On a mix of long documents (stdlib modules, most of them longer than a piece) and short ones (docstrings),
     with the defaults (the stream's SHUFFLE_WINDOW and scaled SHUFFLE_BUFFER, the build's SHUFFLE_BUFFER), one
     VAL_TOKENS and the same
-    model, tokens, batch and LR, the streamed run's final eval loss is within 3% of the packed run's, on one process
+    model, tokens, batch and LR, the streamed run's final eval loss is within 8% of the packed run's, on one process
     and on two (torchrun, gloo); both evaluate on the same validation blocks (one hold-out rule). Before the stream
     handed out blocks in windows, it was 24% worse (6.59 against 5.30, issue 40)."""
     from tests.helpers import FAST, finish_ok, start_script, train_args
@@ -178,5 +178,7 @@ def test_the_stream_trains_as_well_as_the_build_on_one_and_two_processes(corpus_
     for processes in (1, 2):
         streamed = losses[processes]["metrics"]["eval_loss"]
         print(f"[stream against build] {processes} process(es): {streamed:.4f} against {packed:.4f}")
-        assert streamed <= 1.03 * packed, (processes, streamed, packed)
+        # one seed: the difference between the two trainers' orders spans -0.37..+0.28 nats over seeds at this
+        # scale (bench/RESULTS.md, issue 49), so the bound is 8%; issue 40's unshuffled stream (24% worse) fails it
+        assert streamed <= 1.08 * packed, (processes, streamed, packed)
     assert losses[1]["metrics"]["eval_loss_start"] == pytest.approx(losses["packed"]["metrics"]["eval_loss_start"])
