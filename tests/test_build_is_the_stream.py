@@ -3,13 +3,16 @@ VAL_TOKENS, SHUFFLE_BUFFER and seed, a streamed run on one process evaluates on 
 trains on the blocks of train.bin, each once (in windows shuffled), with and without phases, with a long document in
 the mix; and a complete dataset built again with a larger TARGET_TOKENS grows into the bytes of a fresh build of
 that size. The scripts run as users run them; the blocks are compared by the digests the trainer records
-(RECORD_BATCHES) against digests computed here from the token files."""
+(RECORD_BATCHES) against digests computed here from the token files, and by tools/same_blocks.py, the check
+docs/data.md gives users."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,7 @@ from sparknet.config import load_config
 from sparknet.data.packed.build import BuildSpec, build_dataset
 from sparknet.data.packed.dataset import PackedDataset
 from sparknet.errors import UserError
+from sparknet.runtime import PROJECT_ROOT
 from tests.helpers import run_script, step_blocks, stream_args, write_config, write_jsonl
 
 BLOCK = 64
@@ -67,6 +71,12 @@ def _digests(blocks: np.ndarray) -> list[str]:
     return [hashlib.blake2b(row.astype(np.int64).tobytes(), digest_size=8).hexdigest() for row in blocks]
 
 
+def _same_blocks(*folders: Path) -> subprocess.CompletedProcess:
+    """`python tools/same_blocks.py A B`, as docs/data.md gives it."""
+    return subprocess.run([sys.executable, str(PROJECT_ROOT / "tools" / "same_blocks.py"), *map(str, folders)],
+                          capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["one", pytest.param("phased", marks=pytest.mark.slow), "defaults"])
 def test_a_one_process_stream_holds_out_val_bin_and_trains_on_train_bin_each_block_once(
@@ -102,6 +112,14 @@ def test_a_one_process_stream_holds_out_val_bin_and_trains_on_train_bin_each_blo
     assert trained != sorted(trained)  # (a guard: the comparison is of multisets)
     order = {digest: index for index, digest in enumerate(_digests(train))}
     assert [order[d] for d in trained] != list(range(len(train)))  # in another order: the windows shuffle
+    # the same, by the check docs/data.md gives users: tools/same_blocks.py, the run against the dataset's train.bin
+    same = _same_blocks(run, tmp_path / "ds")
+    assert same.returncode == 0 and f"same blocks: {STEPS * GLOBAL_BATCH:,}," in same.stdout, same.stdout + same.stderr
+    cut = tmp_path / "cut"  # and it sees a step missing: the run's log without its first step
+    cut.mkdir()
+    (cut / "batches.jsonl").write_text("".join((run / "batches.jsonl").read_text().splitlines(keepends=True)[1:]))
+    other = _same_blocks(cut, tmp_path / "ds")
+    assert other.returncode == 1 and f"{GLOBAL_BATCH} only in the second" in other.stdout, other.stdout + other.stderr
     if config == "phased":  # each step's blocks from its phase's range of train.bin
         manifest = json.loads((tmp_path / "ds" / "manifest.json").read_text())
         (_, end), _ = (phase["blocks"] for phase in manifest["splits"]["train"]["phases"])
