@@ -197,6 +197,38 @@ def test_resume_continues_exactly(data: Path, tokenizer, tmp_path: Path, setting
     stream.close()
 
 
+WINDOW = 20
+
+
+def test_resume_in_shuffle_windows_continues_exactly(data: Path, tokenizer, tmp_path: Path) -> None:
+    """With the windowed shuffle on (the streaming trainer's SHUFFLE_WINDOW), positions saved at a window's edge
+    (its last block given) and in a window's middle resume with the blocks an uninterrupted stream gives: the window
+    made again from its start, in the same order, and handed out from the saved index. The run's end (90 blocks)
+    cuts the last window to 10 blocks, and a position inside that one resumes too. Each window is a permutation of
+    the unshuffled stream's blocks there."""
+    config = _config(data, tmp_path)
+    settings = {"shuffle_buffer": 50, "window_blocks": WINDOW, "end_blocks": 90}
+    reference = _take(_stream(config, tokenizer, **settings), 90)  # (the stream goes on after its planned end)
+    plain = _take(_stream(config, tokenizer, shuffle_buffer=50), 90)
+    assert len(reference) == 90 and not np.array_equal(reference, plain)  # the windows shuffle
+    for start in range(0, 90, WINDOW):  # within its window, and nothing crosses one
+        window, unshuffled = reference[start:start + WINDOW], plain[start:start + WINDOW]
+        assert sorted(map(bytes, window)) == sorted(map(bytes, unshuffled)), start
+    # (blocks given, index in the window): edges after 20 and 40, middles at 27, 53 and 85 (in the cut last window)
+    cuts = [(20, 20), (27, 7), (40, 20), (53, 13), (85, 5)]
+    stream, done = _stream(config, tokenizer, **settings), 0
+    for cut, index in cuts:
+        np.testing.assert_array_equal(_take(stream, cut - done), reference[done:cut])
+        state = stream.state_dict()
+        assert state["blocks_yielded"] == cut and state["window"]["index"] == index, state["window"]
+        stream.close()
+        stream = _stream(config, tokenizer, **settings)
+        stream.load_state_dict(_round_trip(state))
+        done = cut
+    np.testing.assert_array_equal(_take(stream, 90 - done), reference[done:])
+    stream.close()
+
+
 def test_ranks_get_disjoint_documents_and_each_carries_the_mix(data: Path, tokenizer, tmp_path: Path) -> None:
     config = _config(data, tmp_path)
     per_rank = [_take(_stream(config, tokenizer, rank=r, world_size=2), 250) for r in range(2)]
