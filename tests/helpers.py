@@ -187,14 +187,31 @@ def tagged_owners(tokens: Any, eos: int, decode: Callable[[list[int]], str], tag
 def held_out_rests(rows: dict[str, Any], texts: dict[str, list[str]], encode: Callable[[str], list[int]],
                    decode: Callable[[list[int]], str]) -> dict[str, str]:
     """The text of the rest of each document the hold-out cut (which training takes first, with no tag of its
-    own), by the tag ("a00012") the document starts with; `rows`: per source, `HeldOutRows.to_dict()` (as a
-    dataset's position.json records them under "held_out"), `texts`: each source's documents."""
+    own), by the tag ("a00012", "a-huge") the document starts with; `rows`: per source, the hold-out's
+    `HeldOutRows` or their `to_dict()` (as a dataset's position.json records them under "held_out"), `texts`: each
+    source's documents."""
     out = {}
     for label, held in rows.items():
-        for row, token in dict(held["rests"]).items():
+        rests = held["rests"] if isinstance(held, dict) else held.rests
+        for row, token in dict(rests).items():
             text = texts[label][int(row)]
             out[text.split(" ", 1)[0]] = decode(encode(text)[int(token):])
     return out
+
+
+def assert_every_prefix_mixed(owner: Any, share: float, block_size: int, *, whole_within: float,
+                              prefix_within: float = 0.12, skip: int = 32) -> None:
+    """The mix holds from the start: in `owner` (per token of whole blocks, 1 for source a and 0 for the others, as
+    `tagged_owners` gives it), source a's share of every prefix of whole blocks from `skip` blocks on is within
+    `prefix_within` of `share`, and of the whole within `whole_within`. A source's document handed out in a piece
+    of up to 8 blocks is half a prefix of 16, so nothing much tighter holds in the first blocks."""
+    import numpy as np
+
+    per_block = np.asarray(owner).reshape(-1, block_size).mean(axis=1)
+    prefix = np.cumsum(per_block) / np.arange(1, len(per_block) + 1)
+    worst = np.abs(prefix[skip - 1:] - share).max()
+    assert worst <= prefix_within, f"a prefix's share of source a is {share}±{worst:.3f}"
+    assert abs(prefix[-1] - share) <= whole_within, f"the whole's share of source a is {prefix[-1]:.4f}, not {share}"
 
 
 def random_run_folder(tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:

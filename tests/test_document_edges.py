@@ -13,6 +13,7 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,15 @@ from sparknet.data.packed.build import BuildSpec, build_dataset
 from sparknet.data.packed.dataset import PackedDataset
 from sparknet.data.spec import DataSpec
 from sparknet.errors import UserError
-from tests.helpers import run_script, stream_of, tagged_documents, write_config, write_jsonl
+from tests.helpers import (
+    assert_every_prefix_mixed,
+    held_out_rests,
+    run_script,
+    stream_of,
+    tagged_documents,
+    write_config,
+    write_jsonl,
+)
 
 BLOCK = 64
 WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud green quick "
@@ -68,26 +77,13 @@ def _sources(tokens: np.ndarray, eos: int, tok: Tokenizer,
     return source[index], docs
 
 
-def _rests(held: object, tok: Tokenizer, texts: dict[str, list[str]]) -> dict[str, str]:
-    """The text of the rest of each document the hold-out `held` cut (which training starts with, untagged), by
-    tag; `texts`: each source's documents, by label."""
-    return {_tag(texts[label][row]): tok.decode(tok.encode(texts[label][row], add_special_tokens=False).ids[token:])
-            for label, rows in held.rows.items() for row, token in rows.rests.items()}
+def _encoder(tok: Tokenizer) -> Callable[[str], list[int]]:
+    return lambda text: tok.encode(text, add_special_tokens=False).ids
 
 
 def _data(cfg: Path, tok: Tokenizer, **kw: object) -> DataSpec:
     return DataSpec(config=load_config(cfg), tokenizer_json=tok.to_str(), eos_id=tok.token_to_id("<|endoftext|>"),
                     block_size=BLOCK, seed=1, **kw)
-
-
-def _assert_every_prefix_mixed(owner: np.ndarray, share: float = 0.5) -> None:
-    """Every prefix of whole blocks from 32 blocks on is within 12 points of the share, the whole within 2: one piece
-    (8 blocks) is half a prefix of 16 blocks, so nothing tighter holds at the start."""
-    per_block = owner.reshape(-1, BLOCK).mean(axis=1)
-    prefix = np.cumsum(per_block) / np.arange(1, len(per_block) + 1)
-    worst = np.abs(prefix[31:] - share).max()
-    assert worst <= 0.12, f"a prefix's share of source a is {share}±{worst:.3f}"
-    assert abs(prefix[-1] - share) <= 0.02, prefix[-1]
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
@@ -114,15 +110,15 @@ def test_one_huge_document_anywhere_keeps_every_prefix_of_the_build_and_the_stre
     tokens = np.asarray(PackedDataset(out, "train").tokens).reshape(-1)
     texts = {"a": [json.loads(line)["text"] for line in (tmp_path / "a.jsonl").read_text().splitlines()],
              "b": _texts("b", 1500, 4)}
-    owner, docs = _sources(tokens, eos, tok, _rests(hold_out(_data(cfg, tok, val_tokens=4_000)), tok, texts))
-    _assert_every_prefix_mixed(owner)
+    rests = held_out_rests(hold_out(_data(cfg, tok, val_tokens=4_000)).rows, texts, _encoder(tok), tok.decode)
+    owner, docs = _sources(tokens, eos, tok, rests)
+    assert_every_prefix_mixed(owner, 0.5, BLOCK, whole_within=0.02)
     assert manifest["complete"] and manifest["shares_missed"] == {}
     assert abs(manifest["splits"]["train"]["sources"]["a"]["share"] - owner.mean()) < 1e-9  # its count is ours
     # the huge document went in as pieces (8 blocks at most, each but its last ending with a block) with no eos
     huge = next(doc for doc in docs if doc["tag"] == "a-huge")
     assert huge["pieces"] > 5 and HUGE.startswith(huge["text"])
-    index, _ = tagged_documents(tokens, BLOCK, eos, tok.decode, _tag,
-                                _rests(hold_out(_data(cfg, tok, val_tokens=4_000)), tok, texts))
+    index, _ = tagged_documents(tokens, BLOCK, eos, tok.decode, _tag, rests)
     huge_tokens = np.flatnonzero(index == docs.index(huge))
     assert not (tokens[huge_tokens[:-1]] == eos).any()  # none forged where its pieces end
 
@@ -135,7 +131,7 @@ def test_one_huge_document_anywhere_keeps_every_prefix_of_the_build_and_the_stre
             break
     stream.close()
     owner, _ = _sources(np.concatenate(blocks), eos, tok)
-    _assert_every_prefix_mixed(owner)
+    assert_every_prefix_mixed(owner, 0.5, BLOCK, whole_within=0.02)
 
 
 @pytest.mark.parametrize("where", ["build", "stream"])
@@ -167,7 +163,8 @@ def test_a_long_first_document_gives_the_hold_out_its_start_and_training_the_res
                            exclude=held.hashes)
         tokens = np.concatenate([item["input_ids"].numpy() for _, item in zip(range(blocks), stream, strict=False)])
         stream.close()
-    rests = _rests(held, tok, {"a": [HUGE, *_texts("a", 40, 3)], "b": _texts("b", 2000, 4)})
+    rests = held_out_rests(held.rows, {"a": [HUGE, *_texts("a", 40, 3)], "b": _texts("b", 2000, 4)}, _encoder(tok),
+                           tok.decode)
     owner, docs = tagged_documents(tokens, BLOCK, eos, tok.decode, _tag, rests)
     rest = rests["a-huge"]
     huge = next(doc for doc in docs if doc["rest"] and doc["tag"] == "a-huge")

@@ -23,6 +23,7 @@ from sparknet.config import ConfigError, load_config, parse_config, phase_ends
 from sparknet.errors import UserError
 from sparknet.train.phases import check_every_phase_trains
 from tests.helpers import (
+    assert_every_prefix_mixed,
     build_position,
     checkpoint_step,
     finish,
@@ -45,6 +46,9 @@ from tests.helpers import (
 )
 
 BLOCK = 64
+# a phase's whole share of source a within 3 points of the asked one (about one document per source of
+# look-ahead, as the single mix): tests/helpers.py `assert_every_prefix_mixed`
+WHOLE_WITHIN = 0.03
 WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud green".split()
 MAIN = {"a": 0.5, "b": 0.5}  # the first phase's mix
 ANNEAL = {"a": 0.25, "b": 0.75}  # the last phase's
@@ -94,16 +98,6 @@ def _owner(tokens: np.ndarray, tokenizer: Path, dataset: Path | None = None) -> 
                                lambda text: tok.encode(text, add_special_tokens=False).ids, tok.decode)
     return tagged_owners(tokens, tok.token_to_id("<|endoftext|>"), tok.decode, {"a": 1, "b": 0},
                          block_size=BLOCK, rests=rests)
-
-
-def _assert_every_prefix_mixed(owner: np.ndarray, share: float, skip: int = 32) -> None:
-    """Every prefix of whole blocks from `skip` blocks on is within 12 points of source a's `share`, the whole
-    within 3 (about one document per source of look-ahead, as the single mix)."""
-    per_block = owner.reshape(-1, BLOCK).mean(axis=1)
-    prefix = np.cumsum(per_block) / np.arange(1, len(per_block) + 1)
-    worst = np.abs(prefix[skip - 1:] - share).max()
-    assert worst <= 0.12, f"a prefix's share of source a is {share}±{worst:.3f}"
-    assert abs(prefix[-1] - share) <= 0.03, prefix[-1]
 
 
 # -- the schema ---------------------------------------------------------------------------------------------------
@@ -214,7 +208,7 @@ def test_the_build_writes_the_phases_in_order_each_mixed_in_every_prefix(setup: 
         # the manifest's counts are the decoded text's, token for token
         assert phase["sources"]["a"]["tokens"] == int((owner[start:end] == 1).sum())
         assert phase["sources"]["b"]["tokens"] == int((owner[start:end] == 0).sum())
-        _assert_every_prefix_mixed(owner[start:end], asked["a"])
+        assert_every_prefix_mixed(owner[start:end], asked["a"], BLOCK, whole_within=WHOLE_WITHIN)
     # the validation split is mixed by the run-wide mix
     val = np.fromfile(dataset / "val.bin", dtype=manifest["dtype"]).astype(np.int64)
     assert abs((_owner(val, setup["tokenizer"]) == 1).mean() - 0.4375) < 0.06
@@ -472,9 +466,9 @@ def test_the_stream_switches_its_mix_at_the_boundary_and_resumes_exactly_across_
     stream = _stream(setup, ends)
     blocks = [b["input_ids"].numpy() for _, b in zip(range(250), stream, strict=False)]
     owner = _owner(np.concatenate(blocks), setup["tokenizer"])
-    _assert_every_prefix_mixed(owner[:150 * BLOCK], MAIN["a"])
+    assert_every_prefix_mixed(owner[:150 * BLOCK], MAIN["a"], BLOCK, whole_within=WHOLE_WITHIN)
     # the next phase's mix from its first block (the document crossing the boundary left out: its owner is known)
-    _assert_every_prefix_mixed(owner[151 * BLOCK:], ANNEAL["a"])
+    assert_every_prefix_mixed(owner[151 * BLOCK:], ANNEAL["a"], BLOCK, whole_within=WHOLE_WITHIN)
     stats = stream.stats()
     assert stats["phase"] == 1 and abs(stats["phase_shares"]["a"] - ANNEAL["a"]) < 0.03
     # stopped before the boundary (and after it), resumed from its position on a fresh stream: the same blocks after
