@@ -53,6 +53,10 @@ def fuse_head(model: Any) -> None:
         raise UserError(f"FUSED_CROSS_ENTROPY=True: the model's output layer is a {type(head).__name__}"
                         f"{' with a bias' if type(head) is torch.nn.Linear else ''}, not a plain linear layer")
     linear_cross_entropy()
+    # the package finds the labels to score with nonzero(), whose output's size depends on the data: torch.compile
+    # (COMPILE, on by default on CUDA) broke the step's graph there into six unless told to capture such an op
+    # (tests/test_compile.py)
+    torch._dynamo.config.capture_dynamic_output_shape_ops = True
     head.__class__ = FusedHead
     model.loss_function = functools.partial(_fused_loss, head, model.loss_function)
 
