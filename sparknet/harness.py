@@ -75,7 +75,7 @@ def run_benchmarks(model_source: Any, tokenizer_source: Any, tasks: list[str], i
     from lm_eval import simple_evaluate
 
     from sparknet.progress import route_library_bars
-    from sparknet.runtime import hide_library_progress_bars
+    from sparknet.runtime import hide_library_progress_bars, use_compute_threads
 
     hide_library_progress_bars()
     datasets.disable_progress_bars()  # "Generating test split" of each task's data
@@ -91,6 +91,10 @@ def run_benchmarks(model_source: Any, tokenizer_source: Any, tasks: list[str], i
         raise UserError(f"unknown task(s) {', '.join(unknown)}: see `lm-eval ls tasks`, or {SUITE_TASK} (offline)")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    if isinstance(model_source, str):  # a script's evaluation (a trainer's periodic one keeps the trainer's threads)
+        threads = use_compute_threads("cpu" if device == "cpu" else "accelerator")  # lm-eval leaves torch's default
+        if threads:
+            logging.getLogger("sparknet.eval").info("%s on %s, %s", model_source, device, threads)
     try:
         output = simple_evaluate(model="hf", model_args={"pretrained": model_source, "tokenizer": tokenizer_source,
                                                          "dtype": dtype}, tasks=tasks, task_manager=manager,

@@ -294,6 +294,82 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+class CoreLoad:
+    """How busy the cores this process may run on are with work other than its own, between two readings.
+
+    Read by hand from /proc/stat (each allowed CPU's busy and all jiffies) and /proc/self/stat (this process's own
+    CPU time, all its threads): psutil's per-CPU percentages cannot take this process's own share out, and the
+    readings cost microseconds, so a trainer can take one at every step. Elsewhere than Linux: nothing known."""
+
+    def __init__(self) -> None:
+        self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+        self.last = self._read()
+
+    def _read(self) -> tuple[int, int, int] | None:
+        try:
+            busy = total = 0
+            for line in Path("/proc/stat").read_text().splitlines():
+                name, *fields = line.split()
+                if name[:3] == "cpu" and name[3:].isdigit() and int(name[3:]) in self.cpus:
+                    jiffies = [int(value) for value in fields[:8]]  # user nice system idle iowait irq softirq steal
+                    total += sum(jiffies)
+                    busy += sum(jiffies) - jiffies[3] - jiffies[4]
+            own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+            return busy, total, int(own[11]) + int(own[12])  # utime, stime: every thread of this process
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def busy_elsewhere(self) -> float | None:
+        """Cores kept busy by other processes (encoders of its own, other programs) since the last reading, or None
+        where not known or too little time has passed to tell."""
+        now = self._read()
+        last, self.last = self.last, now
+        if now is None or last is None or now[1] - last[1] < 10 * len(self.cpus):  # under ~0.1 s of jiffies
+            return None
+        busy, total, own = (a - b for a, b in zip(now, last, strict=True))
+        return max(0.0, (busy - own) / total * len(self.cpus))
+
+
+def compute_threads(busy_elsewhere: float | None = None) -> tuple[int, str]:
+    """torch's intra-op threads for work on a CPU, and why, in words for the start-up line.
+
+    OMP_NUM_THREADS, where set (by the user, or by torchrun for each of its processes), is used as it is. Otherwise
+    the cores this process may run on (its affinity: a container's or `taskset`'s share, not the machine's) that
+    other work does not keep busy (`busy_elsewhere`: its encoder processes, other programs), shared among the training
+    processes on this node; at least one. torch's own default takes every core, so on a machine busy with other work
+    its threads wait on each other at every barrier: 2-3x slower there than one thread (bench/cpu_threads.py)."""
+    given = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given), f"OMP_NUM_THREADS={given}"
+    cores, processes = available_cores(), local_world_size()
+    free = cores if busy_elsewhere is None else max(0, int(cores - busy_elsewhere + 0.5))
+    threads = max(1, min(cores, free) // processes)
+    why = f"{cores} core{'s' if cores != 1 else ''} allowed"
+    if busy_elsewhere is not None:
+        why += f", {busy_elsewhere:.1f} busy with other work"
+    if processes > 1:
+        why += f", {processes} processes on this node"
+    return threads, why
+
+
+def use_compute_threads(device_kind: str, load: CoreLoad | None = None) -> str:
+    """Sets torch's intra-op threads by `compute_threads` for work on a CPU (the load since `load`'s last reading,
+    or over a quarter of a second from now) and returns the start-up line's words for it; on an accelerator the
+    threads only feed it, and torch's default stays ('' then)."""
+    if device_kind != "cpu":
+        return ""
+    import time
+
+    import torch
+
+    if load is None and not os.environ.get("OMP_NUM_THREADS", "").strip().isdigit():
+        load = CoreLoad()
+        time.sleep(0.25)
+    threads, why = compute_threads(load.busy_elsewhere() if load is not None else None)
+    torch.set_num_threads(threads)
+    return f"{threads} compute thread{'s' if threads != 1 else ''} ({why})"
+
+
 def quiet_closed_terminal() -> None:
     """After SIGHUP the terminal may be gone, and a write to it fails (EIO), which would end the work before it has
     saved: output bound for a terminal goes to /dev/null from here on, as under nohup. Output bound for a file or a

@@ -106,6 +106,8 @@ def test_script_report_side_by_side(random_model: Path, tokenizer_dir: Path, tmp
             tmp_path / "eval", *(a for name, value in vars(settings).items() for a in (f"--{name}", value))]
     proc = run_script("eval_generation.py", *args)
     assert proc.returncode == 0, proc.stderr
+    for model in (random_model, second):  # each model's line says its compute threads (issue 52)
+        assert re.search(rf"{re.escape(str(model))} on cpu, \d+ compute threads? \(", proc.stderr), proc.stderr
     report = (tmp_path / "eval" / "randrun_vs_other" / "generation.md").read_text()
     assert report.count("## Prompt") == 2 and "def f(x):\n    return" in report
     assert f"| # | {random_model} | {second} |" in report

@@ -4,6 +4,7 @@ scored once, bits per byte count the text's bytes, and bad input is one line."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -85,6 +86,8 @@ def test_script_writes_json_and_table(random_model: Path, tmp_path: Path) -> Non
                       "--text_field", "body", "--context", 16, "--stride", 8, "--eval_dir", tmp_path / "eval")
     assert proc.returncode == 0, proc.stderr
     assert "bits/byte" in proc.stdout and "randrun" in proc.stdout
+    # each model's line says its compute threads (issue 52: the rule of tests/test_compute_threads.py)
+    assert re.search(rf"{re.escape(str(second))} on cpu, \d+ compute threads? \(", proc.stderr), proc.stderr
     saved = _saved_on(tmp_path / "eval", "randrun", data)
     assert saved["tokens"] > 0 and saved["context"] == 16 and saved["stride"] == 8
     assert saved["bytes"] == sum(len(t.encode("utf-8")) for t in TEXTS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,11 +93,13 @@ def load_model(ref: ModelRef, device: str | None = None) -> tuple[Any, Any, str]
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sparknet.runtime import hide_library_progress_bars
+    from sparknet.runtime import hide_library_progress_bars, use_compute_threads
     from sparknet.tokenizer import load_tokenizer
 
     hide_library_progress_bars()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    threads = use_compute_threads("cpu" if device == "cpu" else "accelerator")
+    logging.getLogger("sparknet.eval").info("%s on %s%s", ref.spec, device, f", {threads}" if threads else "")
     dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
     try:
         model = AutoModelForCausalLM.from_pretrained(ref.source, dtype=dtype)

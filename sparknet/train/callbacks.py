@@ -291,6 +291,31 @@ class MetricsCallback(TrainerCallback):
         self.writer.flush()
 
 
+class ComputeThreads(TrainerCallback):
+    """Sizes torch's compute threads on a CPU again every `every` seconds of training, to the cores that other work
+    left free meanwhile (runtime.compute_threads): the load at the start (the stream's encoders filling their first
+    window, a build beside it) comes and goes. Added only where OMP_NUM_THREADS leaves the choice to SparkNet."""
+
+    def __init__(self, every: float = 30.0) -> None:
+        from sparknet.runtime import CoreLoad
+
+        self.every, self.load, self.since = every, CoreLoad(), time.monotonic()
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        if time.monotonic() - self.since < self.every:
+            return
+        import torch
+
+        from sparknet.runtime import compute_threads
+
+        self.since = time.monotonic()
+        before = torch.get_num_threads()
+        threads, why = compute_threads(self.load.busy_elsewhere())
+        if threads != before:
+            torch.set_num_threads(threads)
+            log.info("compute threads %d -> %d (%s)", before, threads, why)
+
+
 class SamplingCallback(TrainerCallback):
     """Generates from fixed prompts every `every` steps and at the end, into sample_stepXXXXXX.txt and TensorBoard.
 

@@ -43,13 +43,21 @@ from sparknet.runtime import (
     follow_umask,
     process_rank,
     project_path,
+    use_compute_threads,
     world_size,
     write_json_atomic,
     writes_to,
 )
 from sparknet.tokenizer import portable_config
 from sparknet.train.batch import BatchPlan, TokenCount, budget, check_enough_blocks, plan_batch
-from sparknet.train.callbacks import LAYOUT, MetricsCallback, MetricsSpec, SamplingCallback, has_layout
+from sparknet.train.callbacks import (
+    LAYOUT,
+    ComputeThreads,
+    MetricsCallback,
+    MetricsSpec,
+    SamplingCallback,
+    has_layout,
+)
 from sparknet.train.data_plan import DataPlan
 from sparknet.train.folders import EVAL_START, RunFolder, checkpoint_context, latest_complete_checkpoint, open_run
 from sparknet.train.fused_loss import fuse_head
@@ -260,6 +268,7 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     from torch.utils.tensorboard import SummaryWriter
 
     device = device_info()
+    threads = use_compute_threads(str(device["kind"]))  # before the model: its first ops use them
     main_process = process_rank() == 0
     tokenizer = data.tokenizer
     torch.manual_seed(s.seed)
@@ -311,13 +320,15 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
                                s.sample_max_new_tokens, s.sample_temperature, s.sample_top_k, s.sample_seed)
     safety = SafetyCallback(trainer)
     # safety last: it marks checkpoints complete
+    # the threads again as the load changes, where SparkNet chose them (not OMP_NUM_THREADS)
+    rethread = [ComputeThreads()] if threads and "OMP_NUM_THREADS" not in threads else []
     for callback in (TokenCount(tokens_per_step), metrics, sampler, *benchmark(s, data, run, writer),
-                     *data.callbacks(writer), safety):
+                     *data.callbacks(writer), *rethread, safety):
         trainer.add_callback(callback)
     n_params = parameter_count(preset, len(tokenizer))
-    log.info("model %s: %s parameters, vocab %d, context %d; device %s (%s)%s", s.model_preset, f"{n_params:,}",
+    log.info("model %s: %s parameters, vocab %d, context %d; device %s (%s)%s%s", s.model_preset, f"{n_params:,}",
              len(tokenizer), preset.n_positions, device["name"], "bf16" if bf16 else "fp32",
-             "; torch.compile on" if compiles(s, device) else "")
+             f", {threads}" if threads else "", "; torch.compile on" if compiles(s, device) else "")
     if base is not None:
         log.info("starting from %s (%s): its weights, with a fresh optimizer, LR schedule and data position",
                  base.spec, base.name)
