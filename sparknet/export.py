@@ -79,7 +79,7 @@ def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str
         raise UserError(f"{spec} has no training_metadata.json: its training did not finish (stopped while it wrote "
                         "the final model?). Run the same training command again, which completes it, or pass "
                         "--unfinished true to export the folder as it is")
-    model, tokenizer, _ = load_model(ref, device="cpu")
+    model, tokenizer, _ = load_model(ref, device="cpu", compute=False)  # weights moved, nothing computed
     # as the trainer's final save sets them, whatever the folder: a checkpoint-N holds the Trainer's (no KV cache)
     set_for_use(model, tokenizer)
     results = eval_dir(ref.name, eval_root)

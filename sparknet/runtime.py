@@ -294,54 +294,101 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def compute_cores() -> int:
+    """The cores torch's threads may use: the CPUs of this process's affinity (a `taskset` or cpuset share, not the
+    machine's) counted once per physical core, as torch's own default counts them (two hyperthreads of a core share
+    its arithmetic units), at most a container's CPU quota (cgroup cpu.max, or v1's cfs_quota_us); at least one."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(),
+                       (topology / "core_id").read_text().strip()))
+        except OSError:  # no topology known: the CPU counts as a core of its own
+            cores.add(("cpu", str(cpu)))
+    count = max(1, len(cores))
+    quota = _cpu_quota()
+    return max(1, min(count, quota)) if quota else count
+
+
+def _cpu_quota() -> int | None:
+    """A container's CPU limit in whole CPUs (rounded up), or None where there is none."""
+    import math
+
+    for quota_file, period_file in (("/sys/fs/cgroup/cpu.max", None),
+                                    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
+        try:
+            fields = Path(quota_file).read_text().split()
+            quota, period = fields[0], fields[1] if period_file is None else Path(period_file).read_text().strip()
+        except (OSError, IndexError):
+            continue
+        if quota in ("max", "-1") or not quota.lstrip("-").isdigit() or not period.isdigit() or int(period) <= 0:
+            return None
+        return math.ceil(int(quota) / int(period)) if int(quota) > 0 else None
+    return None
+
+
 class CoreLoad:
-    """How busy the cores this process may run on are with work other than its own, between two readings.
+    """How busy the CPUs this process may run on are with work other than its own, between two readings.
 
     Read by hand from /proc/stat (each allowed CPU's busy and all jiffies) and /proc/self/stat (this process's own
     CPU time, all its threads): psutil's per-CPU percentages cannot take this process's own share out, and the
-    readings cost microseconds, so a trainer can take one at every step. Elsewhere than Linux: nothing known."""
+    readings cost microseconds. Elsewhere than Linux, or where /proc/stat does not list the allowed CPUs by their
+    numbers (lxcfs renumbers them): nothing known."""
 
-    def __init__(self) -> None:
-        self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    def __init__(self, cpus: set[int] | None = None, stat_file: Path = Path("/proc/stat"),
+                 own_file: Path = Path("/proc/self/stat")) -> None:
+        self.cpus = cpus if cpus is not None else (
+            os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set())
+        self.stat_file, self.own_file = stat_file, own_file
         self.last = self._read()
 
     def _read(self) -> tuple[int, int, int] | None:
         try:
-            busy = total = 0
-            for line in Path("/proc/stat").read_text().splitlines():
+            busy = total = found = 0
+            for line in self.stat_file.read_text().splitlines():
                 name, *fields = line.split()
                 if name[:3] == "cpu" and name[3:].isdigit() and int(name[3:]) in self.cpus:
                     jiffies = [int(value) for value in fields[:8]]  # user nice system idle iowait irq softirq steal
                     total += sum(jiffies)
                     busy += sum(jiffies) - jiffies[3] - jiffies[4]
-            own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-            return busy, total, int(own[11]) + int(own[12])  # utime, stime: every thread of this process
+                    found += 1
+            own = self.own_file.read_text().rsplit(")", 1)[1].split()  # fields from the 3rd (state) on
+            if not self.cpus or found != len(self.cpus):
+                return None
+            return busy, total, int(own[11]) + int(own[12])  # utime, stime (fields 14, 15): all its threads
         except (OSError, ValueError, IndexError):
             return None
 
-    def busy_elsewhere(self) -> float | None:
-        """Cores kept busy by other processes (encoders of its own, other programs) since the last reading, or None
-        where not known or too little time has passed to tell."""
+    def busy_elsewhere(self, cores: int) -> float | None:
+        """Of `cores` (compute_cores), how many other processes (encoders of its own, other programs) kept busy
+        since the last reading; None where not known or too little time has passed to tell."""
         now = self._read()
         last, self.last = self.last, now
         if now is None or last is None or now[1] - last[1] < 10 * len(self.cpus):  # under ~0.1 s of jiffies
             return None
         busy, total, own = (a - b for a, b in zip(now, last, strict=True))
-        return max(0.0, (busy - own) / total * len(self.cpus))
+        return max(0.0, (busy - own) / total * cores)
+
+
+def omp_threads() -> int | None:
+    """OMP_NUM_THREADS where set to a count (by the user, or by torchrun for each of its processes), else None."""
+    given = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(given) if given.isdigit() and int(given) > 0 else None
 
 
 def compute_threads(busy_elsewhere: float | None = None) -> tuple[int, str]:
     """torch's intra-op threads for work on a CPU, and why, in words for the start-up line.
 
-    OMP_NUM_THREADS, where set (by the user, or by torchrun for each of its processes), is used as it is. Otherwise
-    the cores this process may run on (its affinity: a container's or `taskset`'s share, not the machine's) that
+    OMP_NUM_THREADS, where set, is used as it is. Otherwise the cores this process may use (compute_cores) that
     other work does not keep busy (`busy_elsewhere`: its encoder processes, other programs), shared among the training
     processes on this node; at least one. torch's own default takes every core, so on a machine busy with other work
-    its threads wait on each other at every barrier: 2-3x slower there than one thread (bench/cpu_threads.py)."""
-    given = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if given.isdigit() and int(given) > 0:
-        return int(given), f"OMP_NUM_THREADS={given}"
-    cores, processes = available_cores(), local_world_size()
+    its threads wait on each other at every barrier (bench/cpu_threads.py)."""
+    given = omp_threads()
+    if given:
+        return given, f"OMP_NUM_THREADS={given}"
+    cores, processes = compute_cores(), local_world_size()
     free = cores if busy_elsewhere is None else max(0, int(cores - busy_elsewhere + 0.5))
     threads = max(1, min(cores, free) // processes)
     why = f"{cores} core{'s' if cores != 1 else ''} allowed"
@@ -352,20 +399,22 @@ def compute_threads(busy_elsewhere: float | None = None) -> tuple[int, str]:
     return threads, why
 
 
-def use_compute_threads(device_kind: str, load: CoreLoad | None = None) -> str:
-    """Sets torch's intra-op threads by `compute_threads` for work on a CPU (the load since `load`'s last reading,
-    or over a quarter of a second from now) and returns the start-up line's words for it; on an accelerator the
-    threads only feed it, and torch's default stays ('' then)."""
+def use_compute_threads(device_kind: str) -> str:
+    """Sets torch's intra-op threads by `compute_threads` for work on a CPU (the load over a quarter of a second from
+    now, where one process of this node chooses alone) and returns the start-up line's words for it; on an
+    accelerator the threads only feed it, and torch's default stays ('' then)."""
     if device_kind != "cpu":
         return ""
     import time
 
     import torch
 
-    if load is None and not os.environ.get("OMP_NUM_THREADS", "").strip().isdigit():
+    busy = None
+    if omp_threads() is None and local_world_size() == 1:  # several: each counts the others' work as load
         load = CoreLoad()
         time.sleep(0.25)
-    threads, why = compute_threads(load.busy_elsewhere() if load is not None else None)
+        busy = load.busy_elsewhere(compute_cores())
+    threads, why = compute_threads(busy)
     torch.set_num_threads(threads)
     return f"{threads} compute thread{'s' if threads != 1 else ''} ({why})"
 

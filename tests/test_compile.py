@@ -2,7 +2,8 @@
 
 torch.compile is on by default on CUDA (COMPILE=auto), where a graph break costs speed silently: the step runs, in
 pieces. Nothing on a GPU checks it between GPU runs, so it is checked here, on the CPU, with the tiny presets: the
-forward the Trainer compiles (the model with its labels, which computes the loss) is traced by torch._dynamo.explain,
+forward the Trainer compiles (the model with its labels and the step's count of predicted tokens, which computes
+the loss) is traced by torch._dynamo.explain,
 for each architecture, with the padded output layer the trainer gives a model and with the fused loss where a model
 may take it (NanoChat's capped logits refuse it)."""
 
@@ -39,8 +40,10 @@ def test_the_training_step_compiles_without_a_graph_break(preset: str, fused: bo
     model = _model(preset, fused)
     ids = torch.randint(0, VOCAB, (2, BLOCK))
 
+    items = ids.numel() - ids.shape[0]  # the Trainer passes the step's count of predicted tokens, a host int
+
     def step(input_ids: torch.Tensor) -> torch.Tensor:
-        return model(input_ids=input_ids, labels=input_ids).loss
+        return model(input_ids=input_ids, labels=input_ids, num_items_in_batch=items).loss
 
     explained = torch._dynamo.explain(step)(ids)
     assert explained.graph_count == 1 and explained.graph_break_count == 0, "\n".join(

@@ -88,8 +88,9 @@ def check_loadable(ref: ModelRef) -> None:
         raise _cannot_load(ref, exc) from None
 
 
-def load_model(ref: ModelRef, device: str | None = None) -> tuple[Any, Any, str]:
-    """(model in eval mode, tokenizer, device): bf16 on a CUDA GPU that has it, fp32 elsewhere."""
+def load_model(ref: ModelRef, device: str | None = None, compute: bool = True) -> tuple[Any, Any, str]:
+    """(model in eval mode, tokenizer, device): bf16 on a CUDA GPU that has it, fp32 elsewhere; on a CPU, for
+    `compute`, with the compute threads of runtime.compute_threads, said in a line."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -98,8 +99,9 @@ def load_model(ref: ModelRef, device: str | None = None) -> tuple[Any, Any, str]
 
     hide_library_progress_bars()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    threads = use_compute_threads("cpu" if device == "cpu" else "accelerator")
-    logging.getLogger("sparknet.eval").info("%s on %s%s", ref.spec, device, f", {threads}" if threads else "")
+    threads = use_compute_threads("cpu" if device == "cpu" and compute else "accelerator")
+    if threads:
+        logging.getLogger("sparknet.eval").info("%s on %s, %s", ref.spec, device, threads)
     dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
     try:
         model = AutoModelForCausalLM.from_pretrained(ref.source, dtype=dtype)

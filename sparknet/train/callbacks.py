@@ -294,26 +294,32 @@ class MetricsCallback(TrainerCallback):
 class ComputeThreads(TrainerCallback):
     """Sizes torch's compute threads on a CPU again every `every` seconds of training, to the cores that other work
     left free meanwhile (runtime.compute_threads): the load at the start (the stream's encoders filling their first
-    window, a build beside it) comes and goes. Added only where OMP_NUM_THREADS leaves the choice to SparkNet."""
+    window, a build beside it) comes and goes. A new count is taken when two readings in a row agree on it, so a
+    load at the edge of a core does not flip it each time. Added only where SparkNet chose the threads from a
+    reading (not OMP_NUM_THREADS, one process on the node) and nothing is compiled (inductor's CPU kernels keep the
+    count they were compiled with)."""
 
     def __init__(self, every: float = 30.0) -> None:
         from sparknet.runtime import CoreLoad
 
-        self.every, self.load, self.since = every, CoreLoad(), time.monotonic()
+        self.every, self.load, self.since, self.proposed = every, CoreLoad(), time.monotonic(), 0
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         if time.monotonic() - self.since < self.every:
             return
         import torch
 
-        from sparknet.runtime import compute_threads
+        from sparknet.runtime import compute_cores, compute_threads
 
         self.since = time.monotonic()
         before = torch.get_num_threads()
-        threads, why = compute_threads(self.load.busy_elsewhere())
-        if threads != before:
-            torch.set_num_threads(threads)
-            log.info("compute threads %d -> %d (%s)", before, threads, why)
+        threads, why = compute_threads(self.load.busy_elsewhere(compute_cores()))
+        if threads == before or threads != self.proposed:
+            self.proposed = threads if threads != before else 0
+            return
+        torch.set_num_threads(threads)
+        self.proposed = 0
+        log.info("compute threads %d -> %d (%s)", before, threads, why)
 
 
 class SamplingCallback(TrainerCallback):

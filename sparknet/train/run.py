@@ -321,7 +321,7 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     safety = SafetyCallback(trainer)
     # safety last: it marks checkpoints complete
     # the threads again as the load changes, where SparkNet chose them (not OMP_NUM_THREADS)
-    rethread = [ComputeThreads()] if threads and "OMP_NUM_THREADS" not in threads else []
+    rethread = [ComputeThreads()] if "busy with other work" in threads and not compiles(s, device) else []
     for callback in (TokenCount(tokens_per_step), metrics, sampler, *benchmark(s, data, run, writer),
                      *data.callbacks(writer), *rethread, safety):
         trainer.add_callback(callback)
