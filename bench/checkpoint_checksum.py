@@ -35,7 +35,7 @@ def main() -> None:
 
     import torch
 
-    from sparknet import runtime
+    from sparknet.common import runtime
     from sparknet.model import build_model, get_preset
     from sparknet.train.folders import damaged_file, mark_complete
 

@@ -90,7 +90,7 @@ def main() -> None:
     import json
     import logging
 
-    from sparknet import runtime
+    from sparknet.common import runtime
     from sparknet.data.packed.dataset import FORMAT_VERSION, PackedDataset
 
     runtime.setup(0, level=logging.WARNING)

@@ -42,8 +42,8 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile, schedule
     from transformers import TrainerCallback
 
-    from sparknet import runtime
     from sparknet.cli import script_constants
+    from sparknet.common import runtime
     from sparknet.model import get_preset
     from sparknet.train import run as training
     from sparknet.train.data_plan import packed_plan

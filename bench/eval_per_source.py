@@ -70,8 +70,8 @@ def _trainers(plan: PackedPlan, vocab: int, preset: str, batch: int, out: Path) 
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from sparknet.cli import script_constants
+    from sparknet.common.runtime import device_info
     from sparknet.model import build_model, get_preset
-    from sparknet.runtime import device_info
     from sparknet.train.batch import plan_batch
     from sparknet.train.hf_trainer import SparkTrainer, training_arguments
     from sparknet.train.settings import TrainSettings
@@ -109,7 +109,7 @@ def main() -> None:
 
     import torch
 
-    from sparknet import runtime
+    from sparknet.common import runtime
 
     runtime.setup(0, level=logging.WARNING)
     cuda = torch.cuda.is_available()

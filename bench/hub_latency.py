@@ -147,12 +147,12 @@ def _range_bytes(header: str | None) -> int:
 
 
 def main() -> None:
-    from sparknet import runtime
+    from sparknet.common import runtime
 
     runtime.setup(0)
     from sparknet.bpe import train_bpe
+    from sparknet.common.runtime import available_cores
     from sparknet.demo.corpus import write_demo_corpus
-    from sparknet.runtime import available_cores
     from sparknet.testing.hub_server import HubServer
     from sparknet.tokenizer import save, wrap
 

@@ -103,7 +103,7 @@ def time_round(kind: str) -> tuple[float, float]:
 def main() -> None:
     import logging
 
-    from sparknet import runtime
+    from sparknet.common import runtime
 
     runtime.setup(0, level=logging.WARNING)
     print(cpu_kind(), flush=True)

@@ -63,14 +63,14 @@ def peak_rss_of(cmd: list[str]) -> tuple[float, float]:
 
 
 def main() -> None:
-    from sparknet import runtime
+    from sparknet.common import runtime
 
     runtime.setup(0)
 
     from sparknet.bpe import train_tokenizer
+    from sparknet.common.runtime import available_cores
     from sparknet.config import load_config
     from sparknet.demo.corpus import write_demo_corpus
-    from sparknet.runtime import available_cores
 
     cores = available_cores()
     work = Path(tempfile.mkdtemp(prefix="sparknet-bench-"))

@@ -27,7 +27,7 @@ VOCAB = 8192
 
 
 def main() -> None:
-    from sparknet import runtime
+    from sparknet.common import runtime
 
     runtime.setup(0)
     from tokenizers import Tokenizer

@@ -114,9 +114,9 @@ def run_plain(dataset: Path, preset: str, batch: int) -> StepClock:
     from transformers.trainer_pt_utils import get_parameter_names
 
     from sparknet.cli import script_constants
+    from sparknet.common.runtime import device_info
     from sparknet.data.packed.dataset import PackedDataset
     from sparknet.model import build_model, get_preset
-    from sparknet.runtime import device_info
 
     constants = script_constants("train_sparknet_v5.py")
     device = device_info()
@@ -166,7 +166,7 @@ def main() -> None:
 
     import torch
 
-    from sparknet import runtime
+    from sparknet.common import runtime
 
     runtime.setup(0, level=logging.WARNING)
     cuda = torch.cuda.is_available()

@@ -30,9 +30,9 @@ HUB_RETRY_MINUTES = 15.0  # a Hub source that fails (429, 5xx, a dropped connect
 
 
 def main() -> None:
-    from sparknet import runtime
+    from sparknet.common import runtime
+    from sparknet.common.outputs import Output, check_outputs
     from sparknet.config import load_config
-    from sparknet.outputs import Output, check_outputs
 
     check_outputs(Output("OUTPUT_DIR", runtime.project_path(OUTPUT_DIR), locked=True))
     config = load_config(CONFIG)
@@ -41,8 +41,8 @@ def main() -> None:
     from sparknet.data.source.hub_retries import set_hub_retry_minutes
 
     set_hub_retry_minutes(HUB_RETRY_MINUTES)
+    from sparknet.common.runtime import available_cores
     from sparknet.data.packed.build import BuildSpec, build_dataset
-    from sparknet.runtime import available_cores
 
     spec = BuildSpec(
         config=config,

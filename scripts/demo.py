@@ -34,9 +34,9 @@ EXPORT_DIR = "exports/demo"  # the Hub-ready folder with the model card
 
 
 def main() -> None:
-    from sparknet import runtime
+    from sparknet.common import runtime
+    from sparknet.common.outputs import Output, check_outputs
     from sparknet.demo.chain import Chain, demo_state, remove_previous_run, report
-    from sparknet.outputs import Output, check_outputs
 
     path = runtime.project_path
     # every folder of the chain, before its first step: a bad one would otherwise stop it steps later

@@ -17,12 +17,12 @@ EVAL_DIR = "eval"  # results go to EVAL_DIR/<RUN_NAME>/
 
 
 def main() -> None:
-    from sparknet import runtime
-    from sparknet.errors import UserError
+    from sparknet.common import runtime
+    from sparknet.common.errors import UserError
+    from sparknet.common.outputs import Output, check_outputs
     from sparknet.eval.models import resolve_model
     from sparknet.eval.reports import eval_outputs
     from sparknet.harness import SUITE_TASK
-    from sparknet.outputs import Output, check_outputs
 
     if not MODELS or not TASKS:
         raise UserError("set MODELS and TASKS (JSON lists)")

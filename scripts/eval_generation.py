@@ -19,13 +19,13 @@ EVAL_DIR = "eval"  # the report goes to EVAL_DIR/<RUN_NAME>/generation.md
 
 
 def main() -> None:
-    from sparknet import runtime
+    from sparknet.common import runtime
+    from sparknet.common.outputs import check_outputs
     from sparknet.eval.models import resolve_model
     from sparknet.eval.reports import comparison_name, eval_dir, eval_outputs
-    from sparknet.outputs import check_outputs
 
     if not MODELS:
-        from sparknet.errors import UserError
+        from sparknet.common.errors import UserError
 
         raise UserError("no models: set MODELS to a list of checkpoint folders or Hub ids")
     refs = [resolve_model(spec) for spec in MODELS]

@@ -26,10 +26,10 @@ EVAL_DIR = "eval"  # results go to EVAL_DIR/<RUN_NAME>/
 
 
 def main() -> None:
-    from sparknet import runtime
+    from sparknet.common import runtime
+    from sparknet.common.outputs import check_outputs
     from sparknet.eval.models import resolve_model
     from sparknet.eval.reports import comparison_name, eval_dir, eval_outputs
-    from sparknet.outputs import check_outputs
 
     names = [resolve_model(spec).name for spec in MODELS]  # each model checked; its name names its results folder
     check_outputs(*eval_outputs(names, EVAL_DIR))

@@ -17,9 +17,9 @@ PRIVATE = False  # create the Hub repository as private
 
 
 def main() -> None:
-    from sparknet import runtime
+    from sparknet.common import runtime
+    from sparknet.common.outputs import Output, check_outputs
     from sparknet.eval.models import resolve_model
-    from sparknet.outputs import Output, check_outputs
 
     output = runtime.project_path(OUTPUT_DIR or f"exports/{resolve_model(MODEL).name.replace('/', '-')}")
     check_outputs(Output("OUTPUT_DIR", output, locked=True))

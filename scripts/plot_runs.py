@@ -10,10 +10,10 @@ EVAL_DIR = "eval"  # PNGs go to EVAL_DIR/<RUN_NAME>/plots/
 
 
 def main() -> None:
-    from sparknet import runtime
-    from sparknet.errors import UserError
+    from sparknet.common import runtime
+    from sparknet.common.errors import UserError
+    from sparknet.common.outputs import check_outputs
     from sparknet.eval.reports import comparison_name, eval_dir, eval_outputs
-    from sparknet.outputs import check_outputs
 
     if not RUNS:
         raise UserError("no runs: set RUNS to a list of run names")

@@ -14,9 +14,9 @@ INCLUDE_TESTS = False  # include the stdlib's own test suite (mostly boilerplate
 
 
 def main() -> None:
-    from sparknet import runtime
+    from sparknet.common import runtime
+    from sparknet.common.outputs import Output, check_outputs
     from sparknet.demo.corpus import write_demo_corpus
-    from sparknet.outputs import Output, check_outputs
 
     check_outputs(Output("OUTPUT_DIR", runtime.project_path(OUTPUT_DIR)))
     runtime.setup()

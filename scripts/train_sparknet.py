@@ -72,10 +72,10 @@ LOGS_DIR = "logs"  # TensorBoard logs go to LOGS_DIR/RUN_NAME
 
 
 def main() -> None:
-    from sparknet import runtime
     from sparknet.cli import constant_names
+    from sparknet.common import runtime
+    from sparknet.common.outputs import check_outputs
     from sparknet.config import load_config
-    from sparknet.outputs import check_outputs
     from sparknet.train.folders import run_outputs
 
     check_outputs(*run_outputs(RUN_NAME, CHECKPOINTS_DIR, LOGS_DIR))

@@ -19,9 +19,9 @@ OVERWRITE = False  # replace an existing, non-empty OUTPUT_DIR
 
 
 def main() -> None:
-    from sparknet import runtime
+    from sparknet.common import runtime
+    from sparknet.common.outputs import Output, check_outputs
     from sparknet.config import load_config
-    from sparknet.outputs import Output, check_outputs
 
     check_outputs(Output("OUTPUT_DIR", runtime.project_path(OUTPUT_DIR), locked=True))
     config = load_config(CONFIG)

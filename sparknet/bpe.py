@@ -15,12 +15,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from sparknet.common.errors import UserError
+from sparknet.common.locks import exclusive
+from sparknet.common.progress import Progress
+from sparknet.common.runtime import replace_folder
 from sparknet.config import MixConfig
 from sparknet.data.mixing import Mixer, mix_texts
-from sparknet.errors import UserError
-from sparknet.locks import exclusive
-from sparknet.progress import Progress
-from sparknet.runtime import replace_folder
 from sparknet.tokenizer import EOT, save, wrap
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ def _sample(mixer: Mixer[str], max_bytes: int, progress: Progress) -> Iterator[s
         progress.update(utf8_bytes(text))
         yield text
         if mixer.total_units >= max_bytes:  # the mixer's units are bytes here (the last document whole: a little
-            break  # past the budget, where the bar ends full: sparknet.progress)
+            break  # past the budget, where the bar ends full: sparknet.common.progress)
     else:
         progress.end_short("every source ran dry")
     progress.close()

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 from sparknet.licenses import HUB_LICENSES, LICENSES_PAGE  # plain data
 from sparknet.model import PRESETS  # plain data: no heavy imports
 from sparknet.optim import OPTIMIZERS  # names and builders; imports no torch

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sparknet.errors import UsageError, UserError
+from sparknet.common.errors import UsageError, UserError
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -110,7 +110,7 @@ def resolve_typed_path(name: str, value: Any, cwd: str | None = None) -> Any:
     full = Path(cwd or os.getcwd()) / path
     if name in _MAYBE_HUB_IDS and not full.exists() and not glob.glob(str(full)):
         return value  # a Hub id (or a path under the repository, as before)
-    from sparknet.runtime import PROJECT_ROOT
+    from sparknet.common.runtime import PROJECT_ROOT
 
     resolved = os.path.normpath(full)
     inside = os.path.relpath(resolved, PROJECT_ROOT)
@@ -258,7 +258,7 @@ class Stopped(KeyboardInterrupt):
 
 def _stop_as_ctrl_c_does(signum: int, _frame: Any) -> None:
     if signum == signal.SIGHUP:
-        from sparknet.runtime import quiet_closed_terminal
+        from sparknet.common.runtime import quiet_closed_terminal
 
         quiet_closed_terminal()
     raise Stopped(signum)
@@ -290,8 +290,8 @@ def run_script(namespace: dict[str, Any], main: Callable[[], Any], argv: list[st
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(1) from None
     except Exception as exc:
-        from sparknet.runtime import disk_full
-        from sparknet.write_faults import write_fault
+        from sparknet.common.runtime import disk_full
+        from sparknet.common.write_faults import write_fault
 
         where = disk_full(exc)
         if where is not None:
@@ -315,7 +315,7 @@ def _quiet_handed_over_disk_full() -> None:
     default = threading.excepthook
 
     def hook(args: Any) -> None:
-        from sparknet.runtime import disk_full
+        from sparknet.common.runtime import disk_full
 
         handed_over = args.exc_value is not None and getattr(args.thread, "exception", None) is args.exc_value
         if handed_over and disk_full(args.exc_value) is not None:
@@ -330,7 +330,7 @@ def constants_reference(scripts: list[str]) -> str:
     --help prints it) and the values their rule allows (sparknet.checks), as Markdown. Written by `make docs`;
     tests/test_docs.py fails when the file is not what the scripts say now."""
     from sparknet.checks import RULES
-    from sparknet.runtime import PROJECT_ROOT
+    from sparknet.common.runtime import PROJECT_ROOT
 
     out = ["# Script constants", "",
            "Every constant of every script, as its top says it: the default and the comment (what `--help` prints), "
@@ -355,7 +355,7 @@ def script_constants(script: str) -> dict[str, Any]:
     without running the script."""
     import importlib.util
 
-    from sparknet.runtime import PROJECT_ROOT
+    from sparknet.common.runtime import PROJECT_ROOT
 
     path = PROJECT_ROOT / "scripts" / script
     spec = importlib.util.spec_from_file_location(f"_sparknet_script_{path.stem}", path)

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from sparknet.checks import MIN_BLOCK, MIN_BLOCK_WHY, RULES
-from sparknet.errors import UserError
-from sparknet.runtime import file_sha256, project_path
+from sparknet.common.errors import UserError
+from sparknet.common.runtime import file_sha256, project_path
 
 log = logging.getLogger(__name__)
 

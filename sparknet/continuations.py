@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 
 
 def continuations(model: Any, tokenizer: Any, prompt: str, *, skip_special_tokens: bool = True,

@@ -14,9 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sparknet.common.errors import UserError
 from sparknet.config import LOCAL_KINDS, printable
 from sparknet.data.spec import PIECE_BLOCKS
-from sparknet.errors import UserError
 from sparknet.eval.models import ModelRef, load_model, resolve_model
 from sparknet.eval.reports import eval_dir, markdown_table
 from sparknet.model import set_for_use
@@ -37,7 +37,7 @@ def export_model(spec: str, output_dir: Path, *, license: str = "", language: li
     export into a folder at a time (a second at once is refused in one line: both would build in one hidden folder).
     """
     from sparknet.checks import check_values
-    from sparknet.locks import exclusive
+    from sparknet.common.locks import exclusive
 
     check_values({"LICENSE": license})  # the script's rule, for callers without the script
     ref = resolve_model(spec)
@@ -65,11 +65,11 @@ def _nothing_half_written(output_dir: Path) -> Iterator[None]:
 def _export(ref: ModelRef, output_dir: Path, *, license: str, language: list[str] | None, eval_root: str,
             overwrite: bool, repo_id: str, unfinished: bool) -> Path:
     """`export_model`'s work, under its lock."""
+    from sparknet.common.runtime import follow_umask, replace_folder, writes_to
+    from sparknet.common.write_faults import writing
     from sparknet.eval.results import check_benchmarks, check_perplexities
     from sparknet.run_files import RUN_CONFIG, read_metadata
-    from sparknet.runtime import follow_umask, replace_folder, writes_to
     from sparknet.tokenizer import save as save_tokenizer
-    from sparknet.write_faults import writing
 
     spec = ref.spec
     if output_dir.exists() and any(output_dir.iterdir()) and not overwrite:
@@ -116,7 +116,7 @@ def usage_path(output_dir: Path) -> tuple[str, str]:
     inside it (the scripts' paths are; the user is there right after the export), else the folder's name. Written
     with "./", which the Hub never takes for a repository id: a missing folder fails at once, not after asking the
     Hub."""
-    from sparknet.runtime import PROJECT_ROOT
+    from sparknet.common.runtime import PROJECT_ROOT
 
     try:
         return f"./{output_dir.resolve().relative_to(PROJECT_ROOT)}", "run from the project root it was exported in"
@@ -127,7 +127,7 @@ def usage_path(output_dir: Path) -> tuple[str, str]:
 def card_path(value: Any) -> str:
     """A path as a card shows it: never an absolute path of this machine (the card is published). Inside the
     project: relative to its root; elsewhere: the file or folder's name. Relative paths and Hub ids unchanged."""
-    from sparknet.runtime import PROJECT_ROOT
+    from sparknet.common.runtime import PROJECT_ROOT
 
     text = str(value)
     path = Path(text).expanduser()

@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 
 SUITE_TASK = "sparknet_continuation"
 METRICS = ("acc", "acc_norm")
@@ -74,8 +74,8 @@ def run_benchmarks(model_source: Any, tokenizer_source: Any, tasks: list[str], i
     import torch
     from lm_eval import simple_evaluate
 
-    from sparknet.progress import route_library_bars
-    from sparknet.runtime import hide_library_progress_bars, use_compute_threads
+    from sparknet.common.progress import route_library_bars
+    from sparknet.common.runtime import hide_library_progress_bars, use_compute_threads
 
     hide_library_progress_bars()
     datasets.disable_progress_bars()  # "Generating test split" of each task's data

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparknet.architectures import ARCHITECTURES
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def build_model(
     special ids and SDPA attention."""
     from transformers import AutoModelForCausalLM
 
-    from sparknet.runtime import hide_library_progress_bars
+    from sparknet.common.runtime import hide_library_progress_bars
 
     hide_library_progress_bars()  # the run saves and reloads it at every checkpoint
     if preset.n_embd % preset.n_head:

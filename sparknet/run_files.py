@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 
 RUN_CONFIG = "run_config.json"
 METADATA = "training_metadata.json"

@@ -29,10 +29,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sparknet.common.errors import UserError
+from sparknet.common.folder_or_hub import local_path, not_found
+from sparknet.common.runtime import project_path
 from sparknet.config import MixConfig
-from sparknet.errors import UserError
-from sparknet.folder_or_hub import local_path, not_found
-from sparknet.runtime import project_path
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def load_tokenizer(name_or_path: str) -> Any:
     has an end-of-text token and round-trips text losslessly."""
     from transformers import AutoTokenizer
 
-    folder = local_path(name_or_path)  # None: a Hub id (the rule: sparknet.folder_or_hub)
+    folder = local_path(name_or_path)  # None: a Hub id (the rule: sparknet.common.folder_or_hub)
     near = None if folder is not None and folder.exists() else _nearest_tokenizer_folder(name_or_path)
     if folder is None and near is not None:
         folder = project_path(name_or_path)  # a near miss of a local tokenizer folder's name (tokenizr-demo)

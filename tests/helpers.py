@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparknet.runtime import PROJECT_ROOT
+from sparknet.common.runtime import PROJECT_ROOT
 
 if TYPE_CHECKING:
     import torch

@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sparknet.common.errors import UserError
+from sparknet.common.runtime import PROJECT_ROOT
 from sparknet.config import load_config
 from sparknet.data.packed.build import BuildSpec, build_dataset
 from sparknet.data.packed.dataset import PackedDataset
-from sparknet.errors import UserError
-from sparknet.runtime import PROJECT_ROOT
 from tests.helpers import run_script, step_blocks, stream_args, write_config, write_jsonl
 
 BLOCK = 64

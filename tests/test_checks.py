@@ -10,7 +10,7 @@ import pytest
 
 from sparknet.checks import RULES, problems
 from sparknet.cli import annotated_types, is_path_constant, script_constants
-from sparknet.runtime import PROJECT_ROOT
+from sparknet.common.runtime import PROJECT_ROOT
 from tests.helpers import OFFLINE_ENV, run_script
 
 SCRIPTS = sorted(p.name for p in (PROJECT_ROOT / "scripts").glob("*.py"))

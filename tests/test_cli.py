@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sparknet.cli import apply_overrides, describe_constants, parse_value
-from sparknet.errors import UsageError
+from sparknet.common.errors import UsageError
 from tests.helpers import run_script
 
 SCRIPT = '''"""A test script."""
@@ -168,7 +168,7 @@ def test_a_typed_path_inside_the_repository_equals_the_default(monkeypatch: pyte
     """From the repository root `--dataset_dir datasets//x` is the default-style `datasets/x` (same run identity);
     from a subfolder `../datasets/x` is too."""
     from sparknet.cli import resolve_typed_path
-    from sparknet.runtime import PROJECT_ROOT
+    from sparknet.common.runtime import PROJECT_ROOT
 
     monkeypatch.chdir(PROJECT_ROOT)
     assert resolve_typed_path("DATASET_DIR", "datasets//x") == "datasets/x"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.runtime import CoreLoad, compute_cores, compute_threads
+from sparknet.common.runtime import CoreLoad, compute_cores, compute_threads
 from tests.helpers import stream_args
 
 CORES = len(os.sched_getaffinity(0))  # the CPUs allowed
@@ -29,7 +29,7 @@ import json, logging, os, sys, time
 case = json.loads(sys.argv[1])
 if case["cores"]:
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:case["cores"]])
-from sparknet.runtime import use_compute_threads
+from sparknet.common.runtime import use_compute_threads
 from sparknet.train.callbacks import ComputeThreads
 import torch
 line = use_compute_threads(case["device"])

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sparknet.common.errors import UserError
 from sparknet.config import load_config
 from sparknet.data.packed.build import BuildSpec, build_dataset
-from sparknet.errors import UserError
 from tests.helpers import build_position, run_script, stop_build_after_saves, train_args, write_config, write_jsonl
 
 FIX = "build_dataset_v5.py --overwrite true"

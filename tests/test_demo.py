@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from sparknet.common.runtime import PROJECT_ROOT
 from sparknet.demo.chain import _shown, demo_state
-from sparknet.runtime import PROJECT_ROOT
 from sparknet.train.folders import incomplete, latest_complete_checkpoint
 from tests.helpers import OFFLINE_ENV
 

@@ -146,7 +146,7 @@ def test_allow_config_change_keeps_tokens_seen_true(tiny_dataset: Path, tmp_path
 
 
 def test_a_global_batch_that_does_not_split_is_one_line(tiny_dataset: Path, tmp_path: Path) -> None:
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
     from sparknet.train.batch import plan_batch
 
     # the trainer as the script runs it (a UserError is the script's one line: tests/test_training.py)
@@ -165,8 +165,8 @@ def test_a_global_batch_that_does_not_split_is_one_line(tiny_dataset: Path, tmp_
 
 def test_fewer_training_blocks_than_one_global_batch_is_refused_before_the_run(tiny_dataset: Path,
                                                                               tmp_path: Path) -> None:
+    from sparknet.common.errors import UserError
     from sparknet.data import PackedDataset
-    from sparknet.errors import UserError
     from sparknet.train.batch import GlobalBatchSampler
 
     blocks = len(PackedDataset(tiny_dataset, "train"))
@@ -183,7 +183,7 @@ def test_fewer_training_blocks_than_one_global_batch_is_refused_before_the_run(t
 def test_a_run_folder_in_another_format_is_refused_in_one_line_and_left_as_it_is(tmp_path: Path) -> None:
     """A run folder records its format; one from before (no version: format 1, when the recipe was BATCH_SIZE x
     GRAD_ACCUM x devices) is refused naming both versions, never migrated; a fixed key is still checked."""
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
     from sparknet.run_files import RUN_CONFIG
     from sparknet.train.folders import RUN_FORMAT, open_run
 
@@ -209,7 +209,7 @@ def test_a_run_folder_in_another_format_is_refused_in_one_line_and_left_as_it_is
 def test_a_retired_setting_left_off_resumes_and_one_turned_on_is_refused(tmp_path: Path) -> None:
     """A run recorded when DOCUMENT_MASKING existed resumes when it was off (the same run without the setting);
     one that trained with it on is refused as changed, since it cannot be continued as it was."""
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
     from sparknet.run_files import RUN_CONFIG
     from sparknet.train.folders import RUN_FORMAT, open_run
 
@@ -233,7 +233,7 @@ def test_a_stream_run_folder_in_another_format_is_refused_before_its_hold_out(co
     checked first, so an old folder is the same one line, not a KeyError on what that format lacked."""
     import numpy as np
 
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
     from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
 
     run_dir = tmp_path / "ckpt" / "run"
@@ -257,7 +257,7 @@ def test_two_launchers_over_loopback_train_data_parallel_with_a_nodes_cores_each
     LOCAL_WORLD_SIZE), not on cores / WORLD_SIZE."""
     import socket
 
-    from sparknet.runtime import available_cores
+    from sparknet.common.runtime import available_cores
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sparknet.runtime import PROJECT_ROOT
+from sparknet.common.runtime import PROJECT_ROOT
 
 
 def _check(root: Path) -> subprocess.CompletedProcess:

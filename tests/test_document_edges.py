@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from sparknet.common.errors import UserError
 from sparknet.config import load_config
 from sparknet.data.holdout import hold_out
 from sparknet.data.packed.build import BuildSpec, build_dataset
 from sparknet.data.packed.dataset import PackedDataset
 from sparknet.data.spec import DataSpec
-from sparknet.errors import UserError
 from tests.helpers import (
     assert_every_prefix_mixed,
     held_out_rests,

@@ -1,8 +1,9 @@
-"""The exception chain the full-disk, Hub-failure and gated-dataset checks read (sparknet.errors.exception_chain)."""
+"""The exception chain the full-disk, Hub-failure and gated-dataset checks read
+(sparknet.common.errors.exception_chain)."""
 
 from __future__ import annotations
 
-from sparknet.errors import exception_chain
+from sparknet.common.errors import exception_chain
 
 
 def test_the_chain_follows_causes_then_contexts_outermost_first_and_stops_at_a_loop() -> None:

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
+from sparknet.common.runtime import PROJECT_ROOT
 from sparknet.harness import SUITE_TASK, run_benchmarks, write_offline_suite
-from sparknet.runtime import PROJECT_ROOT
 from sparknet.testing.hub_server import HubServer
 from tests.helpers import OFFLINE_ENV, run_script, write_jsonl
 
@@ -111,7 +111,7 @@ def test_offline_suite_through_lm_eval(random_model: Path, tmp_path: Path) -> No
     # SparkNet's lines only: no lm-eval INFO lines, no advice about attention masks, no per-load or split bars
     for noise in ("INFO lm_eval", "attention_mask", "Loading weights", "Generating test split"):
         assert noise not in output, noise
-    # captured, as in a log file: lm-eval's bars are whole lines, as SparkNet's own (sparknet.progress), not one
+    # captured, as in a log file: lm-eval's bars are whole lines, as SparkNet's own (sparknet.common.progress), not one
     # long line of carriage-return redraws
     assert "\r" not in output, repr(output[-2000:])
     assert any(line.startswith("Running loglikelihood requests: 100%") for line in output.splitlines()), output
@@ -146,7 +146,7 @@ def test_a_mistyped_model_folder_or_an_unreachable_hub_model_is_one_line(script:
         assert f"model folder {runs.name}/dmeo not found" in proc.stderr and f"{runs.name}/ holds: demo" in proc.stderr
     finally:
         shutil.rmtree(runs, ignore_errors=True)
-    # any project folder ("scripts/") makes "scripts/x" a local path (sparknet.folder_or_hub), answered at once
+    # any project folder ("scripts/") makes "scripts/x" a local path (sparknet.common.folder_or_hub), answered at once
     proc = run_script(script, "--models", json.dumps(["scripts/no-model"]), "--eval_dir", tmp_path / "eval")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "model folder scripts/no-model not found" in proc.stderr and "scripts/ holds: no folders" in proc.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 from sparknet.eval.generation import SamplingSettings, generate_samples, load_prompts, sample_seed
 from sparknet.eval.models import load_model, resolve_model
 from tests.helpers import random_run_folder, run_script

@@ -71,7 +71,7 @@ def test_windows_score_every_token_once_with_enough_context(length: int, context
 
 
 def test_bad_stride() -> None:
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
 
     for stride in (0, 5):
         with pytest.raises(UserError, match="STRIDE must be in 1..CONTEXT"):
@@ -325,8 +325,8 @@ def test_a_damaged_hold_out_file_of_a_streaming_run_is_one_line(how: str, corpus
                                                                  tmp_path: Path) -> None:
     """A streaming run's val_blocks.npy (DATA) or val_report.json (a mix config as DATA) cut short or overwritten:
     one line naming the file and the fix, not numpy's or json's exception."""
+    from sparknet.common.errors import UserError
     from sparknet.config import load_config
-    from sparknet.errors import UserError
     from sparknet.eval.data import DataRequest, load_documents
     from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
 
@@ -356,8 +356,8 @@ def test_a_damaged_hold_out_file_of_a_streaming_run_is_one_line(how: str, corpus
 def test_a_checkpoint_rotated_away_is_a_missing_folder_never_a_hub_id(random_model: Path, tmp_path: Path) -> None:
     """A checkpoint-N that SAVE_TOTAL_LIMIT removes while evaluation runs (after it was resolved) or before: one line
     saying the folder no longer exists, not the Hub's 'Repo id must be in the form ...' for its path."""
-    from sparknet.errors import UserError
-    from sparknet.runtime import PROJECT_ROOT
+    from sparknet.common.errors import UserError
+    from sparknet.common.runtime import PROJECT_ROOT
 
     run = tmp_path / "checkpoints" / "run"
     for step in (40, 48):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 from sparknet.eval.benchmarks import save_results
 from sparknet.eval.reports import merge_json
 from sparknet.eval.results import check_benchmarks, check_perplexities, fullest_perplexities, perplexity_setting

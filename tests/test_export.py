@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 from sparknet.eval.benchmarks import save_results
 from sparknet.eval.reports import merge_json
 from sparknet.eval.results import perplexity_setting
@@ -153,8 +153,8 @@ def test_an_interrupted_overwrite_leaves_the_old_export_whole(run: tuple[Path, P
     leaves nothing beside it."""
     import os
 
+    import sparknet.common.runtime as runtime_module
     import sparknet.export as export_module
-    import sparknet.runtime as runtime_module
 
     folder, tmp = run
     out = tmp / "exported"
@@ -164,7 +164,7 @@ def test_an_interrupted_overwrite_leaves_the_old_export_whole(run: tuple[Path, P
     assert renamed not in before["README.md"].decode()
 
     class KilledAtTheOldFolder:
-        """The os module of sparknet.runtime, but the process dies when a rename would touch the export."""
+        """The os module of sparknet.common.runtime, but the process dies when a rename would touch the export."""
 
         def __getattr__(self, name: str) -> object:
             return getattr(os, name)
@@ -292,8 +292,8 @@ def test_the_cards_snippet_loads_the_folder_where_it_was_exported_and_names_the_
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
+    from sparknet.common.runtime import PROJECT_ROOT
     from sparknet.export import export_model
-    from sparknet.runtime import PROJECT_ROOT
 
     folder, tmp = finished[0].run_dir, tmp_path  # a real run: its context fits the example's 40 new tokens
     inside = PROJECT_ROOT / f"test-exports-{uuid.uuid4().hex[:8]}"
@@ -324,10 +324,10 @@ def test_no_absolute_local_path_goes_into_the_card(finished, tmp_path: Path,
     relative to its root, others are their names."""
     import os
 
+    from sparknet.common.runtime import PROJECT_ROOT
     from sparknet.eval.data import DataRequest
     from sparknet.eval.perplexity import evaluate_perplexity
     from sparknet.export import export_model
-    from sparknet.runtime import PROJECT_ROOT
 
     result, _ = finished
     evaluate_perplexity([str(result.run_dir)], DataRequest(""), context=64, eval_root=str(tmp_path / "eval"))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparknet.runtime import PROJECT_ROOT
+from sparknet.common.runtime import PROJECT_ROOT
 from tests.helpers import OFFLINE_ENV, train_args
 
 CONFIG = PROJECT_ROOT / "configs" / "accelerate_fsdp.yaml"
@@ -35,7 +35,7 @@ def test_an_fsdp_launch_without_gpus_is_refused_in_one_line(tiny_dataset: Path, 
 
 def test_muon_under_fsdp_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     from sparknet.cli import script_constants
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
     from sparknet.train.hf_trainer import check_launch
     from sparknet.train.settings import TrainSettings
 

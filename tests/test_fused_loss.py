@@ -110,7 +110,7 @@ def test_a_missing_package_is_one_line_before_the_run_folder(tiny_dataset: Path,
     fails as without triton: refused before the run folder is made."""
     import sys
 
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
 
     shadow = tmp_path / "shadow" / "cut_cross_entropy"  # an install whose import fails, as without triton
     shadow.mkdir(parents=True)
@@ -128,7 +128,7 @@ def test_a_missing_package_is_one_line_before_the_run_folder(tiny_dataset: Path,
 
 
 def test_a_model_that_soft_caps_its_logits_is_refused_in_one_line() -> None:
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
 
     with pytest.raises(UserError, match="soft-caps its logits, which the fused loss does not: set FUSED_CROSS"):
         fuse_head(_model("sparknet-nanochat-tiny"))  # it caps what the fused head hands on: the hidden states

@@ -207,7 +207,7 @@ def test_lm_eval_draws_its_bars_with_the_module_names_sparknet_routes() -> None:
     import lm_eval.models.huggingface
     from tqdm import tqdm
 
-    from sparknet.progress import Progress
+    from sparknet.common.progress import Progress
 
     for module in (lm_eval.api.task, lm_eval.api.model, lm_eval.models.huggingface):
         assert module.tqdm in (tqdm, Progress), module.__name__

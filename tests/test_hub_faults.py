@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.runtime import PROJECT_ROOT
+from sparknet.common.runtime import PROJECT_ROOT
 from sparknet.testing.hub_server import Fault, HubServer
 from tests.helpers import (
     HUB_MANY,

@@ -95,8 +95,8 @@ def test_the_processes_wait_for_each_other_longer_than_a_hub_retry(tmp_path: Pat
     import torch.distributed as dist
     from transformers import TrainerControl, TrainerState
 
+    from sparknet.common.runtime import device_info
     from sparknet.data.source import hub_retries
-    from sparknet.runtime import device_info
     from sparknet.train.batch import plan_batch
     from sparknet.train.hf_trainer import collective_timeout_s, training_arguments
     from sparknet.train.safety import SafetyCallback

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.runtime import PROJECT_ROOT
+from sparknet.common.runtime import PROJECT_ROOT
 from sparknet.testing.hub_server import HubServer
 from sparknet.train.folders import latest_complete_checkpoint
 from tests.helpers import (

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparknet.runtime import PROJECT_ROOT
+from sparknet.common.runtime import PROJECT_ROOT
 from sparknet.testing.hub_server import HubServer
 
 PRELUDE = """

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 from sparknet.export import card_data
 from sparknet.run_files import METADATA
 from sparknet.testing.hub_server import HubServer

@@ -9,7 +9,7 @@ from types import ModuleType
 import pytest
 from packaging.markers import Marker
 
-from sparknet.runtime import PROJECT_ROOT
+from sparknet.common.runtime import PROJECT_ROOT
 
 
 @pytest.fixture(scope="module")

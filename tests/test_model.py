@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 from sparknet.model import PRESETS, build_model, flops_per_token, get_preset, parameter_count
 
 

@@ -12,7 +12,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from sparknet.checks import RULES, check_values
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 from sparknet.muon import MuonAdamW, hidden_matrices
 from sparknet.optim import OPTIMIZERS
 from sparknet.train.hf_trainer import SparkTrainer

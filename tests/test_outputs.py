@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 from tests.helpers import build_args, run_script, stream_args, train_args, write_jsonl
 
 
@@ -191,8 +191,8 @@ def test_a_run_name_too_long_for_its_lock_file_is_one_line(script: str, inputs: 
 def test_the_longest_name_allowed_takes_its_lock_and_one_more_is_refused(tmp_path: Path) -> None:
     """The limit is the lock's own: a folder of the longest name allowed is locked (its lock files written and
     removed); one byte more is refused before anything is written."""
-    from sparknet.locks import exclusive
-    from sparknet.outputs import Output, check_outputs
+    from sparknet.common.locks import exclusive
+    from sparknet.common.outputs import Output, check_outputs
 
     limit = os.pathconf(tmp_path, "PC_NAME_MAX") - len("...lock.json.tmp")  # the lock record's temporary file
     longest = tmp_path / ("x" * limit)
@@ -210,8 +210,8 @@ def test_the_longest_name_allowed_takes_its_lock_and_one_more_is_refused(tmp_pat
 def test_no_lock_file_stays_beside_an_output_and_the_lock_still_holds(tmp_path: Path) -> None:
     """A job's one-writer lock (and a results file's) leaves no `.NAME.lock` behind once it ends; while it runs, a
     second one is refused, and the next one after it takes the lock."""
+    from sparknet.common.locks import exclusive
     from sparknet.eval.reports import merge_json
-    from sparknet.locks import exclusive
 
     target = tmp_path / "out"
     with exclusive(target, "a test"):
@@ -227,7 +227,7 @@ def test_no_lock_file_stays_beside_an_output_and_the_lock_still_holds(tmp_path: 
 
 
 def test_every_problem_is_listed_at_once_and_nothing_is_created(tmp_path: Path) -> None:
-    from sparknet.outputs import Output, check_outputs
+    from sparknet.common.outputs import Output, check_outputs
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")

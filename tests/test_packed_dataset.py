@@ -19,11 +19,11 @@ import numpy as np
 import psutil
 import pytest
 
+from sparknet.common.errors import UserError
 from sparknet.config import load_config
 from sparknet.data import PackedDataset
 from sparknet.data.packed.build import BuildSpec, build_dataset
 from sparknet.data.packed.dataset import FORMAT_VERSION
-from sparknet.errors import UserError
 from tests.helpers import (
     OFFLINE_ENV,
     build_args,

@@ -8,9 +8,9 @@ import subprocess
 import sys
 import time
 
-from sparknet import progress as progress_module
-from sparknet.progress import progress
-from sparknet.runtime import PROJECT_ROOT
+from sparknet.common import progress as progress_module
+from sparknet.common.progress import progress
+from sparknet.common.runtime import PROJECT_ROOT
 
 
 def test_written_to_a_file_a_bar_is_whole_lines_at_an_interval_and_its_end(monkeypatch) -> None:
@@ -79,7 +79,7 @@ def test_a_library_thread_map_cannot_take_a_bars_lock_away(tmp_path) -> None:
               "import tqdm\n"
               f"open_source(SourceSpec(name='json', prob=1, data_files={str(data)!r}, label='a'))\n"
               "assert '_lock' in vars(tqdm.tqdm), 'opening a source left the base bar class without its lock'\n")
-    shared = "from sparknet.progress import share_one_tqdm_lock\nshare_one_tqdm_lock()\n"
+    shared = "from sparknet.common.progress import share_one_tqdm_lock\nshare_one_tqdm_lock()\n"
     for code, said in ((shared + race, "drawn\n"), (opened, "")):
         proc = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True,
                               timeout=120)

@@ -56,7 +56,7 @@ def test_one_reader_of_a_runs_metadata_for_run_and_checkpoint_folders(tmp_path: 
 
     import pytest
 
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
     from sparknet.run_files import METADATA, RUN_CONFIG, read_metadata, run_of
 
     run = tmp_path / "run"
@@ -74,7 +74,7 @@ def test_one_reader_of_a_runs_metadata_for_run_and_checkpoint_folders(tmp_path: 
 def test_damaged_state_files_are_named_before_training(tmp_path: Path, caplog) -> None:
     import pytest
 
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
     from sparknet.run_files import RUN_CONFIG
     from sparknet.train.folders import EVAL_START, RUN_FORMAT, open_run
 

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from sparknet.common.errors import UserError
 from sparknet.config import LOCAL_KINDS, load_config
-from sparknet.errors import UserError
 from tests.helpers import read_texts, run_script, stream_of, write_config, write_jsonl
 
 KINDS = ["parquet", "csv", "text"]

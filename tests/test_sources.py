@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from sparknet.common.errors import UserError
 from sparknet.config import SourceSpec, parse_config
 from sparknet.data.source.hub_retries import iter_texts
 from sparknet.data.source.opening import open_source, resolve_revisions
-from sparknet.errors import UserError
 from tests.helpers import write_jsonl
 
 

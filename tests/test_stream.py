@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 import torch
 
+from sparknet.common.errors import UserError
+from sparknet.common.runtime import PROJECT_ROOT
 from sparknet.config import MixConfig, load_config
 from sparknet.data.holdout import hold_out
 from sparknet.data.spec import DataSpec, Part
 from sparknet.data.stream.token_stream import TokenStream
-from sparknet.errors import UserError
-from sparknet.runtime import PROJECT_ROOT
 from tests.helpers import OFFLINE_ENV, stream_of, tagged_documents, write_config, write_jsonl
 
 BLOCK = 128

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 from sparknet.testing.hub_server import HubServer
 from sparknet.tokenizer import EOT, load_tokenizer
 from tests.helpers import run_script, write_config, write_jsonl
@@ -240,7 +240,7 @@ def test_a_second_training_into_the_same_folder_refuses_at_once(corpus_config: P
     test, through the same lock), the script says so in one line and trains nothing."""
     import os
 
-    from sparknet.locks import exclusive
+    from sparknet.common.locks import exclusive
 
     out = tmp_path / "tok"
     with exclusive(out, "a tokenizer training"):
@@ -311,7 +311,7 @@ def test_a_mistyped_local_tokenizer_folder_fails_at_once_with_the_nearest_folder
     import time
     import uuid
 
-    from sparknet.runtime import PROJECT_ROOT
+    from sparknet.common.runtime import PROJECT_ROOT
 
     local = PROJECT_ROOT / f"test-tokenizer-{uuid.uuid4().hex[:6]}"
     shutil.copytree(tokenizer_dir, local)

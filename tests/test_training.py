@@ -152,7 +152,7 @@ def test_same_run_name_with_other_settings_is_refused(finished, tiny_dataset: Pa
 def test_a_finished_run_with_other_settings_says_to_choose_a_new_run_name(finished, tiny_dataset: Path) -> None:
     """Continuing a finished run with the flag would only end in "already finished": the hint is the new name. (The
     trainer as the script runs it; the script's one line for such a refusal: the test above.)"""
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
 
     _, tmp = finished
     with pytest.raises(UserError) as caught:
@@ -177,7 +177,7 @@ def test_a_resume_refused_for_a_rebuilt_dataset_names_the_changed_file_and_both_
     edited = sorted(sums)[-1]
     before = sums[edited] = "0" * 40 + sums[edited][40:]  # the file as it was when the run trained on it
     identity_path.write_text(json.dumps(identity))
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
 
     with pytest.raises(UserError) as caught:  # the trainer as the script runs it
         train_packed(train_settings(tmp_path), tiny_dataset)
@@ -305,7 +305,7 @@ def test_a_different_tokenizer_than_the_datasets_is_refused(tiny_dataset: Path, 
                                                             tmp_path: Path) -> None:
     import shutil
 
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
 
     other = tmp_path / "tok"
     shutil.copytree(tokenizer_dir, other)
@@ -317,7 +317,7 @@ def test_a_different_tokenizer_than_the_datasets_is_refused(tiny_dataset: Path, 
 
 def test_a_budget_below_one_step_is_refused(tiny_dataset: Path, tmp_path: Path) -> None:
     """One step would train on more tokens than asked, all of it inside the warmup (LR 0): a mistake, not a run."""
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
 
     with pytest.raises(UserError, match=r"TARGET_TOKENS=100 is less than one optimizer step of 512 tokens"):
         train_packed(train_settings(tmp_path, target_tokens=100), tiny_dataset)
@@ -460,7 +460,7 @@ def test_a_train_bin_with_ids_beyond_the_vocabulary_is_one_line(tiny_dataset: Pa
 
     import numpy as np
 
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
 
     damaged = tmp_path / "ds"
     shutil.copytree(tiny_dataset, damaged)
@@ -476,8 +476,8 @@ def test_a_config_of_another_mix_than_the_datasets_is_refused(tiny_dataset: Path
     """CONFIG is recorded as the run's mix: one that is not the dataset's is refused in one line naming both and the
     change, before any work; the dataset's own config (or none: then the dataset's is taken, said in a line) is
     accepted."""
+    from sparknet.common.errors import UserError
     from sparknet.config import load_config
-    from sparknet.errors import UserError
     from tests.helpers import write_config
 
     mix = json.loads(corpus_config.read_text())["mix"]

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: the package beside it
 
 import numpy as np  # noqa: E402
 
-from sparknet.errors import UserError  # noqa: E402
+from sparknet.common.errors import UserError  # noqa: E402
 
 CHUNK_BLOCKS = 65_536  # train.bin's blocks hashed per read: memory stays at one chunk as int64
 

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from sparknet.common.errors import UserError
 from sparknet.data.encoding.packer import BlockPacker
 from sparknet.data.pipeline import Pipeline
-from sparknet.errors import UserError
 
 # Who runs the loop, for its dry-source warning: under that one's logger name, saying where its mix is recorded.
 # The hold-out is known by its part (Part(training=False)); the stream says so; the build constructs the loop

@@ -33,7 +33,7 @@ VAL_DOCUMENTS_PER_SOURCE = 20  # documents of each source a validation split can
 def token_dtype(vocab_size: int, requested: str = "auto") -> np.dtype:
     """uint16 when every id fits, else uint32; a requested dtype too small for the vocabulary is refused."""
     from sparknet.checks import check_values
-    from sparknet.errors import UserError
+    from sparknet.common.errors import UserError
 
     check_values({"DTYPE": requested})  # the choices are the DTYPE rule's
     if requested == "auto":

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from sparknet.errors import UserError
-from sparknet.runtime import PROJECT_ROOT
+from sparknet.common.errors import UserError
+from sparknet.common.runtime import PROJECT_ROOT
 
 DemoState = Literal["new", "finished", "interrupted"]
 
@@ -98,8 +98,8 @@ def demo_state(run_name: str, dataset_dir: str, export_dir: str) -> tuple[DemoSt
     """How the previous demo ended, and a line saying what this one does about it: "new" (no demo here),
     "finished" (trained and exported: this one starts over) or "interrupted" (a run, or a dataset build, left
     unfinished: this one resumes it)."""
+    from sparknet.common.runtime import project_path
     from sparknet.run_files import METADATA, RUN_CONFIG
-    from sparknet.runtime import project_path
     from sparknet.train.folders import latest_complete_checkpoint
 
     run_dir = project_path("checkpoints") / run_name
@@ -129,7 +129,7 @@ def remove_previous_run(run_name: str) -> None:
     """Deletes the demo's own previous run, so that every demo trains afresh."""
     import shutil
 
-    from sparknet.runtime import project_path
+    from sparknet.common.runtime import project_path
 
     for folder in (project_path("checkpoints") / run_name, project_path("logs") / run_name,
                    project_path("eval") / run_name):
@@ -143,10 +143,10 @@ def report(run_name: str, dataset_dir: str, export_dir: str) -> None:
     frequencies."""
     import numpy as np
 
+    from sparknet.common.runtime import project_path
     from sparknet.data.packed.dataset import PackedDataset
     from sparknet.metrics import unigram_entropy
     from sparknet.run_files import read_metadata
-    from sparknet.runtime import project_path
 
     run_dir = project_path("checkpoints") / run_name
     metadata = read_metadata(run_dir)

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from sparknet.progress import progress
+from sparknet.common.progress import progress
 
 log = logging.getLogger(__name__)
 

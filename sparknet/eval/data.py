@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from sparknet.common.errors import UserError
+from sparknet.common.runtime import read_json_object
 from sparknet.config import LOCAL_KINDS, SourceSpec, local_kind_of_file
-from sparknet.errors import UserError
 from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, read_val_blocks, read_val_report
-from sparknet.runtime import read_json_object
 
 log = logging.getLogger("sparknet.eval")
 
@@ -59,7 +59,7 @@ class DataRequest:
 
 def data_kind(data: str) -> str:
     """"packed", "blocks", "config", "dataset" (a Hub id or a local folder of data files) or "files"."""
-    from sparknet.runtime import project_path
+    from sparknet.common.runtime import project_path
 
     path = project_path(data)
     if path.is_file() and path.suffix == ".npy":
@@ -115,8 +115,8 @@ def trained_on(folder: Path | None, spec: str) -> str:
     """The held-out data of a SparkNet run, as DATA would name it: its packed dataset (whose val split is scored),
     or (streaming) its validation blocks in the run folder, from its training_metadata.json. UserError for a model
     without one (a Hub id, an export)."""
+    from sparknet.common.runtime import PROJECT_ROOT
     from sparknet.run_files import read_metadata, run_of
-    from sparknet.runtime import PROJECT_ROOT
 
     metadata = read_metadata(folder) if folder is not None else None
     if metadata is not None:
@@ -134,10 +134,10 @@ def check_unchanged(folder: Path | None, source: str) -> None:
     the one the run held out: a folder rebuilt since with other inputs holds another. A dataset grown since (or
     rebuilt at another size), its inputs the same but TARGET_TOKENS, holds the same validation split byte for byte
     (the hold-out comes first and does not depend on the size: data/packed/build.py), so it is scored."""
+    from sparknet.common.runtime import project_path
     from sparknet.data.packed.dataset import read_manifest
     from sparknet.identity import describe_changes
     from sparknet.run_files import read_metadata
-    from sparknet.runtime import project_path
 
     metadata = read_metadata(folder) if folder is not None else None
     recorded = (metadata or {}).get("dataset", {})
@@ -160,9 +160,9 @@ def is_runs_hold_out(folder: Path | None, data: str, split: str) -> bool:
     """Whether `data` is a packed dataset whose validation split is, token for token, the hold-out of the streaming
     run in `folder` (the same config, tokenizer, VAL_TOKENS, SHUFFLE_BUFFER and seed: the build is the stream
     written to disk): what it never trained on (its training dropped any repeat of those documents)."""
+    from sparknet.common.runtime import project_path
     from sparknet.data.packed.dataset import PackedDataset
     from sparknet.run_files import run_of
-    from sparknet.runtime import project_path
 
     if folder is None or split != "val" or data_kind(data) != "packed":
         return False
@@ -186,7 +186,7 @@ def _is_mix_config(path: Path) -> bool:
 
 
 def _file_documents(request: DataRequest) -> list[str]:
-    from sparknet.runtime import project_path
+    from sparknet.common.runtime import project_path
 
     files: list[Path] = []
     for part in (p.strip() for p in request.data.split(",") if p.strip()):
@@ -249,8 +249,8 @@ def _tokenizer(name: str) -> Any:
 
 def _packed_documents(request: DataRequest) -> tuple[list[str], list[str] | None]:
     """A split's documents, and each one's source label when the split records its tokens' sources."""
+    from sparknet.common.runtime import project_path
     from sparknet.data.packed.dataset import PackedDataset
-    from sparknet.runtime import project_path
     from sparknet.tokenizer import load_tokenizer
 
     dataset = PackedDataset(project_path(request.data), request.split)
@@ -267,7 +267,7 @@ def _packed_documents(request: DataRequest) -> tuple[list[str], list[str] | None
 def _blocks_documents(request: DataRequest) -> tuple[list[str], list[str] | None]:
     """A streaming run's validation blocks, with the tokenizer of the run folder that holds them, cut where its
     report says items start, each labelled with its source (VAL_SOURCES beside them)."""
-    from sparknet.runtime import project_path
+    from sparknet.common.runtime import project_path
     from sparknet.tokenizer import load_tokenizer
 
     path = project_path(request.data)
@@ -331,7 +331,7 @@ def _items(tokens: np.ndarray, starts: list[int] | None, source_ids: np.ndarray 
 def _dataset_documents(request: DataRequest) -> list[str]:
     """One split of a Hub dataset (or a local folder `datasets` loads like one), streamed: only the documents
     scored are read."""
-    from sparknet.runtime import project_path
+    from sparknet.common.runtime import project_path
 
     local = project_path(request.data)
     name = str(local) if local.is_dir() else request.data
@@ -391,8 +391,8 @@ def _check_files_unchanged(identity: dict[str, Any], config: Any, run: Path, dat
 def streamed_from(folder: Path | None, data: str) -> bool:
     """Whether `data` is the mix config of the streaming run in `folder` (its run_config.json's mix): its held-out
     rows are then what the run never trained on."""
+    from sparknet.common.runtime import project_path
     from sparknet.config import load_config
-    from sparknet.runtime import project_path
 
     if folder is None or data_kind(data) != "config":
         return False

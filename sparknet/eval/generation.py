@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 
 
 @dataclass
@@ -27,7 +27,7 @@ class SamplingSettings:
 
 def load_prompts(prompts: list[str], prompts_file: str = "") -> list[str]:
     """The prompts: one per line of `prompts_file` (blank lines skipped; `\\n` stands for a newline), else `prompts`."""
-    from sparknet.runtime import project_path
+    from sparknet.common.runtime import project_path
 
     if prompts_file:
         path = project_path(prompts_file)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 from sparknet.run_files import WEIGHT_FILES, checkpoint_step, checkpoints_by_step
 
 
@@ -22,10 +22,10 @@ class ModelRef:
 
 
 def resolve_model(spec: str) -> ModelRef:
-    """A model folder (relative to the project root) or a Hub id (told apart by sparknet.folder_or_hub's rule); a folder
-    that holds no model, and a local path that is not there, are UserErrors."""
-    from sparknet.folder_or_hub import local_path, not_found
-    from sparknet.runtime import project_path
+    """A model folder (relative to the project root) or a Hub id (told apart by sparknet.common.folder_or_hub's
+    rule); a folder that holds no model, and a local path that is not there, are UserErrors."""
+    from sparknet.common.folder_or_hub import local_path, not_found
+    from sparknet.common.runtime import project_path
 
     # resolved: "run/checkpoint-49/..", "run/." and a symlink name the folder they lead to, whose name names its
     # results (eval/<name>/), never ".." (which put them beside EVAL_DIR)
@@ -94,7 +94,7 @@ def load_model(ref: ModelRef, device: str | None = None, compute: bool = True) -
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sparknet.runtime import hide_library_progress_bars, use_compute_threads
+    from sparknet.common.runtime import hide_library_progress_bars, use_compute_threads
     from sparknet.tokenizer import load_tokenizer
 
     hide_library_progress_bars()

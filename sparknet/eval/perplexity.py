@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 from sparknet.eval.models import ModelRef, load_model, resolve_model, tokenizer_source
 from sparknet.metrics import bits_per_byte, perplexity
 from sparknet.model import model_context
@@ -77,7 +77,7 @@ def _document_nll(model: Any, tokenizer: Any, texts: list[str], context: int, st
     batched by length."""
     import torch
 
-    from sparknet.progress import progress as progress_bar
+    from sparknet.common.progress import progress as progress_bar
 
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     encoded = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]  # long texts are windowed
@@ -175,10 +175,10 @@ def evaluate_perplexity(models: list[str], request: DataRequest, *, context: int
     import logging
     import time
 
+    from sparknet.common.runtime import write_text_atomic
     from sparknet.eval.data import check_unchanged, data_kind, load_labelled_documents
     from sparknet.eval.reports import check_results, eval_dir, merge_json, results_kept
     from sparknet.eval.results import check_perplexities, perplexity_setting
-    from sparknet.runtime import write_text_atomic
 
     if not models:
         raise UserError("no models: set MODELS to a list of checkpoint folders or Hub ids")
@@ -232,9 +232,9 @@ def _say_what_it_may_have_seen(ref: ModelRef, source: str, split: str, texts: li
     data it never trained on, and for a model that records no training data."""
     import logging
 
+    from sparknet.common.runtime import project_path
     from sparknet.eval.data import data_kind, is_runs_hold_out, streamed_from, trained_on
     from sparknet.eval.overlap import documents_trained_on
-    from sparknet.runtime import project_path
 
     try:
         own = trained_on(ref.folder, ref.spec)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 
 # figure file -> (title, [(tag, line style)]); a tag ending in "/*" stands for every tag under it (one line each: the
 # sources' eval losses, eval/loss/<label>, whose labels may themselves hold "/")

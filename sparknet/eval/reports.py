@@ -7,16 +7,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sparknet.common.outputs import Output
+from sparknet.common.runtime import project_path, read_json_object, write_json_atomic
 from sparknet.config import printable
-from sparknet.outputs import Output
-from sparknet.runtime import project_path, read_json_object, write_json_atomic
 
 
 def eval_dir(name: str, root: str = "eval") -> Path:
     """eval/<name>/ for one model (RUN_NAME, RUN_NAME/checkpoint-N, or a Hub id with "/" as "__"): always a folder
     inside `root` (EVAL_DIR), never `root` itself or a folder beside it."""
     if name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/")):
-        from sparknet.errors import UserError
+        from sparknet.common.errors import UserError
 
         raise UserError(f"the results of model {name!r} would not be inside EVAL_DIR={root}: name the model by its "
                         "folder (checkpoints/RUN_NAME or a checkpoint-N inside it) or its Hub id")
@@ -25,8 +25,8 @@ def eval_dir(name: str, root: str = "eval") -> Path:
 
 def eval_outputs(names: list[str], root: str, subfolder: str = "", names_from: str = "MODELS") -> list[Output]:
     """The folders an evaluation of the models `names` (from the constant `names_from`) writes: each model's, and
-    the comparison's when there are several (`subfolder` inside each), to check before any work (sparknet.outputs).
-    """
+    the comparison's when there are several (`subfolder` inside each), to check before any work
+    (sparknet.common.outputs)."""
     folders = [*names, comparison_name(names)] if len(names) > 1 else names
     return [Output("EVAL_DIR", eval_dir(name, root) / subfolder, name_constant=names_from) for name in folders]
 
@@ -68,8 +68,8 @@ def update_json(path: Path, update: Callable[[dict[str, Any]], None]) -> dict[st
     (`<name>.damaged`, with a warning) and a new one is written."""
     import logging
 
-    from sparknet.errors import UserError
-    from sparknet.locks import held
+    from sparknet.common.errors import UserError
+    from sparknet.common.locks import held
 
     path.parent.mkdir(parents=True, exist_ok=True)
     # one writer at a time: evaluations of one model may run at once (perplexity beside benchmarks, two datasets),
@@ -104,8 +104,8 @@ def results_kept(what: str, results: Any, table: str) -> Iterator[None]:
         import tempfile
         import time
 
-        from sparknet.errors import UserError
-        from sparknet.write_faults import fault_line
+        from sparknet.common.errors import UserError
+        from sparknet.common.write_faults import fault_line
 
         print(table, flush=True)
         stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 
 # What every result records of what it was computed on, and what no results file from before settings were kept
 # holds: such a file is refused in one line, never read (older SparkNet versions read it; nothing migrates it).

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from transformers import TrainerCallback
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 
 
 @dataclass(frozen=True)

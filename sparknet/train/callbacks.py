@@ -16,8 +16,8 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from sparknet.common.runtime import write_json_atomic
 from sparknet.metrics import bits_per_byte, perplexity
-from sparknet.runtime import write_json_atomic
 
 log = logging.getLogger("sparknet.train")
 
@@ -300,7 +300,7 @@ class ComputeThreads(TrainerCallback):
     count they were compiled with)."""
 
     def __init__(self, every: float = 30.0) -> None:
-        from sparknet.runtime import CoreLoad
+        from sparknet.common.runtime import CoreLoad
 
         self.every, self.load, self.since, self.proposed = every, CoreLoad(), time.monotonic(), 0
 
@@ -309,7 +309,7 @@ class ComputeThreads(TrainerCallback):
             return
         import torch
 
-        from sparknet.runtime import compute_cores, compute_threads
+        from sparknet.common.runtime import compute_cores, compute_threads
 
         self.since = time.monotonic()
         before = torch.get_num_threads()

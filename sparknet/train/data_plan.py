@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sparknet.common.errors import UserError
 from sparknet.config import MixConfig, phase_ends
-from sparknet.errors import UserError
 
 if TYPE_CHECKING:
     from sparknet.train.batch import BatchPlan

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
+from sparknet.common.outputs import Output
+from sparknet.common.runtime import file_sha256, project_path, read_json_object, write_json_atomic
 from sparknet.identity import describe_changes
-from sparknet.outputs import Output
 from sparknet.run_files import METADATA, RUN_CONFIG, checkpoint_step, checkpoints_by_step
-from sparknet.runtime import file_sha256, project_path, read_json_object, write_json_atomic
 
 log = logging.getLogger("sparknet.train")
 # The run folder's format, recorded in its run_config.json: a folder in another format is refused in one line, never
@@ -174,8 +174,8 @@ def _read_state(path: Path) -> dict[str, Any]:
 
 
 def run_outputs(run_name: str, checkpoints_dir: str, logs_dir: str) -> list[Output]:
-    """The run's two folders as output locations, checked before any work (sparknet.outputs); the run folder has
-    the one-writer lock (sparknet.locks)."""
+    """The run's two folders as output locations, checked before any work (sparknet.common.outputs); the run folder has
+    the one-writer lock (sparknet.common.locks)."""
     return [Output("CHECKPOINTS_DIR", project_path(checkpoints_dir) / run_name, name_constant="RUN_NAME", locked=True),
             Output("LOGS_DIR", project_path(logs_dir) / run_name, name_constant="RUN_NAME")]
 

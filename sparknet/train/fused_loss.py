@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 
 PACKAGE = "cut-cross-entropy==25.1.1"
 

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from sparknet.common.errors import UserError
 from sparknet.config import phase_ends
-from sparknet.errors import UserError
 from sparknet.train.batch import BatchPlan, GlobalBatchSampler
 from sparknet.train.safety import SafetyCallback
 from sparknet.train.settings import TrainSettings
@@ -311,7 +311,7 @@ class SparkTrainer(Trainer):
 
     def _outage_group(self) -> Any:
         """The CPU process group the safety net created, when several processes read the Hub; else None."""
-        from sparknet.runtime import world_size
+        from sparknet.common.runtime import world_size
 
         if world_size() == 1 or not getattr(self.train_dataset, "reads_hub", False):
             return None
@@ -321,7 +321,7 @@ class SparkTrainer(Trainer):
         """A checkpoint of the last whole step, with the stream's position taken back to that step's end (the blocks
         read for the next step are given again on resume); what to say about it. With `group`, every process of
         the run is here and saves its part."""
-        from sparknet.runtime import world_size
+        from sparknet.common.runtime import world_size
         from sparknet.train.folders import COMPLETE_MARKER
 
         step = self.state.global_step

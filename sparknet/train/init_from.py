@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sparknet.architectures import ARCHITECTURES
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 from sparknet.model import PRESETS, Preset
 from sparknet.run_files import METADATA, WEIGHT_FILES, checkpoint_step, checkpoints_by_step, read_metadata
 from sparknet.train.folders import incomplete
@@ -56,7 +56,7 @@ def resolve_run_base(spec: str, run_dir: Path) -> BaseModel:
     """The base INIT_FROM names for the run in `run_dir` (`resolve_base`), checked, when the run will resume (it
     recorded its base and holds a complete checkpoint), to be the base it started from: one line, before any work,
     for a base whose weights changed or that is gone, saying what works. A Hub base is read at the recorded commit."""
-    from sparknet.runtime import project_path
+    from sparknet.common.runtime import project_path
     from sparknet.train.folders import latest_complete_checkpoint
 
     recorded = read_base_record(run_dir) if latest_complete_checkpoint(run_dir) is not None else None
@@ -81,7 +81,7 @@ def resolve_run_base(spec: str, run_dir: Path) -> BaseModel:
 def read_base_record(run_dir: Path) -> dict[str, Any] | None:
     """The base the run in `run_dir` recorded when it started (BASE_RECORD), or None (no base, or a run begun before
     bases were recorded)."""
-    from sparknet.runtime import read_json_object
+    from sparknet.common.runtime import read_json_object
 
     path = run_dir / BASE_RECORD
     if not path.is_file():
@@ -94,8 +94,8 @@ def resolve_base(spec: str, commit: str | None = None) -> BaseModel:
     """The base model INIT_FROM names, checked to be there and whole (its config read, its safetensors weights'
     layout; the weights are loaded by `load_base`); one line for a missing folder, a run that has no final model, a
     model file cut short, or an incomplete checkpoint. A Hub id is read at `commit` when given (a resumed run's)."""
-    from sparknet.folder_or_hub import local_path, not_found
-    from sparknet.runtime import file_sha256, project_path
+    from sparknet.common.folder_or_hub import local_path, not_found
+    from sparknet.common.runtime import file_sha256, project_path
 
     folder = project_path(spec).resolve()
     if not folder.exists():
@@ -281,8 +281,8 @@ def load_base(base: BaseModel, dropout: float) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from sparknet.common.runtime import hide_library_progress_bars
     from sparknet.model import with_special_ids
-    from sparknet.runtime import hide_library_progress_bars
 
     hide_library_progress_bars()
     config = base.config

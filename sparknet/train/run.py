@@ -24,8 +24,18 @@ from transformers import default_data_collator
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from sparknet.checks import RULES
-from sparknet.errors import UserError
-from sparknet.locks import exclusive
+from sparknet.common.errors import UserError
+from sparknet.common.locks import exclusive
+from sparknet.common.runtime import (
+    device_info,
+    follow_umask,
+    process_rank,
+    project_path,
+    use_compute_threads,
+    world_size,
+    write_json_atomic,
+    writes_to,
+)
 from sparknet.metrics import bytes_of_tokens, perplexity, tokens_and_bytes_by_source
 from sparknet.model import (
     DEFAULT_PRESET,
@@ -38,16 +48,6 @@ from sparknet.model import (
     set_for_use,
 )
 from sparknet.run_files import METADATA
-from sparknet.runtime import (
-    device_info,
-    follow_umask,
-    process_rank,
-    project_path,
-    use_compute_threads,
-    world_size,
-    write_json_atomic,
-    writes_to,
-)
 from sparknet.tokenizer import portable_config
 from sparknet.train.batch import BatchPlan, TokenCount, budget, check_enough_blocks, plan_batch
 from sparknet.train.callbacks import (

@@ -15,7 +15,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from sparknet.runtime import follow_umask, quiet_closed_terminal
+from sparknet.common.runtime import follow_umask, quiet_closed_terminal
 from sparknet.tokenizer import portable_config
 from sparknet.train.folders import mark_complete
 

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 from transformers import TrainerCallback
 
+from sparknet.common.errors import UserError
 from sparknet.config import MixConfig
 from sparknet.data.spec import DataSpec, HeldOutRows, Part
-from sparknet.errors import UserError
 from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, VAL_SOURCES, read_val_blocks, read_val_report
 from sparknet.train.batch import BatchPlan
 from sparknet.train.callbacks import add_described_scalar
@@ -68,7 +68,7 @@ class StreamPlan(DataPlan):
 
     def metadata(self) -> dict[str, Any]:
         """The data's record (every process calls it: the training counts are summed over them, a collective)."""
-        from sparknet.runtime import world_size
+        from sparknet.common.runtime import world_size
 
         stats = self.stream.stats()
         # each process's stream trained on its own documents: the run's training is all of them (rank 0's alone
@@ -111,9 +111,9 @@ class StreamPlan(DataPlan):
         the refusal would leave the run's original command refused as changed settings. More steps alone are no
         change (the position holds its window's length: data/stream/token_stream.py); in a run in phases they move
         the phases' ends, which are in the position (the mixer's phase and its counts since that phase began)."""
+        from sparknet.common.runtime import process_rank
         from sparknet.data.stream.token_stream import settings_changes
         from sparknet.run_files import METADATA, checkpoints_by_step
-        from sparknet.runtime import process_rank
         from sparknet.train.folders import incomplete
 
         if (run_dir / METADATA).is_file():  # finished: open_run says so
@@ -143,7 +143,7 @@ class StreamPlan(DataPlan):
         stream position."""
         import os
 
-        from sparknet.runtime import process_rank, write_json_atomic
+        from sparknet.common.runtime import process_rank, write_json_atomic
 
         if process_rank() == 0 and self.write_hold_out:
             for name, array in ((VAL_BLOCKS, self.val_tokens), (VAL_SOURCES, self.val_sources)):
@@ -165,8 +165,8 @@ class StreamPlan(DataPlan):
 def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
     """The mix streamed live: validation blocks held out from the start of the mix (computed once, then read from
     the run folder so a resumed run evaluates on the same blocks), and each rank's training stream after them."""
+    from sparknet.common.runtime import process_rank, world_size
     from sparknet.data.stream.token_stream import TokenStream
-    from sparknet.runtime import process_rank, world_size
     from sparknet.tokenizer import check_source_tokenizers, load_tokenizer
 
     if (run_dir / RUN_CONFIG).is_file():
@@ -441,7 +441,7 @@ class StreamCallback(TrainerCallback):
         self._described = False  # the capacity tag written once with its description
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        from sparknet.runtime import process_rank, write_json_atomic
+        from sparknet.common.runtime import process_rank, write_json_atomic
 
         position = self.stream.state_dict()
         consumed = state.global_step * args.gradient_accumulation_steps * args.per_device_train_batch_size

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from sparknet.common.errors import UserError
 from sparknet.data.encoding.packer import DocumentEncoder
-from sparknet.errors import UserError
 
 _BLOCKED_AT_START = {signal.SIGINT}
 

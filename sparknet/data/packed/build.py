@@ -40,6 +40,9 @@ from typing import Any
 import numpy as np
 
 from sparknet.checks import check_values
+from sparknet.common.errors import UserError
+from sparknet.common.locks import exclusive
+from sparknet.common.runtime import replace_folder, write_json_atomic, writes_to
 from sparknet.config import MixConfig
 from sparknet.data.blocks import StreamBlocks, initial_state
 from sparknet.data.holdout import HeldOut, hold_out
@@ -59,10 +62,7 @@ from sparknet.data.packed.manifest import description, missed_shares, phase_repo
 from sparknet.data.pipeline import Encoders, Pipeline, stop
 from sparknet.data.source.opening import at_commits, resolve_revisions
 from sparknet.data.spec import PIECE_BLOCKS, DataSpec, HeldOutRows, Part, token_dtype
-from sparknet.errors import UserError
 from sparknet.identity import describe_changes, local_files_fingerprint
-from sparknet.locks import exclusive
-from sparknet.runtime import replace_folder, write_json_atomic, writes_to
 from sparknet.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
@@ -424,7 +424,7 @@ def _build(spec: BuildSpec, data: DataSpec, tmp: Path, saved: dict[str, Any],
     """Holds out the validation blocks into `tmp` (unless resuming after them), then writes the training blocks
     (from `state`'s position when resuming); returns the split part of the manifest. Whatever stops it, the encoders
     and readers are stopped, and `tmp` is kept only if it holds a saved position."""
-    from sparknet.progress import progress
+    from sparknet.common.progress import progress
 
     want = {"val": math.ceil(data.val_tokens / data.block_size), "train": spec.target_tokens // data.block_size}
     bar = progress(total=(want["val"] + want["train"]) * data.block_size, unit="tok", unit_scale=True,

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from sparknet.common.errors import UserError
 from sparknet.data.packed.contents import ContentHash, damaged_blocks, record_problem
-from sparknet.errors import UserError
 
 # 3: each split's sha256 per chunk; 4: the validation tokens' sources (val_sources.bin); 5: the build is the stream
 # written to disk (the hold-out's cut documents trained on, pieces ended with a block, no forged <|endoftext|>), and
@@ -209,7 +209,7 @@ class PackedDataset:
     """
 
     def __init__(self, folder: str | Path, split: str = "train") -> None:
-        from sparknet.runtime import project_path
+        from sparknet.common.runtime import project_path
 
         self.folder = project_path(folder)
         self.split = split

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from sparknet.common.errors import exception_chain
 from sparknet.config import SourceSpec
 from sparknet.data.source.opening import (
     RowDocuments,
@@ -22,7 +23,6 @@ from sparknet.data.source.opening import (
     open_source,
     read_rows,
 )
-from sparknet.errors import exception_chain
 
 log = logging.getLogger("sparknet.data.source.opening")
 

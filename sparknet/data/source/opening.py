@@ -14,8 +14,8 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from sparknet.common.errors import UserError, exception_chain
 from sparknet.config import MixConfig, SourceSpec, expand_pattern
-from sparknet.errors import UserError, exception_chain
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def open_source(spec: SourceSpec) -> Any:
     """The source as a streaming `datasets.IterableDataset` (rows as dicts)."""
     from datasets import load_dataset
 
-    from sparknet.progress import share_one_tqdm_lock
+    from sparknet.common.progress import share_one_tqdm_lock
 
     share_one_tqdm_lock()  # datasets opens it with a thread_map, often on a read-ahead thread
 

@@ -42,10 +42,10 @@ import numpy as np
 import torch
 
 from sparknet.checks import problems as check_problems
+from sparknet.common.errors import UserError
 from sparknet.data.blocks import STATE_FORMAT, StreamBlocks, initial_state
 from sparknet.data.pipeline import Encoders, Pipeline
 from sparknet.data.spec import DataSpec, Part
-from sparknet.errors import UserError
 from sparknet.identity import describe_changes
 
 

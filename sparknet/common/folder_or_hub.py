@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sparknet.runtime import project_path
+from sparknet.common.runtime import project_path
 
 LISTED = 10  # folders named in a "holds:" list, at most
 

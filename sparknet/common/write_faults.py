@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sparknet.errors import exception_chain
+from sparknet.common.errors import exception_chain
 
 # what to do, by errno, after "cannot write PATH: <the errno's meaning> (NAME)"
 ADVICE = {

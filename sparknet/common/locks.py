@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from sparknet.errors import UserError
-from sparknet.runtime import temporary_path, write_json_atomic
+from sparknet.common.errors import UserError
+from sparknet.common.runtime import temporary_path, write_json_atomic
 
 
 def _holder(info: Path) -> str:
@@ -31,7 +31,7 @@ def _holder(info: Path) -> str:
 
 def lock_files(target: Path) -> tuple[Path, Path, Path]:
     """The files the lock of `target` puts beside it: the lock, its holder's record, and the record's temporary
-    file while it is written (the longest name: sparknet.outputs checks that the file system takes it)."""
+    file while it is written (the longest name: sparknet.common.outputs checks that the file system takes it)."""
     info = target.with_name(f".{target.name}.lock.json")
     return target.with_name(f".{target.name}.lock"), info, temporary_path(info)
 

@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparknet.errors import UserError
+from sparknet.common.errors import UserError
 
 DEFAULT_NAME_MAX = 255  # bytes in a file name, where the file system does not say (ext4, xfs, btrfs, tmpfs: 255)
 
@@ -25,7 +25,7 @@ DEFAULT_NAME_MAX = 255  # bytes in a file name, where the file system does not s
 class Output:
     """An output folder `path` and the constant that sets it (`constant`, e.g. OUTPUT_DIR). `name_constant` names
     the constant that sets the folder's own name when another one does (RUN_NAME under CHECKPOINTS_DIR); `locked`:
-    the folder has a one-writer lock (sparknet.locks), whose files lie beside it, in the folder above."""
+    the folder has a one-writer lock (sparknet.common.locks), whose files lie beside it, in the folder above."""
 
     constant: str
     path: Path
@@ -37,7 +37,7 @@ def check_outputs(*outputs: Output) -> None:
     """Raises one UserError listing every output location that cannot be written (each named with its constant, its
     path, what is wrong and the fix), before any work. The locations are also where a full disk is looked for first
     (runtime.writes_to)."""
-    from sparknet.runtime import writes_to
+    from sparknet.common.runtime import writes_to
 
     found = [problem for output in outputs if (problem := _problem(output)) is not None]
     if found:
@@ -68,7 +68,7 @@ def _problem(output: Output) -> str | None:
             return (f"{constant}={_shown(output, constant)}: a name of {len(os.fsencode(name))} bytes, and the file "
                     f"system takes names of at most {name_max} bytes: choose a shorter {constant}")
     if output.locked:
-        from sparknet.locks import lock_files
+        from sparknet.common.locks import lock_files
 
         own = len(os.fsencode(path.name))
         added = max(len(os.fsencode(lock.name)) for lock in lock_files(path)) - own

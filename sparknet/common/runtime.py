@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # sparknet/common/runtime.py
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -178,7 +178,7 @@ def read_json_object(path: Path, fix: str) -> dict[str, Any]:
     else:
         reason = "not a JSON object"
     if not isinstance(data, dict):
-        from sparknet.errors import UserError
+        from sparknet.common.errors import UserError
 
         raise UserError(f"{path} is damaged ({reason}): {fix}")
     return data
@@ -242,7 +242,7 @@ def disk_full(exc: BaseException) -> str | None:
     project's, the current folder's, the temp folder's, one `writes_to` recorded, or a path the message names)."""
     import errno
 
-    from sparknet.errors import exception_chain
+    from sparknet.common.errors import exception_chain
 
     chain = exception_chain(exc)
     for error in chain:
