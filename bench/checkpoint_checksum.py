@@ -36,7 +36,7 @@ def main() -> None:
     import torch
 
     from sparknet.common import runtime
-    from sparknet.model import build_model, get_preset
+    from sparknet.model.presets import build_model, get_preset
     from sparknet.train.folders import damaged_file, mark_complete
 
     runtime.setup(0, level=logging.WARNING)

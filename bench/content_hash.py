@@ -71,7 +71,7 @@ def training_step() -> float:
     """One step of PRESET on STEP_BLOCKS blocks (the second of two: the first pays for the allocations)."""
     import torch
 
-    from sparknet.model import build_model, get_preset
+    from sparknet.model.presets import build_model, get_preset
 
     model = build_model(get_preset(PRESET), VOCAB, eos_token_id=VOCAB - 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

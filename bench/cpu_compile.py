@@ -36,7 +36,7 @@ SHORT = False  # a few steps (checks the bench)
 
 def main() -> None:
     from sparknet.cli import script_constants
-    from sparknet.model import get_preset
+    from sparknet.model.presets import get_preset
 
     python = sys.executable
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

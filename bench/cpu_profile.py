@@ -44,7 +44,7 @@ def main() -> None:
 
     from sparknet.cli import script_constants
     from sparknet.common import runtime
-    from sparknet.model import get_preset
+    from sparknet.model.presets import get_preset
     from sparknet.train import run as training
     from sparknet.train.data_plan import packed_plan
     from sparknet.train.settings import TrainSettings

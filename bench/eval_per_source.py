@@ -44,7 +44,7 @@ def _plan(folder: Path, preset: str, batch: int) -> tuple[PackedPlan, int]:
     import numpy as np
     from _synthetic import write_packed_dataset, write_tokenizer
 
-    from sparknet.model import get_preset
+    from sparknet.model.presets import get_preset
     from sparknet.train.data_plan import packed_plan
 
     context = get_preset(preset).n_positions
@@ -71,7 +71,7 @@ def _trainers(plan: PackedPlan, vocab: int, preset: str, batch: int, out: Path) 
 
     from sparknet.cli import script_constants
     from sparknet.common.runtime import device_info
-    from sparknet.model import build_model, get_preset
+    from sparknet.model.presets import build_model, get_preset
     from sparknet.train.batch import plan_batch
     from sparknet.train.hf_trainer import SparkTrainer, training_arguments
     from sparknet.train.settings import TrainSettings

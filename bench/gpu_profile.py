@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from sparknet.model import build_model, flops_per_token, get_preset
+from sparknet.model.presets import build_model, flops_per_token, get_preset
 
 BATCH, SEQ, VOCAB, STEPS = 32, 1024, 50257, 20
 

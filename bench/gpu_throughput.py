@@ -9,7 +9,7 @@ How: each run writes TensorBoard events into its own logs folder; two figures si
 - trainer: its own perf/tokens_per_second and perf/mfu averaged over the logging windows after the first
   (time-weighted), and its perf/device_memory_gb (torch.cuda.max_memory_allocated; RSS on the CPU).
 - wall: ours, from the wall-clock stamps of the train/loss events, (steps from the first to the last logging step ×
-  tokens per step) / (their time difference); MFU from that with sparknet.model's FLOPs per token and the GPU's
+  tokens per step) / (their time difference); MFU from that with sparknet.model.presets's FLOPs per token and the GPU's
   bf16 peak; peak memory as nvidia-smi sees it (sampled every 0.2 s, less the reading before the run: the CUDA
   context and the allocator's cache included).
 The first logging window holds torch.compile's warm-up (and data start-up): both figures exclude it. "warm-up s" is
@@ -205,7 +205,7 @@ def main() -> None:
     from _synthetic import write_packed_dataset, write_tokenizer
 
     from sparknet.config import load_config
-    from sparknet.model import flops_per_token, get_preset, parameter_count, peak_flops
+    from sparknet.model.presets import flops_per_token, get_preset, parameter_count, peak_flops
 
     cuda = torch.cuda.is_available()
     smoke = SMOKE or not (cuda or DRY_RUN)

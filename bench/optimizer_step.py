@@ -2,7 +2,7 @@
 NanoChat block's step with Muon against both.
 
 One plain PyTorch loop (forward, backward, clipping, optimizer step) per kind on the same batches and seed: AdamW as
-the Trainer builds it (weight-decay groups), SparkNet's Muon (`sparknet.muon.MuonAdamW`: Newton–Schulz in fp32
+the Trainer builds it (weight-decay groups), SparkNet's Muon (`sparknet.model.muon.MuonAdamW`: Newton–Schulz in fp32
 off CUDA) and the same with the iteration in bf16, which is what `torch.optim.Muon` does on every device; each on
 the GPT-2 demo preset, and Muon on the NanoChat one (KINDS). Rounds are interleaved; each is timed after WARMUP
 steps. The table gives ms per step, the optimizer's share, and each step's ratio to AdamW's. Target: Muon/AdamW
@@ -61,7 +61,7 @@ def make_optimizer(kind: str, model: object) -> object:
     import torch
     from transformers.trainer_pt_utils import get_parameter_names
 
-    from sparknet.muon import MuonAdamW, parameter_groups
+    from sparknet.model.muon import MuonAdamW, parameter_groups
 
     if kind == "adamw":
         decay = set(get_parameter_names(model, [torch.nn.LayerNorm], ["bias", "layernorm", "rmsnorm"]))
@@ -76,7 +76,7 @@ def time_round(kind: str) -> tuple[float, float]:
     """(ms per training step, ms per optimizer step), means over the timed steps."""
     import torch
 
-    from sparknet.model import build_model, get_preset
+    from sparknet.model.presets import build_model, get_preset
 
     preset_name, optimizer_kind = KINDS[kind]
     preset = get_preset(preset_name)

@@ -154,7 +154,7 @@ def loading(out: Path, cores: int) -> None:
     import torch
 
     from sparknet.data.packed.dataset import PackedDataset
-    from sparknet.model import build_model, get_preset
+    from sparknet.model.presets import build_model, get_preset
 
     # 3. Random batch reads from the memmap against 70M-preset training steps, same batch shape.
     ds = PackedDataset(out, "train")

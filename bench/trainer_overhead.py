@@ -1,6 +1,6 @@
 """What the HF Trainer and SparkNet's callbacks cost: our full training step against a minimal PyTorch loop.
 
-Same model (a preset built by sparknet.model), same batches (a synthetic packed dataset read in the same random
+Same model (a preset built by sparknet.model.presets), same batches (a synthetic packed dataset read in the same random
 order), same optimizer (AdamW with the Trainer's weight-decay groups, fused on CUDA), same LR schedule and gradient
 clipping, bf16 autocast and torch.compile on CUDA as the trainer does. "ours" is `sparknet.train.run.train` (Trainer,
 metrics, sampling off, safety, logging every LOGGING_STEPS); "plain" is the loop below. Each is timed from the end
@@ -37,7 +37,7 @@ VOCAB = 8192  # synthetic vocabulary for the CPU presets (the 70M preset uses 50
 def _dataset(folder: Path, preset_name: str, steps: int, batch: int) -> tuple[Path, int]:
     from _synthetic import write_packed_dataset, write_tokenizer
 
-    from sparknet.model import get_preset
+    from sparknet.model.presets import get_preset
 
     context = get_preset(preset_name).n_positions
     vocab = 50257 if preset_name == "sparknet-70m" else VOCAB
@@ -104,7 +104,7 @@ def run_ours(dataset: Path, preset: str, batch: int, out: Path) -> StepClock:
 
 
 def get_context(preset: str) -> int:
-    from sparknet.model import get_preset
+    from sparknet.model.presets import get_preset
 
     return get_preset(preset).n_positions
 
@@ -116,7 +116,7 @@ def run_plain(dataset: Path, preset: str, batch: int) -> StepClock:
     from sparknet.cli import script_constants
     from sparknet.common.runtime import device_info
     from sparknet.data.packed.dataset import PackedDataset
-    from sparknet.model import build_model, get_preset
+    from sparknet.model.presets import build_model, get_preset
 
     constants = script_constants("train_sparknet_v5.py")
     device = device_info()

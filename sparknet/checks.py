@@ -18,8 +18,8 @@ from typing import Any
 
 from sparknet.common.errors import UserError
 from sparknet.licenses import HUB_LICENSES, LICENSES_PAGE  # plain data
-from sparknet.model import PRESETS  # plain data: no heavy imports
-from sparknet.optim import OPTIMIZERS  # names and builders; imports no torch
+from sparknet.model.optimizers import OPTIMIZERS  # names and builders; imports no torch
+from sparknet.model.presets import PRESETS  # plain data: no heavy imports
 
 MAX_SEED = 2**32 - 1  # numpy's and the shuffles' seeds are 32-bit
 # the shortest block (BLOCK_SIZE, a config's context_length): checked by the build, the stream and the config
@@ -88,7 +88,7 @@ RULES: dict[str, Rule] = {
     "BATCH_SIZE": POSITIVE,
     "GLOBAL_BATCH_SIZE": POSITIVE,
     "LEARNING_RATE": LR,
-    "OPTIMIZER": choice(*OPTIMIZERS),  # the registry (sparknet.optim)
+    "OPTIMIZER": choice(*OPTIMIZERS),  # the registry (sparknet.model.optimizers)
     "MUON_LEARNING_RATE": LR,
     "EMBEDDING_LEARNING_RATE": Rule(LR.test, LR.expected, none=True),
     "LR_SCHEDULE": choice("cosine", "wsd"),

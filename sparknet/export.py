@@ -19,7 +19,7 @@ from sparknet.config import LOCAL_KINDS, printable
 from sparknet.data.spec import PIECE_BLOCKS
 from sparknet.eval.models import ModelRef, load_model, resolve_model
 from sparknet.eval.reports import eval_dir, markdown_table
-from sparknet.model import set_for_use
+from sparknet.model.presets import set_for_use
 
 UNSET_LICENSE = "other"  # the card's license while LICENSE is not set: the Hub's id for "not one of the listed"
 CARD_IMAGE = "loss.png"  # the loss curve, copied beside the card when scripts/plot_runs.py has drawn it
@@ -294,7 +294,7 @@ def _training_section(metadata: dict[str, Any], settings: dict[str, Any], metric
                 markdown_table(["metric", "value"], final)]
     per_source = metrics.get("eval_per_source") or {}
     if per_source:
-        from sparknet.metrics import perplexity
+        from sparknet.model.metrics import perplexity
 
         rows = [[label, figures.get("tokens", "-"), figures["loss"], perplexity(figures["loss"]),
                  figures.get("bits_per_byte", "-")] for label, figures in per_source.items()]
@@ -477,7 +477,7 @@ def _phases_table(metadata: dict[str, Any]) -> list[str]:
 def _settings_rows(metadata: dict[str, Any], settings: dict[str, Any]) -> list[list[str]]:
     """The training settings the card lists: the optimizer's own (not another optimizer's), the LR schedule as the
     steps it took, and the two seeds, each named for what it seeds."""
-    from sparknet.optim import OPTIMIZERS
+    from sparknet.model.optimizers import OPTIMIZERS
 
     optimizer = OPTIMIZERS.get(str(settings.get("optimizer")))
     keys = ["target_tokens", "global_batch_size", "batch_size", "optimizer", "learning_rate",

@@ -35,7 +35,7 @@ def test_every_numeric_and_choice_constant_has_a_rule(script: str) -> None:
 
 
 @pytest.mark.parametrize(("script", "args", "message"), [
-    # the names the registry holds (sparknet.optim.OPTIMIZERS, tests/test_optim.py)
+    # the names the registry holds (sparknet.model.optimizers.OPTIMIZERS, tests/test_optim.py)
     ("train_sparknet_v5.py", ["--optimizer", "sgd"], f"OPTIMIZER='sgd': expected {RULES['OPTIMIZER'].expected}"),
     ("train_sparknet_v5.py", ["--model_preset", "sparknet-small"], "(did you mean sparknet-"),
     ("train_sparknet.py", ["--warmup_ratio", "1.5"], "WARMUP_RATIO=1.5: expected a fraction in [0, 1)"),

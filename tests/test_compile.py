@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparknet.model import build_model, get_preset
+from sparknet.model.presets import build_model, get_preset
 from sparknet.train.step_speed import pad_head
 
 VOCAB = 250  # not a multiple of the padded head's 64: the padding is in the traced graph

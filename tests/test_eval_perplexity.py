@@ -200,7 +200,7 @@ def test_a_mix_config_scores_the_rows_the_streaming_run_held_out(corpus_config: 
     assert blocks.size == 2048
     saved = _saved_on(tmp_path / "eval", "streamed", run / "val_blocks.npy")
     assert saved["kind"] == "blocks"
-    from sparknet.metrics import token_byte_lengths
+    from sparknet.model.metrics import token_byte_lengths
 
     assert abs(saved["bytes"] - int(token_byte_lengths(tok)[blocks.reshape(-1)].sum())) <= 3  # the last cut character
     assert abs(saved["tokens"] - (blocks.size - int((blocks == tok.eos_token_id).sum()))) < 0.02 * blocks.size

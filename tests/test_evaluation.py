@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sparknet.metrics import bits_per_byte, bytes_of_tokens, token_byte_lengths
+from sparknet.model.metrics import bits_per_byte, bytes_of_tokens, token_byte_lengths
 
 
 def test_bytes_are_exact_when_blocks_cut_multibyte_characters(tokenizer_dir: Path) -> None:

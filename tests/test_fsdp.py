@@ -49,7 +49,7 @@ def test_muon_under_fsdp_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_config_wraps_each_presets_block_and_leaves_the_count_to_the_command() -> None:
-    from sparknet.model import PRESETS, build_model, get_preset
+    from sparknet.model.presets import PRESETS, build_model, get_preset
 
     config = yaml.safe_load(CONFIG.read_text())
     assert config["distributed_type"] == "FSDP" and "num_processes" not in config

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import TrainingArguments, default_data_collator
 
-from sparknet.model import build_model, get_preset
+from sparknet.model.presets import build_model, get_preset
 from sparknet.train.fused_loss import FusedHead, fuse_head
 from sparknet.train.hf_trainer import SparkTrainer
 from tests.helpers import assert_saves_alike, train_packed, train_settings

@@ -41,7 +41,7 @@ def _parameters(function: object) -> list[str]:
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory: pytest.TempPathFactory) -> Trainer:
     """A plain transformers Trainer of SparkNet's tiny GPT-2, as SparkTrainer's parent is built."""
-    from sparknet.model import build_model, get_preset
+    from sparknet.model.presets import build_model, get_preset
 
     model = build_model(get_preset("sparknet-tiny"), 64, eos_token_id=0)
     args = TrainingArguments(output_dir=str(tmp_path_factory.mktemp("trainer")), per_device_train_batch_size=3,

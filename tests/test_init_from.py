@@ -232,7 +232,7 @@ def test_an_unfinished_run_folder_is_refused_naming_its_checkpoints(finished, ti
 
 def test_another_vocabulary_is_refused_naming_both(corpus_dir: Path, tiny_dataset: Path, tmp_path: Path) -> None:
     from sparknet.bpe import train_bpe
-    from sparknet.model import build_model, get_preset
+    from sparknet.model.presets import build_model, get_preset
     from sparknet.tokenizer import save, wrap
 
     texts = [json.loads(line)["text"] for line in (corpus_dir / "prose.train.jsonl").read_text().splitlines()[:200]]
@@ -391,7 +391,7 @@ def test_a_run_folder_whose_model_is_cut_short_is_one_line_before_anything_is_cr
 def test_a_bases_eos_embedding_keeps_learning(tokenizer_dir: Path, tmp_path: Path) -> None:
     """An export sets EOS as its pad id (for batched generation); NanoChat's embedding would then give EOS's row no
     gradient (nn.Embedding's padding_idx) in a run from it, which never pads."""
-    from sparknet.model import build_model, get_preset, set_for_use
+    from sparknet.model.presets import build_model, get_preset, set_for_use
     from sparknet.tokenizer import load_tokenizer
     from sparknet.train.init_from import load_base, resolve_base
 

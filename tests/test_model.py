@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sparknet.common.errors import UserError
-from sparknet.model import PRESETS, build_model, flops_per_token, get_preset, parameter_count
+from sparknet.model.presets import PRESETS, build_model, flops_per_token, get_preset, parameter_count
 
 
 def test_reference_preset_has_64_085_504_parameters() -> None:
@@ -71,6 +71,6 @@ def test_unknown_preset_lists_known_ones() -> None:
     ],
 )
 def test_peak_flops_match_device_names_exactly(name: str, expected: float | None) -> None:
-    from sparknet.model import peak_flops
+    from sparknet.model.presets import peak_flops
 
     assert peak_flops(name, "bf16") == expected

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sparknet.muon import Muon, MuonAdamW, newton_schulz_dtype
+from sparknet.model.muon import Muon, MuonAdamW, newton_schulz_dtype
 
 SHAPES = [(48, 16), (16, 40), (24, 24)]  # tall, wide (transposed inside the iteration) and square
 

@@ -1,14 +1,15 @@
 """The NanoChat block's defining options, each pinned twice on the tiny preset the package builds: in the built
 model's config and in what the model computes, against an independent torch computation. ReLU² in the MLP, logits
 soft-capped at 15, QK-norm, an output layer untied from the embedding, and the RMSNorm right after the embedding:
-changing any of them (in sparknet/architectures.py, or in the class it names) fails a test here. Milliseconds each."""
+changing any of them (in sparknet/model/architectures.py, or in the class it names) fails a test here. Milliseconds
+each."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sparknet.model import build_model, get_preset
+from sparknet.model.presets import build_model, get_preset
 
 VOCAB, EOS = 97, 3
 PRESET = "sparknet-nanochat-tiny"

@@ -1,4 +1,4 @@
-"""The OPTIMIZER registry (sparknet.optim): the names the rule, --help and the FSDP check read, and what each
+"""The OPTIMIZER registry (sparknet.model.optimizers): the names the rule, --help and the FSDP check read, and what each
 builds, checked against the plain transformers Trainer's own optimizer."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from sparknet.checks import RULES, check_values
 from sparknet.common.errors import UserError
-from sparknet.muon import MuonAdamW, hidden_matrices
-from sparknet.optim import OPTIMIZERS
+from sparknet.model.muon import MuonAdamW, hidden_matrices
+from sparknet.model.optimizers import OPTIMIZERS
 from sparknet.train.hf_trainer import SparkTrainer
 from tests.helpers import train_settings
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparknet.architectures import ARCHITECTURES
-from sparknet.model import PRESETS, build_model, flops_per_token, get_preset, parameter_count, set_for_use
-from sparknet.muon import hidden_matrices
+from sparknet.model.architectures import ARCHITECTURES
+from sparknet.model.muon import hidden_matrices
+from sparknet.model.presets import PRESETS, build_model, flops_per_token, get_preset, parameter_count, set_for_use
 from tests.helpers import kill_when, read_steps, run_script, start_script, train_args, train_packed, train_settings
 
 # the smallest preset of each architecture

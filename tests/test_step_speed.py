@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-from sparknet.model import build_model, get_preset
+from sparknet.model.presets import build_model, get_preset
 from sparknet.train import step_speed
 from sparknet.train.hf_trainer import SparkTrainer
 from sparknet.train.step_speed import PaddedHead, collector_paused, pad_head

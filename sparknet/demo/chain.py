@@ -145,7 +145,7 @@ def report(run_name: str, dataset_dir: str, export_dir: str) -> None:
 
     from sparknet.common.runtime import project_path
     from sparknet.data.packed.dataset import PackedDataset
-    from sparknet.metrics import unigram_entropy
+    from sparknet.model.metrics import unigram_entropy
     from sparknet.run_files import read_metadata
 
     run_dir = project_path("checkpoints") / run_name

@@ -53,7 +53,7 @@ def generate_samples(model: Any, tokenizer: Any, prompts: list[str], settings: S
     (`sample_seed`): the samples depend only on the model, the prompts and the settings, not on what ran before."""
     from transformers import set_seed
 
-    from sparknet.continuations import continuations
+    from sparknet.model.continuations import continuations
 
     sample = settings.temperature > 0
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from sparknet.common.errors import UserError
 from sparknet.eval.models import ModelRef, load_model, resolve_model, tokenizer_source
-from sparknet.metrics import bits_per_byte, perplexity
-from sparknet.model import model_context
+from sparknet.model.metrics import bits_per_byte, perplexity
+from sparknet.model.presets import model_context
 
 if TYPE_CHECKING:
     from sparknet.eval.data import DataRequest

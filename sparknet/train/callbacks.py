@@ -17,7 +17,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from sparknet.common.runtime import write_json_atomic
-from sparknet.metrics import bits_per_byte, perplexity
+from sparknet.model.metrics import bits_per_byte, perplexity
 
 log = logging.getLogger("sparknet.train")
 
@@ -93,7 +93,7 @@ class MetricsSpec:
 
     tokens_per_step: int  # training tokens per optimizer step, all processes together
     block_size: int
-    flops_per_token: float  # training FLOPs per token (sparknet.model.flops_per_token)
+    flops_per_token: float  # training FLOPs per token (sparknet.model.presets.flops_per_token)
     peak_flops: float | None  # one device's peak FLOP/s; None: no MFU
     world_size: int
     eval_tokens: int  # the validation tokens the eval loss averages over
@@ -345,7 +345,7 @@ class SamplingCallback(TrainerCallback):
             self.sample(kw["model"], state)
 
     def _generate(self, model: Any, prompt: str) -> str:
-        from sparknet.continuations import continuations
+        from sparknet.model.continuations import continuations
 
         text = continuations(model, self.tokenizer, prompt, skip_special_tokens=False, do_sample=True,
                              temperature=self.temperature, top_k=self.top_k, max_new_tokens=self.max_new_tokens,

@@ -47,7 +47,8 @@ def training_arguments(settings: TrainSettings, *, output_dir: Path, max_steps: 
         adam_beta1=settings.adam_betas[0],
         adam_beta2=settings.adam_betas[1],
         max_grad_norm=settings.max_grad_norm,
-        optim="adamw_torch_fused" if cuda else "adamw_torch",  # read by OPTIMIZER=adamw only (sparknet.optim)
+        # read by OPTIMIZER=adamw only (sparknet.model.optimizers)
+        optim="adamw_torch_fused" if cuda else "adamw_torch",
         bf16=bool(device["bf16"]),
         tf32=bool(device["tf32"]) or None,
         torch_compile=compiles(settings, device),
@@ -106,7 +107,7 @@ def check_launch(settings: TrainSettings, device: dict[str, Any]) -> None:
     runs plain data parallelism without a word), Muon under FSDP (its update orthogonalises whole matrices, and
     FSDP gives each process a shard of each), FUSED_CROSS_ENTROPY without its package, or EMBEDDING_LEARNING_RATE
     with an optimizer that does not read it."""
-    from sparknet.optim import OPTIMIZERS
+    from sparknet.model.optimizers import OPTIMIZERS
 
     choice = OPTIMIZERS[settings.optimizer]
     if settings.embedding_learning_rate is not None and "embedding_learning_rate" not in choice.settings:
@@ -191,7 +192,7 @@ class SparkTrainer(Trainer):
         self.add_callback(_SamplerEpoch(self))
         self.add_callback(StepSpeed())
         self._counted = CountedParameters()
-        self.settings = settings  # its OPTIMIZER is built by sparknet.optim (None: the Trainer's own AdamW)
+        self.settings = settings  # its OPTIMIZER is built by sparknet.model.optimizers (None: the Trainer's own AdamW)
         self.nonfinite = nonfinite
         self.grad_norms: list[tuple[int, Any]] = []
         self._first_bad: torch.Tensor | None = None
@@ -214,11 +215,11 @@ class SparkTrainer(Trainer):
         return step if step >= 0 else None
 
     def create_optimizer(self, model: Any = None) -> Any:
-        """The settings' OPTIMIZER, from the registry (sparknet.optim)."""
+        """The settings' OPTIMIZER, from the registry (sparknet.model.optimizers)."""
         if self.settings is None:
             return super().create_optimizer(model)
         if self.optimizer is None:
-            from sparknet.optim import OPTIMIZERS
+            from sparknet.model.optimizers import OPTIMIZERS
 
             model = self.model if model is None else model
             self.optimizer = OPTIMIZERS[self.settings.optimizer].build(self, model)

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparknet.architectures import ARCHITECTURES
 from sparknet.common.errors import UserError
-from sparknet.model import PRESETS, Preset
+from sparknet.model.architectures import ARCHITECTURES
+from sparknet.model.presets import PRESETS, Preset
 from sparknet.run_files import METADATA, WEIGHT_FILES, checkpoint_step, checkpoints_by_step, read_metadata
 from sparknet.train.folders import incomplete
 
@@ -282,7 +282,7 @@ def load_base(base: BaseModel, dropout: float) -> Any:
     from transformers import AutoModelForCausalLM
 
     from sparknet.common.runtime import hide_library_progress_bars
-    from sparknet.model import with_special_ids
+    from sparknet.model.presets import with_special_ids
 
     hide_library_progress_bars()
     config = base.config
@@ -296,6 +296,6 @@ def load_base(base: BaseModel, dropout: float) -> Any:
     revision = base.commit if base.folder is None else None
     model = AutoModelForCausalLM.from_pretrained(base.source, config=config, dtype=torch.float32,
                                                  attn_implementation="sdpa", revision=revision)
-    model.loss_type = "ForCausalLM"  # as sparknet.model.build_model: transformers warns otherwise
+    model.loss_type = "ForCausalLM"  # as sparknet.model.presets.build_model: transformers warns otherwise
     bos = config.bos_token_id if config.bos_token_id is not None else config.eos_token_id
     return with_special_ids(model, bos, config.eos_token_id)

@@ -36,8 +36,8 @@ from sparknet.common.runtime import (
     write_json_atomic,
     writes_to,
 )
-from sparknet.metrics import bytes_of_tokens, perplexity, tokens_and_bytes_by_source
-from sparknet.model import (
+from sparknet.model.metrics import bytes_of_tokens, perplexity, tokens_and_bytes_by_source
+from sparknet.model.presets import (
     DEFAULT_PRESET,
     Preset,
     build_model,

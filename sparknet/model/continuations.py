@@ -18,7 +18,7 @@ def continuations(model: Any, tokenizer: Any, prompt: str, *, skip_special_token
 
     import torch
 
-    from sparknet.model import model_context
+    from sparknet.model.presets import model_context
 
     device = next(model.parameters()).device
     # a literal "<|endoftext|>" in a prompt is text, as in training (sparknet.tokenizer's rule), whatever the tokenizer

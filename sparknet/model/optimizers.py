@@ -39,8 +39,8 @@ def _adamw(trainer: Any, model: Any) -> torch.optim.Optimizer:
 
 def _muon(trainer: Any, model: Any) -> torch.optim.Optimizer:
     """Muon (MUON_LEARNING_RATE, no weight decay) for the hidden weight matrices, AdamW for the rest
-    (sparknet.muon), the input embedding at EMBEDDING_LEARNING_RATE."""
-    from sparknet.muon import MuonAdamW, parameter_groups
+    (sparknet.model.muon), the input embedding at EMBEDDING_LEARNING_RATE."""
+    from sparknet.model.muon import MuonAdamW, parameter_groups
 
     args, settings = trainer.args, trainer.settings
     muon, adamw = parameter_groups(model, lr=args.learning_rate, muon_lr=settings.muon_learning_rate,

@@ -4,7 +4,7 @@
 64,085,504 parameters at GPT-2's vocabulary of 50257. The `sparknet-llama-*` presets are the Llama architecture
 (RoPE, SwiGLU, RMSNorm, no biases; `LlamaForCausalLM`, so `AutoModelForCausalLM` loads them) at about the same size:
 the SwiGLU width 1408 (a multiple of 64 near 8/3 x 512) gives 64,279,552 parameters at vocab 50257 (+0.3%).
-What each architecture is lives in sparknet.architectures; the counts here are read from the model itself.
+What each architecture is lives in sparknet.model.architectures; the counts here are read from the model itself.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from sparknet.architectures import ARCHITECTURES
 from sparknet.common.errors import UserError
+from sparknet.model.architectures import ARCHITECTURES
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Preset:
     n_embd: int
     n_head: int
     n_positions: int
-    arch: str = "gpt2"  # a key of sparknet.architectures.ARCHITECTURES
+    arch: str = "gpt2"  # a key of sparknet.model.architectures.ARCHITECTURES
     intermediate: int = 0  # the MLP's width where the architecture takes one (gpt2's MLP is 4 x n_embd)
 
 

@@ -3,8 +3,8 @@ with `AutoModelForCausalLM` and no custom code.
 
 The one place that knows an architecture: how a preset's shape becomes the class's config, how a config (an
 INIT_FROM base's) becomes a shape again, which of its config keys are dropouts, and which weights start at zero.
-Everything else reads the built model (sparknet.model counts parameters and FLOPs from it; Muon finds its matrices
-from its module types), so adding an architecture is one entry here and the presets that name it. Keyed by the
+Everything else reads the built model (sparknet.model.presets counts parameters and FLOPs from it; Muon finds its
+matrices from its module types), so adding an architecture is one entry here and the presets that name it. Keyed by the
 config's `model_type`. Nothing here imports transformers at module level: the checks read the names first.
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-# a sparknet.model.Preset: sparknet.model imports this module, so this one does not import it back, not even for
-# types (that would close an import circle)
+# a sparknet.model.presets.Preset: sparknet.model.presets imports this module, so this one does not import it back,
+# not even for types (that would close an import circle)
 AnyPreset = Any
 
 
