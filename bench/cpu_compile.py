@@ -35,7 +35,7 @@ SHORT = False  # a few steps (checks the bench)
 
 
 def main() -> None:
-    from sparknet.cli import script_constants
+    from sparknet.config.cli import script_constants
     from sparknet.model.presets import get_preset
 
     python = sys.executable
@@ -85,6 +85,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from sparknet.cli import run_script
+    from sparknet.config.cli import run_script
 
     run_script(globals(), main)

@@ -42,8 +42,8 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile, schedule
     from transformers import TrainerCallback
 
-    from sparknet.cli import script_constants
     from sparknet.common import runtime
+    from sparknet.config.cli import script_constants
     from sparknet.model.presets import get_preset
     from sparknet.train import run as training
     from sparknet.train.data_plan import packed_plan
@@ -115,6 +115,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from sparknet.cli import run_script
+    from sparknet.config.cli import run_script
 
     run_script(globals(), main)

@@ -69,8 +69,8 @@ def _trainers(plan: PackedPlan, vocab: int, preset: str, batch: int, out: Path) 
     from transformers import default_data_collator
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from sparknet.cli import script_constants
     from sparknet.common.runtime import device_info
+    from sparknet.config.cli import script_constants
     from sparknet.model.presets import build_model, get_preset
     from sparknet.train.batch import plan_batch
     from sparknet.train.hf_trainer import SparkTrainer, training_arguments
@@ -140,6 +140,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from sparknet.cli import run_script
+    from sparknet.config.cli import run_script
 
     run_script(globals(), main)

@@ -94,7 +94,7 @@ def main() -> None:
     import torch
     from _synthetic import write_packed_dataset, write_tokenizer
 
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
 
     work = Path(tempfile.mkdtemp(prefix="sparknet-fsdp-"))
     write_tokenizer(work / "tokenizer", VOCAB, 128)

@@ -204,7 +204,7 @@ def main() -> None:
     import torch
     from _synthetic import write_packed_dataset, write_tokenizer
 
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
     from sparknet.model.presets import flops_per_token, get_preset, parameter_count, peak_flops
 
     cuda = torch.cuda.is_available()
@@ -289,6 +289,6 @@ def named_run(compile_: str, batch: int, variant: str) -> tuple[Row, str, tuple[
 if __name__ == "__main__":
     sys.path[:0] = [str(ROOT)] if str(ROOT) not in sys.path else []
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `timeout` around us: clean up the run in flight
-    from sparknet.cli import run_script
+    from sparknet.config.cli import run_script
 
     run_script(globals(), main)

@@ -69,7 +69,7 @@ def main() -> None:
 
     from sparknet.bpe import train_tokenizer
     from sparknet.common.runtime import available_cores
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
     from sparknet.demo.corpus import write_demo_corpus
 
     cores = available_cores()
@@ -192,7 +192,7 @@ def reading(work: Path, corpus: Path, tok_dir: Path, cores: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
     from sparknet.data.packed.build import BuildSpec, build_dataset
 
     mix = []

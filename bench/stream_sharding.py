@@ -38,7 +38,7 @@ def write_source(folder: Path) -> list[str]:
 
 def measure(files: list[str], world: int, split: str | None) -> tuple[int, int, float]:
     """(rows read over all ranks, rows trained over all ranks, seconds) for one split."""
-    from sparknet.config import SourceSpec
+    from sparknet.config.mix import SourceSpec
     from sparknet.data.source.rank_reader import SourceReader
     from sparknet.data.spec import HeldOutRows
 

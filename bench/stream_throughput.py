@@ -33,7 +33,7 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     from sparknet.bpe import train_bpe
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
     from sparknet.data.spec import DataSpec
     from sparknet.data.stream.token_stream import TokenStream
     from sparknet.demo.corpus import write_demo_corpus

@@ -68,7 +68,7 @@ def _same_blocks(run_dir: Path, dataset_dir: Path, python: str, env: dict[str, s
 
 
 def main() -> None:
-    from sparknet.cli import script_constants
+    from sparknet.config.cli import script_constants
 
     python = sys.executable
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -142,6 +142,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from sparknet.cli import run_script
+    from sparknet.config.cli import run_script
 
     run_script(globals(), main)

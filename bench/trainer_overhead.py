@@ -71,7 +71,7 @@ class StepClock:
 def run_ours(dataset: Path, preset: str, batch: int, out: Path) -> StepClock:
     from transformers import TrainerCallback
 
-    from sparknet.cli import script_constants
+    from sparknet.config.cli import script_constants
     from sparknet.train import run as training
     from sparknet.train.data_plan import packed_plan
     from sparknet.train.settings import TrainSettings
@@ -113,8 +113,8 @@ def run_plain(dataset: Path, preset: str, batch: int) -> StepClock:
     import torch
     from transformers.trainer_pt_utils import get_parameter_names
 
-    from sparknet.cli import script_constants
     from sparknet.common.runtime import device_info
+    from sparknet.config.cli import script_constants
     from sparknet.data.packed.dataset import PackedDataset
     from sparknet.model.presets import build_model, get_preset
 
@@ -195,6 +195,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from sparknet.cli import run_script
+    from sparknet.config.cli import run_script
 
     run_script(globals(), main)

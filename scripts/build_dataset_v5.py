@@ -32,7 +32,7 @@ HUB_RETRY_MINUTES = 15.0  # a Hub source that fails (429, 5xx, a dropped connect
 def main() -> None:
     from sparknet.common import runtime
     from sparknet.common.outputs import Output, check_outputs
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
 
     check_outputs(Output("OUTPUT_DIR", runtime.project_path(OUTPUT_DIR), locked=True))
     config = load_config(CONFIG)
@@ -82,6 +82,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from sparknet.cli import run_script
+    from sparknet.config.cli import run_script
 
     run_script(globals(), main)

@@ -50,6 +50,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from sparknet.cli import run_script
+    from sparknet.config.cli import run_script
 
     run_script(globals(), main)

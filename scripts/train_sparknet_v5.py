@@ -58,10 +58,10 @@ LOGS_DIR = "logs"  # TensorBoard logs go to LOGS_DIR/RUN_NAME
 
 
 def main() -> None:
-    from sparknet.cli import constant_names
     from sparknet.common import runtime
     from sparknet.common.outputs import check_outputs
-    from sparknet.config import load_config
+    from sparknet.config.cli import constant_names
+    from sparknet.config.mix import load_config
     from sparknet.train.folders import run_outputs
 
     check_outputs(*run_outputs(RUN_NAME, CHECKPOINTS_DIR, LOGS_DIR))
@@ -79,6 +79,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from sparknet.cli import run_script
+    from sparknet.config.cli import run_script
 
     run_script(globals(), main)

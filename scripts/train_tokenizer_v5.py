@@ -21,7 +21,7 @@ OVERWRITE = False  # replace an existing, non-empty OUTPUT_DIR
 def main() -> None:
     from sparknet.common import runtime
     from sparknet.common.outputs import Output, check_outputs
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
 
     check_outputs(Output("OUTPUT_DIR", runtime.project_path(OUTPUT_DIR), locked=True))
     config = load_config(CONFIG)
@@ -45,6 +45,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from sparknet.cli import run_script
+    from sparknet.config.cli import run_script
 
     run_script(globals(), main)

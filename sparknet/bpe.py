@@ -19,7 +19,7 @@ from sparknet.common.errors import UserError
 from sparknet.common.locks import exclusive
 from sparknet.common.progress import Progress
 from sparknet.common.runtime import replace_folder
-from sparknet.config import MixConfig
+from sparknet.config.mix import MixConfig
 from sparknet.data.mixing import Mixer, mix_texts
 from sparknet.tokenizer import EOT, save, wrap
 
@@ -78,9 +78,9 @@ def train_tokenizer(
     the dataset build's seeded shuffle buffer of `shuffle_buffer` documents), trains the BPE, saves it with
     `save_pretrained` into `out_dir` and writes `training_report.json` there. Returns the report. One training
     into a folder at a time: a second one at once is refused in one line (it would replace the first's tokenizer)."""
-    from sparknet.checks import check_values
+    from sparknet.config.checks import check_values
 
-    # every bad setting at once, each named with its value and the fix (the scripts' rules, sparknet.checks)
+    # every bad setting at once, each named with its value and the fix (the scripts' rules, sparknet.config.checks)
     check_values({"VOCAB_SIZE": vocab_size, "MAX_BYTES": max_bytes, "SHUFFLE_BUFFER": shuffle_buffer})
     with exclusive(out_dir, "a tokenizer training"):
         _check_output_dir(out_dir, overwrite)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sparknet.common.errors import UserError
-from sparknet.config import LOCAL_KINDS, printable
+from sparknet.config.mix import LOCAL_KINDS, printable
 from sparknet.data.spec import PIECE_BLOCKS
 from sparknet.eval.models import ModelRef, load_model, resolve_model
 from sparknet.eval.reports import eval_dir, markdown_table
@@ -36,8 +36,8 @@ def export_model(spec: str, output_dir: Path, *, license: str = "", language: li
     written beside OUTPUT_DIR and put in place by renames, so an interrupted export leaves the old one whole; one
     export into a folder at a time (a second at once is refused in one line: both would build in one hidden folder).
     """
-    from sparknet.checks import check_values
     from sparknet.common.locks import exclusive
+    from sparknet.config.checks import check_values
 
     check_values({"LICENSE": license})  # the script's rule, for callers without the script
     ref = resolve_model(spec)

@@ -32,7 +32,7 @@ from typing import Any
 from sparknet.common.errors import UserError
 from sparknet.common.folder_or_hub import local_path, not_found
 from sparknet.common.runtime import project_path
-from sparknet.config import MixConfig
+from sparknet.config.mix import MixConfig
 
 log = logging.getLogger(__name__)
 

@@ -85,7 +85,7 @@ def tokenizer_dir(corpus_config: Path, tmp_path_factory: pytest.TempPathFactory)
 @pytest.fixture(scope="session")
 def tiny_dataset(corpus_config: Path, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A packed dataset of 128-token blocks (the tiny preset's context): 100k training tokens, 4k validation."""
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
     from sparknet.data.packed.build import BuildSpec, build_dataset
 
     def make(out: Path) -> None:

@@ -331,7 +331,7 @@ STREAM = dict(val_tokens=2048, shuffle_buffer=50, num_workers=2, sample_steps=0)
 
 def train_settings(tmp_path: Path, **kw: object) -> TrainSettings:
     """The packed trainer's settings for a FAST run named `run` under `tmp_path` (`kw` overrides)."""
-    from sparknet.cli import script_constants
+    from sparknet.config.cli import script_constants
     from sparknet.train.settings import TrainSettings
 
     values = {**FAST, "run_name": "run", "checkpoints_dir": str(tmp_path / "ckpt"), "logs_dir": str(tmp_path / "logs"),
@@ -350,8 +350,8 @@ def train_packed(settings: TrainSettings, dataset: Path, tokenizer_dir: str | No
 def train_streamed(tmp_path: Path, config: Path, tokenizer_dir: Path, **kw: object) -> TrainResult:
     """The streaming trainer in this process, as scripts/train_sparknet.py runs it: a FAST run (with STREAM's data
     settings) of the mix `config` under `tmp_path` (`kw` overrides either)."""
-    from sparknet.cli import script_constants
-    from sparknet.config import load_config
+    from sparknet.config.cli import script_constants
+    from sparknet.config.mix import load_config
     from sparknet.train.run import train
     from sparknet.train.settings import TrainSettings
     from sparknet.train.stream_plan import StreamSpec, stream_plan

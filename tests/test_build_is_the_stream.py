@@ -20,7 +20,7 @@ import pytest
 
 from sparknet.common.errors import UserError
 from sparknet.common.runtime import PROJECT_ROOT
-from sparknet.config import load_config
+from sparknet.config.mix import load_config
 from sparknet.data.packed.build import BuildSpec, build_dataset
 from sparknet.data.packed.dataset import PackedDataset
 from tests.helpers import run_script, step_blocks, stream_args, write_config, write_jsonl

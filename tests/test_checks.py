@@ -1,5 +1,5 @@
-"""The constants' rules (sparknet.checks): every numeric constant of every script has one, and a bad value stops a
-script at once, before the slow imports and before any data is opened."""
+"""The constants' rules (sparknet.config.checks): every numeric constant of every script has one, and a bad value stops
+a script at once, before the slow imports and before any data is opened."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from sparknet.checks import RULES, problems
-from sparknet.cli import annotated_types, is_path_constant, script_constants
 from sparknet.common.runtime import PROJECT_ROOT
+from sparknet.config.checks import RULES, problems
+from sparknet.config.cli import annotated_types, is_path_constant, script_constants
 from tests.helpers import OFFLINE_ENV, run_script
 
 SCRIPTS = sorted(p.name for p in (PROJECT_ROOT / "scripts").glob("*.py"))
@@ -29,7 +29,7 @@ def test_every_numeric_and_choice_constant_has_a_rule(script: str) -> None:
     for name, value in constants.items():
         kind = typed.get(name, value)
         ruled = name in RULES or isinstance(kind, bool) or is_path_constant(name) or name in FREE_TEXT
-        assert ruled, f"{script}: {name} has no rule in sparknet.checks.RULES (nor is it a path or free text)"
+        assert ruled, f"{script}: {name} has no rule in sparknet.config.checks.RULES (nor is it a path or free text)"
         if name in RULES:
             assert not problems({name: value}), f"{script}: the default {name}={value!r} breaks its own rule"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.cli import apply_overrides, describe_constants, parse_value
 from sparknet.common.errors import UsageError
+from sparknet.config.cli import apply_overrides, describe_constants, parse_value
 from tests.helpers import run_script
 
 SCRIPT = '''"""A test script."""
@@ -100,7 +100,7 @@ def test_help_comes_from_trailing_and_preceding_comments() -> None:
 
 
 def test_real_script_help_lists_every_constant_with_default() -> None:
-    from sparknet.cli import script_constants
+    from sparknet.config.cli import script_constants
 
     proc = run_script("train_tokenizer_v5.py", "--help")
     assert proc.returncode == 0
@@ -135,7 +135,7 @@ def test_script_runs_from_another_folder(tmp_path: Path) -> None:
 def test_paths_typed_on_the_command_line_are_relative_to_the_current_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sparknet.cli import resolve_typed_path
+    from sparknet.config.cli import resolve_typed_path
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tok").mkdir()
@@ -167,8 +167,8 @@ def test_a_config_next_to_the_user_is_found_from_another_folder(tmp_path: Path) 
 def test_a_typed_path_inside_the_repository_equals_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """From the repository root `--dataset_dir datasets//x` is the default-style `datasets/x` (same run identity);
     from a subfolder `../datasets/x` is too."""
-    from sparknet.cli import resolve_typed_path
     from sparknet.common.runtime import PROJECT_ROOT
+    from sparknet.config.cli import resolve_typed_path
 
     monkeypatch.chdir(PROJECT_ROOT)
     assert resolve_typed_path("DATASET_DIR", "datasets//x") == "datasets/x"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.config import ConfigError, load_config, parse_config
+from sparknet.config.mix import ConfigError, load_config, parse_config
 from tests.helpers import run_script, write_config, write_jsonl
 
 GOOD = {"name": "json", "prob": 1.0, "data_files": "PLACEHOLDER"}

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from sparknet.common.errors import UserError
-from sparknet.config import load_config
+from sparknet.config.mix import load_config
 from sparknet.data.packed.build import BuildSpec, build_dataset
 from tests.helpers import build_position, run_script, stop_build_after_saves, train_args, write_config, write_jsonl
 

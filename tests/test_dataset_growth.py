@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.config import load_config
+from sparknet.config.mix import load_config
 from sparknet.data.packed.build import BuildSpec, build_dataset
 from sparknet.data.packed.dataset import PackedDataset
 from tests.helpers import run_script, stop_build_after_saves, train_args, write_config, write_jsonl

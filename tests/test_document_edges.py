@@ -21,7 +21,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from sparknet.common.errors import UserError
-from sparknet.config import load_config
+from sparknet.config.mix import load_config
 from sparknet.data.holdout import hold_out
 from sparknet.data.packed.build import BuildSpec, build_dataset
 from sparknet.data.packed.dataset import PackedDataset

@@ -159,7 +159,7 @@ def test_a_dataset_split_scores_that_split_only(random_model: Path, tmp_path: Pa
 @pytest.mark.slow
 def test_a_mix_config_scores_the_rows_the_streaming_run_held_out(corpus_config: Path, tokenizer_dir: Path,
                                                                   random_model: Path, tmp_path: Path) -> None:
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
     from sparknet.tokenizer import load_tokenizer
 
     args = {**FAST, "target_tokens": 8 * 4 * 128, "val_tokens": 2048, "shuffle_buffer": 20, "num_workers": 0,
@@ -284,7 +284,7 @@ def test_a_damaged_results_file_stops_before_the_work_and_results_are_never_drop
 @pytest.mark.slow
 def test_the_runs_own_dataset_rebuilt_with_other_inputs_is_refused(corpus_config: Path, tokenizer_dir: Path,
                                                                     random_model: Path, tmp_path: Path) -> None:
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
     from sparknet.data.packed.build import BuildSpec, build_dataset
 
     def build(seed: int) -> dict:
@@ -326,7 +326,7 @@ def test_a_damaged_hold_out_file_of_a_streaming_run_is_one_line(how: str, corpus
     """A streaming run's val_blocks.npy (DATA) or val_report.json (a mix config as DATA) cut short or overwritten:
     one line naming the file and the fix, not numpy's or json's exception."""
     from sparknet.common.errors import UserError
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
     from sparknet.eval.data import DataRequest, load_documents
     from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT
 

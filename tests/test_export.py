@@ -550,7 +550,7 @@ def test_a_streamed_runs_card_says_it_was_streamed_and_what_its_weights_and_metr
     the weights are (the Trainer's record of the best), and states no language."""
     from huggingface_hub import ModelCard
 
-    from sparknet.cli import script_constants
+    from sparknet.config.cli import script_constants
     from sparknet.export import export_model
     from tests.helpers import STREAM, train_streamed
 

@@ -34,8 +34,8 @@ def test_an_fsdp_launch_without_gpus_is_refused_in_one_line(tiny_dataset: Path, 
 
 
 def test_muon_under_fsdp_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sparknet.cli import script_constants
     from sparknet.common.errors import UserError
+    from sparknet.config.cli import script_constants
     from sparknet.train.hf_trainer import check_launch
     from sparknet.train.settings import TrainSettings
 

@@ -152,7 +152,7 @@ def test_the_retry_lines_sparknet_filters_come_from_the_functions_it_names() -> 
 def test_the_file_being_read_is_found_from_a_streams_position(tmp_path: Path) -> None:
     """sparknet.data.source.opening._file_being_read walks the stream's private iterables to name the shard being read
     (its fallback names all of a source's files): read into the second of two files, it must name that one."""
-    from sparknet.config import SourceSpec
+    from sparknet.config.mix import SourceSpec
     from sparknet.data.source.opening import _file_being_read, open_source
     from tests.helpers import write_jsonl
 

@@ -49,7 +49,7 @@ def test_a_tokenizer_trained_on_a_hub_id_is_the_one_trained_on_the_same_local_fi
     assert hub.counts["resolve-get"] > 0  # read through the Hub
     # the same training on the local files, in this process (as the script calls it: its arguments above)
     from sparknet.bpe import train_tokenizer
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
 
     train_tokenizer(load_config(offline), tmp_path / "local-tok", vocab_size=512, max_bytes=150_000, heldout_docs=5,
                     shuffle_buffer=50)

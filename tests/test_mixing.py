@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.config import load_config
+from sparknet.config.mix import load_config
 from sparknet.data.mixing import Mixer, mix_texts
 from tests.helpers import write_config, write_jsonl
 

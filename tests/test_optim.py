@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-from sparknet.checks import RULES, check_values
 from sparknet.common.errors import UserError
+from sparknet.config.checks import RULES, check_values
 from sparknet.model.muon import MuonAdamW, hidden_matrices
 from sparknet.model.optimizers import OPTIMIZERS
 from sparknet.train.hf_trainer import SparkTrainer

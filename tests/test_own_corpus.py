@@ -58,7 +58,7 @@ def test_the_default_val_tokens_follow_the_sources_and_the_configs_budget(own_co
     budget (a validation split four times the training split made one evaluation cost more than the whole
     training), nor 2M; one line says both reasons. A build or run of fewer tokens than the config's gets the same
     split (every size of a dataset holds out the same blocks), and a warning that names VAL_TOKENS."""
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
     from sparknet.data.scaled_defaults import default_val_tokens
 
     config = load_config(own_config)

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from sparknet.common.errors import UserError
-from sparknet.config import load_config
+from sparknet.config.mix import load_config
 from sparknet.data import PackedDataset
 from sparknet.data.packed.build import BuildSpec, build_dataset
 from sparknet.data.packed.dataset import FORMAT_VERSION

@@ -20,7 +20,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from sparknet.common.errors import UserError
-from sparknet.config import ConfigError, load_config, parse_config, phase_ends
+from sparknet.config.mix import ConfigError, load_config, parse_config, phase_ends
 from sparknet.train.phases import check_every_phase_trains
 from tests.helpers import (
     assert_every_prefix_mixed,

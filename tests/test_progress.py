@@ -74,7 +74,7 @@ def test_a_library_thread_map_cannot_take_a_bars_lock_away(tmp_path) -> None:
         "bar.close()\n"
         "print('drawn')\n"
     )
-    opened = ("from sparknet.config import SourceSpec\n"
+    opened = ("from sparknet.config.mix import SourceSpec\n"
               "from sparknet.data.source.opening import open_source\n"
               "import tqdm\n"
               f"open_source(SourceSpec(name='json', prob=1, data_files={str(data)!r}, label='a'))\n"

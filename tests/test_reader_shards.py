@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.config import SourceSpec
+from sparknet.config.mix import SourceSpec
 from sparknet.data.source.rank_reader import SourceReader
 from sparknet.data.spec import HeldOutRows
 

@@ -91,7 +91,7 @@ def test_damaged_state_files_are_named_before_training(tmp_path: Path, caplog) -
 
 
 def test_changes_are_named_by_the_path_to_the_leaf_that_differs_with_the_difference_shown() -> None:
-    from sparknet.identity import describe_changes
+    from sparknet.config.identity import describe_changes
 
     sha_a, sha_b = "ab" * 32, "ab" * 30 + "cdcd"
     old = {"lr": 0.003, "dataset_inputs": {"mix": [{"prob": 0.6}, {"prob": 0.4}], "seed": 1,

@@ -1,5 +1,5 @@
-"""Local source kinds (sparknet.config.LOCAL_KINDS): the same documents as Parquet, CSV or plain-text files give what
-they give as JSONL, the reference every other test checks against an independent computation: the same packed
+"""Local source kinds (sparknet.config.mix.LOCAL_KINDS): the same documents as Parquet, CSV or plain-text files give
+what they give as JSONL, the reference every other test checks against an independent computation: the same packed
 dataset byte for byte, the same stream, the same tokenizer, the same evaluation; and the bad cases are one line."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparknet.common.errors import UserError
-from sparknet.config import LOCAL_KINDS, load_config
+from sparknet.config.mix import LOCAL_KINDS, load_config
 from tests.helpers import read_texts, run_script, stream_of, write_config, write_jsonl
 
 KINDS = ["parquet", "csv", "text"]
@@ -152,7 +152,7 @@ def test_a_missing_text_column_is_refused_when_the_config_is_read(files: dict, t
     naming the file, its columns and the nearest one; for every kind whose columns are cheap to read."""
     import time
 
-    from sparknet.config import ConfigError
+    from sparknet.config.mix import ConfigError
 
     for kind, field, columns in (("csv", "texts", "id, text"), ("parquet", "txt", "id, text"),
                                  ("json", "Text", "text")):
@@ -178,7 +178,7 @@ def test_a_file_of_another_kind_in_a_glob_is_refused_naming_it(files: dict, tmp_
     kind. A suffix no kind claims (.py) is read as the entry's kind."""
     import shutil
 
-    from sparknet.config import ConfigError
+    from sparknet.config.mix import ConfigError
 
     mixed = tmp_path / "mixed"
     shutil.copytree(files["text"][1] / "docs", mixed)
@@ -281,7 +281,7 @@ def test_ids_beyond_the_vocabulary_another_tokenizer_or_a_tokenizer_training_are
 
 
 def test_a_rows_token_ids_are_checked_one_by_one() -> None:
-    from sparknet.config import SourceSpec
+    from sparknet.config.mix import SourceSpec
     from sparknet.data.source.opening import RowDocuments
 
     docs = RowDocuments(SourceSpec(name="json", prob=1.0, label="s"), vocab_size=100)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sparknet.common.errors import UserError
-from sparknet.config import SourceSpec, parse_config
+from sparknet.config.mix import SourceSpec, parse_config
 from sparknet.data.source.hub_retries import iter_texts
 from sparknet.data.source.opening import open_source, resolve_revisions
 from tests.helpers import write_jsonl
@@ -124,7 +124,7 @@ def test_an_unreachable_hub_resolves_no_revision_quickly_and_says_so(tmp_path: P
 
     code = (
         "import time\n"
-        "from sparknet.config import parse_config\n"
+        "from sparknet.config.mix import parse_config\n"
         "from sparknet.data.source.opening import resolve_revisions\n"
         "config = parse_config({'seed': 1, 'context_length': 8, 'target_tokens': 8, 'mix': [\n"
         "    {'name': 'sparknet-tests/a', 'prob': 1, 'revision': 'v1'}, {'name': 'sparknet-tests/b', 'prob': 1}]})\n"

@@ -25,7 +25,7 @@ import torch
 
 from sparknet.common.errors import UserError
 from sparknet.common.runtime import PROJECT_ROOT
-from sparknet.config import MixConfig, load_config
+from sparknet.config.mix import MixConfig, load_config
 from sparknet.data.holdout import hold_out
 from sparknet.data.spec import DataSpec, Part
 from sparknet.data.stream.token_stream import TokenStream
@@ -432,7 +432,7 @@ def test_large_file_first_block_and_memory(tmp_path: Path, tokenizer) -> None:
     (tmp_path / "tok.json").write_text(tokenizer[0])
     child = textwrap.dedent(f"""
         import json, sys, time, psutil
-        from sparknet.config import load_config
+        from sparknet.config.mix import load_config
         from sparknet.data.spec import DataSpec
         from sparknet.data.stream.token_stream import TokenStream
         start = psutil.Process().create_time()

@@ -162,7 +162,7 @@ def test_a_sample_that_misses_the_mix_is_a_warning_with_the_shares(corpus_dir: P
     """A source asked at 30% that runs dry at a fraction of it: the tokenizer says so, with the shares, as the build
     of the same config does; and its report says which column each source was read from."""
     from sparknet.bpe import train_tokenizer
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
 
     lines = _corpus_lines(corpus_dir, "prose")
     cfg = write_config(tmp_path / "mix.json", [
@@ -279,7 +279,7 @@ def test_replacing_a_tokenizer_never_leaves_a_half_deleted_one(
     import shutil
 
     import sparknet.bpe as bpe
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
 
     out = tmp_path / "tok"
     config = load_config(corpus_config)
@@ -317,7 +317,7 @@ def test_a_mistyped_local_tokenizer_folder_fails_at_once_with_the_nearest_folder
     shutil.copytree(tokenizer_dir, local)
     env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE")}
     env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens: a Hub lookup could only fail (after retries)
-    code = "import sys; from sparknet.cli import run_script; from sparknet.tokenizer import load_tokenizer; " \
+    code = "import sys; from sparknet.config.cli import run_script; from sparknet.tokenizer import load_tokenizer; " \
            "run_script({}, lambda: load_tokenizer(sys.argv[1]), [])"
     try:
         for typed in (local.name.replace("tokenizer", "tokenizr"), f"{local.name}-v2"):
@@ -400,7 +400,7 @@ def test_special_token_text_in_a_document_is_text_in_every_stage_and_the_counts_
     from transformers import AutoTokenizer
 
     from sparknet.bpe import train_bpe
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
     from sparknet.data.encoding.packer import DocumentEncoder
     from sparknet.data.packed.build import BuildSpec, build_dataset
     from sparknet.eval.data import DataRequest

@@ -477,7 +477,7 @@ def test_a_config_of_another_mix_than_the_datasets_is_refused(tiny_dataset: Path
     change, before any work; the dataset's own config (or none: then the dataset's is taken, said in a line) is
     accepted."""
     from sparknet.common.errors import UserError
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
     from tests.helpers import write_config
 
     mix = json.loads(corpus_config.read_text())["mix"]

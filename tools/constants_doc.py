@@ -1,5 +1,5 @@
-"""docs/constants.md from the scripts' constants (sparknet.cli.constants_reference): the comment on a constant at the
-top of its script is its one doc, which --help prints and this file shows.
+"""docs/constants.md from the scripts' constants (sparknet.config.cli.constants_reference): the comment on a constant at
+the top of its script is its one doc, which --help prints and this file shows.
 
     python tools/constants_doc.py write   # `make docs`
     python tools/constants_doc.py check   # exit 1 when docs/constants.md is not what the scripts say now
@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the package beside it
 
-from sparknet.cli import constants_reference  # noqa: E402
+from sparknet.config.cli import constants_reference  # noqa: E402
 
 DOC = ROOT / "docs" / "constants.md"
 # in the order a user meets them (docs/scripts.md's table)

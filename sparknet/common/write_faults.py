@@ -1,8 +1,8 @@
 """A file operation that fails for a reason of the machine, not of SparkNet: no permission, a file size limit
 (`ulimit -f`), a read-only disk, a file where a folder should be. Every script turns one into one line naming the
-path and what the errno means (`sparknet.cli.run_script`), as it already does for a full disk (`runtime.disk_full`);
-the code that writes keeps its work whole meanwhile (outputs put in place by renames, results printed and saved
-elsewhere: sparknet.eval.reports).
+path and what the errno means (`sparknet.config.cli.run_script`), as it already does for a full disk
+(`runtime.disk_full`); the code that writes keeps its work whole meanwhile (outputs put in place by renames, results
+printed and saved elsewhere: sparknet.eval.reports).
 
 Libraries that write through their own code lose the path and keep only the operating system's code (safetensors:
 "I/O error: File too large (os error 27)"): `writing(path)` puts the path back, as the OSError it was.

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from sparknet.checks import check_values
+from sparknet.config.checks import check_values
 from sparknet.data.blocks import StreamBlocks, initial_state
 from sparknet.data.pipeline import Encoders, Pipeline, stop
 from sparknet.data.spec import DataSpec, HeldOutRows, Part

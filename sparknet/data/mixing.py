@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from sparknet.config import MixConfig
+from sparknet.config.mix import MixConfig
 
 T = TypeVar("T")
 

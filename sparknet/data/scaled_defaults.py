@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from sparknet.config import MixConfig
+from sparknet.config.mix import MixConfig
 from sparknet.data.source.sizes import source_size
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from sparknet.config import MixConfig
+from sparknet.config.mix import MixConfig
 
 # Blocks per piece of a long document (data/pieces.py). Smaller pieces hold every prefix closer to the mix; 8 blocks
 # keep a source within 4 blocks of its share in any prefix.
@@ -32,8 +32,8 @@ VAL_DOCUMENTS_PER_SOURCE = 20  # documents of each source a validation split can
 
 def token_dtype(vocab_size: int, requested: str = "auto") -> np.dtype:
     """uint16 when every id fits, else uint32; a requested dtype too small for the vocabulary is refused."""
-    from sparknet.checks import check_values
     from sparknet.common.errors import UserError
+    from sparknet.config.checks import check_values
 
     check_values({"DTYPE": requested})  # the choices are the DTYPE rule's
     if requested == "auto":
@@ -66,8 +66,8 @@ class HeldOutRows:
 @dataclass(frozen=True)
 class Part:
     """Which part of the mixed stream a pipeline gives (see the module docstring). `on_exhausted` is the rule for a
-    source that runs dry (sparknet.checks' ON_EXHAUSTED); `phase_ends` where each phase of a run in phases ends, in
-    blocks of this part; `window_blocks`: blocks shuffled together (0: in the stream's order; the packed build
+    source that runs dry (sparknet.config.checks' ON_EXHAUSTED); `phase_ends` where each phase of a run in phases ends,
+    in blocks of this part; `window_blocks`: blocks shuffled together (0: in the stream's order; the packed build
     writes that order, the streaming trainer shuffles, data/stream/token_stream.py); `end_blocks`: the blocks this
     part will be asked for at most (None: unknown), so that a window never reaches past them."""
 
@@ -103,7 +103,7 @@ class DataSpec:
     """The data (see the module docstring). `val_tokens` sizes the hold-out; `num_workers` encoding processes (0:
     this one); `batch_docs`/`batch_chars` bound an encoding batch; `read_ahead`: batches each source reads ahead on
     a thread (None: 8 for a Hub source, whose network waits release the GIL, 0 for local files); `dtype`: the token
-    dtype's rule (sparknet.checks' DTYPE)."""
+    dtype's rule (sparknet.config.checks' DTYPE)."""
 
     config: MixConfig
     tokenizer_json: str

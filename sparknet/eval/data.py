@@ -32,7 +32,7 @@ import numpy as np
 
 from sparknet.common.errors import UserError
 from sparknet.common.runtime import read_json_object
-from sparknet.config import LOCAL_KINDS, SourceSpec, local_kind_of_file
+from sparknet.config.mix import LOCAL_KINDS, SourceSpec, local_kind_of_file
 from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, read_val_blocks, read_val_report
 
 log = logging.getLogger("sparknet.eval")
@@ -135,8 +135,8 @@ def check_unchanged(folder: Path | None, source: str) -> None:
     rebuilt at another size), its inputs the same but TARGET_TOKENS, holds the same validation split byte for byte
     (the hold-out comes first and does not depend on the size: data/packed/build.py), so it is scored."""
     from sparknet.common.runtime import project_path
+    from sparknet.config.identity import describe_changes
     from sparknet.data.packed.dataset import read_manifest
-    from sparknet.identity import describe_changes
     from sparknet.run_files import read_metadata
 
     metadata = read_metadata(folder) if folder is not None else None
@@ -196,7 +196,7 @@ def _file_documents(request: DataRequest) -> list[str]:
                             "packed dataset folder, a mix config or a Hub dataset id")
         files += [Path(m) for m in matches] or [project_path(part)]
     texts: list[str] = []
-    # read as the build reads a source of the files' kind (sparknet.config.LOCAL_KINDS; any other file is one
+    # read as the build reads a source of the files' kind (sparknet.config.mix.LOCAL_KINDS; any other file is one
     # document of plain text), consecutive files of one kind as one source
     for kind, group in itertools.groupby(files, key=lambda path: local_kind_of_file(path.name) or "text"):
         paths = [str(path) for path in group]
@@ -343,7 +343,7 @@ def _config_documents(request: DataRequest) -> list[str]:
     """The rows each source of the mix held out for validation (never trained on; of a document the hold-out cut,
     the start it took), read in the source's order;
     the sources' documents interleaved so that the first MAX_DOCUMENTS cover every source."""
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
     from sparknet.data.source.opening import decoded
     from sparknet.data.source.rank_reader import SourceReader
 
@@ -370,7 +370,7 @@ def _check_files_unchanged(identity: dict[str, Any], config: Any, run: Path, dat
     """The mix's local files must be the ones the streaming run in `run` held its rows out of (the sha256 of each,
     recorded in its run_config.json): an edited file's first rows are other documents, so the held-out rows counted
     from its start would be other text. One line naming the first file that differs (or that came or went)."""
-    from sparknet.identity import local_files_fingerprint
+    from sparknet.config.identity import local_files_fingerprint
 
     then = identity.get("local_files_sha256")
     if not isinstance(then, dict):  # a run that recorded no fingerprint: nothing to compare
@@ -392,7 +392,7 @@ def streamed_from(folder: Path | None, data: str) -> bool:
     """Whether `data` is the mix config of the streaming run in `folder` (its run_config.json's mix): its held-out
     rows are then what the run never trained on."""
     from sparknet.common.runtime import project_path
-    from sparknet.config import load_config
+    from sparknet.config.mix import load_config
 
     if folder is None or data_kind(data) != "config":
         return False

@@ -20,7 +20,7 @@ class SamplingSettings:
     seed: int = 1234
 
     def __post_init__(self) -> None:
-        from sparknet.checks import check_values
+        from sparknet.config.checks import check_values
 
         check_values({name.upper(): value for name, value in vars(self).items()})
 

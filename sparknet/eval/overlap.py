@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sparknet.common.runtime import file_sha256, project_path, read_json_object
-from sparknet.config import SourceSpec, expand_pattern, load_config
+from sparknet.config.mix import SourceSpec, expand_pattern, load_config
 from sparknet.run_files import RUN_CONFIG, read_metadata, run_of
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from sparknet.common.outputs import Output
 from sparknet.common.runtime import project_path, read_json_object, write_json_atomic
-from sparknet.config import printable
+from sparknet.config.mix import printable
 
 
 def eval_dir(name: str, root: str = "eval") -> Path:

@@ -1,8 +1,8 @@
 """OPTIMIZER: the names a run may choose, each with the builder of its optimizer (parameter groups included).
 
 The one seam for an optimizer: adding one touches this registry and its test (tests/test_optim.py). The OPTIMIZER
-rule (sparknet.checks), --help's list of choices, the FSDP launch check and SparkTrainer.create_optimizer all read
-`OPTIMIZERS`. Nothing here imports torch at module level: the checks read the names before torch is imported.
+rule (sparknet.config.checks), --help's list of choices, the FSDP launch check and SparkTrainer.create_optimizer all
+read `OPTIMIZERS`. Nothing here imports torch at module level: the checks read the names before torch is imported.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sparknet.common.errors import UserError
-from sparknet.config import MixConfig, phase_ends
+from sparknet.config.mix import MixConfig, phase_ends
 
 if TYPE_CHECKING:
     from sparknet.train.batch import BatchPlan
@@ -203,7 +203,7 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
     ours = config.to_dict() if config is not None else {}
     if config is not None and (ours["mix"], ours.get("phases")) != (manifest["config"]["mix"],
                                                                     manifest["config"].get("phases")):
-        from sparknet.identity import describe_changes
+        from sparknet.config.identity import describe_changes
 
         theirs = {key: manifest["config"].get(key) for key in ("mix", "phases")}
         changes = "; ".join(describe_changes(theirs, {"mix": ours["mix"], "phases": ours.get("phases")}))

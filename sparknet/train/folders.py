@@ -19,7 +19,7 @@ from typing import Any
 from sparknet.common.errors import UserError
 from sparknet.common.outputs import Output
 from sparknet.common.runtime import file_sha256, project_path, read_json_object, write_json_atomic
-from sparknet.identity import describe_changes
+from sparknet.config.identity import describe_changes
 from sparknet.run_files import METADATA, RUN_CONFIG, checkpoint_step, checkpoints_by_step
 
 log = logging.getLogger("sparknet.train")

@@ -18,7 +18,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from sparknet.common.errors import UserError
-from sparknet.config import phase_ends
+from sparknet.config.mix import phase_ends
 from sparknet.train.batch import BatchPlan, GlobalBatchSampler
 from sparknet.train.safety import SafetyCallback
 from sparknet.train.settings import TrainSettings

@@ -11,7 +11,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from sparknet.common.errors import UserError
-from sparknet.config import phase_ends
+from sparknet.config.mix import phase_ends
 
 
 def check_every_phase_trains(phases: Sequence[tuple[str, float]], max_steps: int, tokens_per_step: int) -> list[int]:

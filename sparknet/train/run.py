@@ -23,7 +23,6 @@ import torch
 from transformers import default_data_collator
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from sparknet.checks import RULES
 from sparknet.common.errors import UserError
 from sparknet.common.locks import exclusive
 from sparknet.common.runtime import (
@@ -36,6 +35,7 @@ from sparknet.common.runtime import (
     write_json_atomic,
     writes_to,
 )
+from sparknet.config.checks import RULES
 from sparknet.model.metrics import bytes_of_tokens, perplexity, tokens_and_bytes_by_source
 from sparknet.model.presets import (
     DEFAULT_PRESET,

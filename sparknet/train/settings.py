@@ -7,10 +7,10 @@ know about it:
 - `identity`: whether it belongs to the run's identity. Settings that change the model, the order of the data or
   the optimisation are compared when a run resumes (a change is refused unless ALLOW_CONFIG_CHANGE); the others
   (where and how often to log, save, sample) may differ between attempts;
-- its check: the rule for the constant of the same name in `sparknet.checks.RULES`, the table every script's
+- its check: the rule for the constant of the same name in `sparknet.config.checks.RULES`, the table every script's
   constants are checked against before the script starts (`check_settings` applies it here too).
-Adding a setting: a constant with its comment in both trainer scripts, a field here, a rule in sparknet.checks when
-it has a range, and its use (e.g. `sparknet.train.hf_trainer.training_arguments`); `make docs` writes it into
+Adding a setting: a constant with its comment in both trainer scripts, a field here, a rule in sparknet.config.checks
+when it has a range, and its use (e.g. `sparknet.train.hf_trainer.training_arguments`); `make docs` writes it into
 docs/constants.md.
 """
 
@@ -30,7 +30,7 @@ def setting(*, identity: bool = True) -> Any:
 @dataclass
 class TrainSettings:
     """A trainer script's training constants, lower-cased. No defaults here: the script's constants are the one
-    source of them (`sparknet.cli.script_constants` reads them for code that has no script)."""
+    source of them (`sparknet.config.cli.script_constants` reads them for code that has no script)."""
 
     run_name: str = setting(identity=False)
     model_preset: str | None = setting()  # None: INIT_FROM's shape, else DEFAULT_PRESET (run.preset_name)
@@ -100,8 +100,8 @@ class TrainSettings:
 
 
 def check_settings(settings: TrainSettings) -> None:
-    """Every mistake in the settings at once, as one UserError naming the constants (sparknet.checks' rules, the
+    """Every mistake in the settings at once, as one UserError naming the constants (sparknet.config.checks' rules, the
     ones a script's constants are checked against before it starts)."""
-    from sparknet.checks import check_values
+    from sparknet.config.checks import check_values
 
     check_values({f.name.upper(): getattr(settings, f.name) for f in dataclasses.fields(settings)})

@@ -16,7 +16,7 @@ import numpy as np
 from transformers import TrainerCallback
 
 from sparknet.common.errors import UserError
-from sparknet.config import MixConfig
+from sparknet.config.mix import MixConfig
 from sparknet.data.spec import DataSpec, HeldOutRows, Part
 from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, VAL_SOURCES, read_val_blocks, read_val_report
 from sparknet.train.batch import BatchPlan
@@ -292,7 +292,7 @@ def _nonempty(val_tokens: np.ndarray) -> np.ndarray:
 
 def _identity(spec: StreamSpec, tokenizer: Any) -> dict[str, Any]:
     """What about the stream makes a run this run."""
-    from sparknet.identity import local_files_fingerprint
+    from sparknet.config.identity import local_files_fingerprint
     from sparknet.tokenizer import tokenizer_fingerprint
 
     return {

@@ -39,11 +39,12 @@ from typing import Any
 
 import numpy as np
 
-from sparknet.checks import check_values
 from sparknet.common.errors import UserError
 from sparknet.common.locks import exclusive
 from sparknet.common.runtime import replace_folder, write_json_atomic, writes_to
-from sparknet.config import MixConfig
+from sparknet.config.checks import check_values
+from sparknet.config.identity import describe_changes, local_files_fingerprint
+from sparknet.config.mix import MixConfig
 from sparknet.data.blocks import StreamBlocks, initial_state
 from sparknet.data.holdout import HeldOut, hold_out
 from sparknet.data.packed.dataset import (
@@ -62,7 +63,6 @@ from sparknet.data.packed.manifest import description, missed_shares, phase_repo
 from sparknet.data.pipeline import Encoders, Pipeline, stop
 from sparknet.data.source.opening import at_commits, resolve_revisions
 from sparknet.data.spec import PIECE_BLOCKS, DataSpec, HeldOutRows, Part, token_dtype
-from sparknet.identity import describe_changes, local_files_fingerprint
 from sparknet.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from sparknet.config import LABEL_RULE
+from sparknet.config.mix import LABEL_RULE
 from sparknet.data.packed.dataset import FORMAT_VERSION, SPLITS, SplitWriter
 from sparknet.data.source.opening import text_column
 from sparknet.data.spec import PIECE_BLOCKS

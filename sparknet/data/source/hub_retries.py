@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from sparknet.common.errors import exception_chain
-from sparknet.config import SourceSpec
+from sparknet.config.mix import SourceSpec
 from sparknet.data.source.opening import (
     RowDocuments,
     UnreadableSource,

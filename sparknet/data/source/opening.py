@@ -1,5 +1,5 @@
 """One mix entry opened as a lazy stream of document texts: a Hub dataset id, or local data files of one of the
-kinds in sparknet.config.LOCAL_KINDS (json, parquet, csv, text), each read by the datasets builder of that name.
+kinds in sparknet.config.mix.LOCAL_KINDS (json, parquet, csv, text), each read by the datasets builder of that name.
 
 Always `streaming=True`: a source is read row by row and never materialised, whatever its size. A Hub source may be
 pinned to a `revision` (branch, tag or commit); `resolve_revisions` finds the commit each Hub source reads now.
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from sparknet.common.errors import UserError, exception_chain
-from sparknet.config import MixConfig, SourceSpec, expand_pattern
+from sparknet.config.mix import MixConfig, SourceSpec, expand_pattern
 
 log = logging.getLogger(__name__)
 

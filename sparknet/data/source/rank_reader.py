@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from sparknet.common.errors import UserError
-from sparknet.config import SourceSpec
+from sparknet.config.mix import SourceSpec
 from sparknet.data.source.hub_retries import retried_open, retried_rows
 from sparknet.data.source.opening import RowDocuments, open_source
 from sparknet.data.spec import HeldOutRows

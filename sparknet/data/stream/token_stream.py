@@ -41,12 +41,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from sparknet.checks import problems as check_problems
 from sparknet.common.errors import UserError
+from sparknet.config.checks import problems as check_problems
+from sparknet.config.identity import describe_changes
 from sparknet.data.blocks import STATE_FORMAT, StreamBlocks, initial_state
 from sparknet.data.pipeline import Encoders, Pipeline
 from sparknet.data.spec import DataSpec, Part
-from sparknet.identity import describe_changes
 
 
 class TokenStream(torch.utils.data.IterableDataset):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparknet.common.errors import UserError
-from sparknet.licenses import HUB_LICENSES, LICENSES_PAGE  # plain data
+from sparknet.config.licenses import HUB_LICENSES, LICENSES_PAGE  # plain data
 from sparknet.model.optimizers import OPTIMIZERS  # names and builders; imports no torch
 from sparknet.model.presets import PRESETS  # plain data: no heavy imports
 

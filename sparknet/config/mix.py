@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sparknet.checks import MIN_BLOCK, MIN_BLOCK_WHY, RULES
 from sparknet.common.errors import UserError
 from sparknet.common.runtime import file_sha256, project_path
+from sparknet.config.checks import MIN_BLOCK, MIN_BLOCK_WHY, RULES
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +366,7 @@ def parse_config(data: Any, path: str = "<config>") -> MixConfig:
         raise check.fail("", f"expected a JSON object with keys {', '.join(TOP_KEYS)}, got {_type_name(data)}")
     check.keys(data, "", TOP_KEYS, REQUIRED_TOP_KEYS)
     seed = _whole(data["seed"])
-    # the rules of the constants SEED and BLOCK_SIZE (sparknet.checks), which these keys are the defaults of
+    # the rules of the constants SEED and BLOCK_SIZE (sparknet.config.checks), which these keys are the defaults of
     if not RULES["SEED"].test(seed):
         raise check.fail("seed", f"expected {RULES['SEED'].expected}, got {json.dumps(data['seed'])}")
     context_length = check.positive_int(_whole(data["context_length"]), "context_length")

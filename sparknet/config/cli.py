@@ -187,7 +187,7 @@ def _help_text(namespace: dict[str, Any], names: list[str], helps: dict[str, str
     if doc:
         out += [doc, ""]
     out.append("constants (edit them at the top of the script, or override them here):")
-    from sparknet.checks import RULES  # the allowed words of a choice (OPTIMIZER's from its registry)
+    from sparknet.config.checks import RULES  # the allowed words of a choice (OPTIMIZER's from its registry)
 
     width = max((len(n) for n in names), default=0) + 2
     for name in names:
@@ -272,7 +272,7 @@ def run_script(namespace: dict[str, Any], main: Callable[[], Any], argv: list[st
         signal.signal(sig, _stop_as_ctrl_c_does)
     try:
         try:
-            from sparknet.checks import check_values
+            from sparknet.config.checks import check_values
 
             check_values(apply_overrides(namespace, argv))  # before any work, import or data
             main()
@@ -327,10 +327,10 @@ def _quiet_handed_over_disk_full() -> None:
 
 def constants_reference(scripts: list[str]) -> str:
     """docs/constants.md: each script's constants with their default, their comment (the one doc of a constant, as
-    --help prints it) and the values their rule allows (sparknet.checks), as Markdown. Written by `make docs`;
+    --help prints it) and the values their rule allows (sparknet.config.checks), as Markdown. Written by `make docs`;
     tests/test_docs.py fails when the file is not what the scripts say now."""
-    from sparknet.checks import RULES
     from sparknet.common.runtime import PROJECT_ROOT
+    from sparknet.config.checks import RULES
 
     out = ["# Script constants", "",
            "Every constant of every script, as its top says it: the default and the comment (what `--help` prints), "

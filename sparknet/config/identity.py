@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from sparknet.common.runtime import file_sha256
-from sparknet.config import MixConfig, expand_pattern
+from sparknet.config.mix import MixConfig, expand_pattern
 
 
 def describe_changes(old: dict[str, Any], new: dict[str, Any], upper: bool = False, limit: int = 80) -> list[str]:
