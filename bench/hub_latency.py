@@ -1,4 +1,4 @@
-"""Benchmarks the packed build reading a Hub dataset through the loopback Hub (sparknet.testing) when every
+"""Benchmarks the packed build reading a Hub dataset through the loopback Hub (tests/hub_server.py) when every
 request pays a network round trip, measured side by side in one run (ratios, not absolute times).
 
 The Hub dataset: the demo corpus (stdlib prose and code, real text) cut at blank lines into rows of ~CHUNK_CHARS
@@ -43,9 +43,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sparknet.testing.hub_server import HubServer
+    from tests.hub_server import HubServer
 
 ROOT = Path(__file__).resolve().parent.parent
+# the loopback Hub lives beside the tests (tests/hub_server.py), not in the package
+sys.path.insert(0, str(ROOT))
 
 REPO = "sparknet-bench/corpus"
 SHARDS = 16  # Parquet files of the Hub dataset
@@ -86,7 +88,7 @@ def write_hub_files(corpus: Path) -> tuple[dict[str, bytes], list[str]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from sparknet.testing.hub_server import dataset_card
+    from tests.hub_server import dataset_card
 
     texts = [row for name in ("prose", "code") for line in (corpus / f"{name}.train.jsonl").open(encoding="utf-8")
              for row in chunks(json.loads(line)["text"])]
@@ -153,8 +155,8 @@ def main() -> None:
     from sparknet.bpe import train_bpe
     from sparknet.common.runtime import available_cores
     from sparknet.demo.corpus import write_demo_corpus
-    from sparknet.testing.hub_server import HubServer
     from sparknet.tokenizer import save, wrap
+    from tests.hub_server import HubServer
 
     started = time.perf_counter()
     load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())

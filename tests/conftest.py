@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.testing.hub_server import HubServer
 from tests.helpers import (
     HUB_REPO,
     OFFLINE_ENV,
@@ -27,6 +26,7 @@ from tests.helpers import (
     write_config,
     write_shards,
 )
+from tests.hub_server import HubServer
 
 # Offline however pytest is started: the HF libraries read these when first imported.
 os.environ.update(OFFLINE_ENV)

@@ -20,9 +20,9 @@ from sparknet.common.runtime import PROJECT_ROOT
 if TYPE_CHECKING:
     import torch
 
-    from sparknet.testing.hub_server import HubServer
     from sparknet.train.run import TrainResult
     from sparknet.train.settings import TrainSettings
+    from tests.hub_server import HubServer
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -429,7 +429,7 @@ HUB_MANY = "sparknet-test-many/prose"  # the same label, prose: short documents 
 
 
 def hub_readme() -> str:
-    from sparknet.testing.hub_server import dataset_card
+    from tests.hub_server import dataset_card
 
     return dataset_card("data/train-*.jsonl", "Prose for SparkNet's tests")
 

@@ -16,8 +16,8 @@ import pytest
 from sparknet.common.errors import UserError
 from sparknet.common.runtime import PROJECT_ROOT
 from sparknet.harness import SUITE_TASK, run_benchmarks, write_offline_suite
-from sparknet.testing.hub_server import HubServer
 from tests.helpers import OFFLINE_ENV, run_script, write_jsonl
+from tests.hub_server import HubServer
 
 TEXTS = [f"Document {i} says that the number {i} is followed by {i + 1} and then by many other numbers in a row "
          f"until the end of the line, which comes after {i * 7} words or so in this text." for i in range(12)]

@@ -16,9 +16,9 @@ from sparknet.common.errors import UserError
 from sparknet.eval.benchmarks import save_results
 from sparknet.eval.reports import merge_json
 from sparknet.eval.results import perplexity_setting
-from sparknet.testing.hub_server import HubServer
 from sparknet.tokenizer import EOT
 from tests.helpers import run_script
+from tests.hub_server import HubServer
 
 METADATA = {
     "config": {"path": "configs/mix.json", "mix": [{"name": "HuggingFaceFW/fineweb-edu", "prob": 0.7},

@@ -1,5 +1,5 @@
 """Hub faults that outlast huggingface_hub's own retries, end to end through the scripts and the loopback Hub of
-sparknet.testing.hub_server: a reset connection, a rate limit and a stalled read on one data file, and an outage of the
+tests.hub_server: a reset connection, a rate limit and a stalled read on one data file, and an outage of the
 whole repository during SparkNet's retry, each retried by SparkNet (sparknet/data/source/hub_retries.py, `retried_rows`)
 from the row reached, so that the build is byte for byte the build from the same files on disk; and a rate limit in the
 middle of a streamed training run, which trains every step on the blocks of a local run and counts the retry in
@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from sparknet.common.runtime import PROJECT_ROOT
-from sparknet.testing.hub_server import Fault, HubServer
 from tests.helpers import (
     HUB_MANY,
     HUB_REPO,
@@ -32,6 +31,7 @@ from tests.helpers import (
     stream_args,
     write_shards,
 )
+from tests.hub_server import Fault, HubServer
 
 pytestmark = pytest.mark.slow  # end-to-end scenarios: the full tier (make test-all)
 

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sparknet.testing.hub_server import HubServer
 from sparknet.train.folders import latest_complete_checkpoint
 from sparknet.train.stream_plan import STREAM_STATE
 from tests.helpers import (
@@ -26,6 +25,7 @@ from tests.helpers import (
     train_settings,
     wait_for,
 )
+from tests.hub_server import HubServer
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments

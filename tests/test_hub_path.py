@@ -1,4 +1,4 @@
-"""The Hub path end to end, through the loopback Hub (sparknet.testing): the scripts read Hub ids as they read
+"""The Hub path end to end, through the loopback Hub (tests/hub_server.py): the scripts read Hub ids as they read
 local files (the same tokens, byte for byte), record the commit they read, and keep the HTTP client's request
 lines out of the console."""
 
@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from sparknet.common.runtime import PROJECT_ROOT
-from sparknet.testing.hub_server import HubServer
 from sparknet.train.folders import latest_complete_checkpoint
 from tests.helpers import (
     HUB_MANY,
@@ -33,6 +32,7 @@ from tests.helpers import (
     wait_for,
     write_config,
 )
+from tests.hub_server import HubServer
 
 
 def _file_named(error: str) -> str:

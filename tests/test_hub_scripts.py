@@ -1,4 +1,4 @@
-"""train_tokenizer_v5.py and eval_perplexity.py read Hub dataset ids through the loopback Hub (sparknet.testing)
+"""train_tokenizer_v5.py and eval_perplexity.py read Hub dataset ids through the loopback Hub (tests/hub_server.py)
 as they read the same rows from local files (the same tokenizer, byte for byte; the same perplexity, exactly), keep
 the HTTP client's request lines out of the console, and say in one line that a dataset is gated or missing."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.testing.hub_server import HubServer
 from tests.helpers import HUB_REPO, hub_readme, random_run_folder, read_texts, run_script, write_config, write_jsonl
+from tests.hub_server import HubServer
 
 
 def _publish(hub: HubServer, texts: list[str], folder: Path, n: int) -> tuple[list[Path], str]:

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparknet.common.runtime import PROJECT_ROOT
-from sparknet.testing.hub_server import HubServer
+from tests.hub_server import HubServer
 
 PRELUDE = """
 import json, os, sys, time

@@ -17,7 +17,6 @@ from transformers import AutoModelForCausalLM
 from sparknet.common.errors import UserError
 from sparknet.export import card_data
 from sparknet.run_files import METADATA
-from sparknet.testing.hub_server import HubServer
 from tests.helpers import (
     read_steps,
     run_script,
@@ -26,6 +25,7 @@ from tests.helpers import (
     train_packed,
     train_settings,
 )
+from tests.hub_server import HubServer
 
 # one optimizer step at a learning rate far below fp32's resolution of the weights: the model stays the base's
 # through a real training run, each weight within FROZEN_TOLERANCE (LEARNING_RATE must be positive, and the one step

@@ -126,7 +126,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("data", {"data"}),
     ("readers of the data", {"bpe", "train"}),  # tokenizer training and the trainers read the mix
     ("evaluation", {"eval"}),  # reads what a run wrote (run_files), never the trainer
-    ("the chain's ends", {"export", "demo", "testing"}),
+    ("the chain's ends", {"export", "demo"}),
 ]
 
 

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparknet.common.errors import UserError
-from sparknet.testing.hub_server import HubServer
 from sparknet.tokenizer import EOT, load_tokenizer
 from tests.helpers import run_script, write_config, write_jsonl
+from tests.hub_server import HubServer
 
 _TOKENIZER_DIR: list[Path] = []
 
