@@ -114,9 +114,9 @@ def test_no_import_circle_between_folders() -> None:
         assert circle is None, f"import circle between the parts of {package}: " + " -> ".join(circle or [])
 
 
-# The top level of sparknet/ in floors, lowest first. A module or folder imports only from its own floor or below
-# (on one floor without a circle: the test above), so what sits on a floor never needs what reads it. A new module or
-# folder at the top level takes its place here.
+# The top level of sparknet/ in floors, lowest first: mostly folders, each a role (docs/code.md draws them). A module
+# or folder imports only from its own floor or below (on one floor without a circle: the test above), so what sits on
+# a floor never needs what reads it. A new module or folder at the top level takes its place here.
 FLOORS: list[tuple[str, set[str]]] = [
     ("ground", {"__init__", "common"}),
     # what the rules, the trainer and evaluation share: plain tables and functions of a model, a loss, a run folder
@@ -203,3 +203,26 @@ def test_what_the_scripts_write_at_the_top_is_ignored_by_git() -> None:
         assert proc.returncode == 0, f"{path} is not ignored by .gitignore"
     kept = subprocess.run(["git", "check-ignore", "-q", "--no-index", "sparknet/tokenizer.py"], cwd=PROJECT_ROOT)
     assert kept.returncode == 1  # the code itself is not
+
+
+def test_the_top_level_holds_folders_and_few_modules() -> None:
+    """Roles live in folders a newcomer can read (common/, model/, config/, data/, train/, eval/, demo/): at most
+    12 modules at the top of sparknet/ (`__init__.py` counted)."""
+    modules = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(modules) <= 12, f"{len(modules)} modules at the top of sparknet/: {modules}; give the new one its folder"
+
+
+def test_docs_code_names_every_module_in_its_folder() -> None:
+    """docs/code.md draws the package module by module: a module moved, added or renamed is drawn there too."""
+    drawn = (PROJECT_ROOT / "docs" / "code.md").read_text()
+    tree = drawn[drawn.index("```\nsparknet") + 4:]
+    folders: list[str] = []
+    found = set()
+    for line in tree[:tree.index("```")].split("\n")[1:-1]:  # under the root, `sparknet`
+        name = line.split("#")[0].replace("│", " ").replace("├──", "   ").replace("└──", "   ").rstrip()
+        depth = (len(name) - len(name.lstrip())) // 4 - 1
+        folders[depth:] = [name.strip()]
+        found.add("/".join(folders))
+    wanted = {str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if path.name != "__init__.py"}
+    wanted |= {str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*") if (path / "__init__.py").is_file()}
+    assert wanted == found, f"not in docs/code.md: {sorted(wanted - found)}; not in sparknet/: {sorted(found - wanted)}"
