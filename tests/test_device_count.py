@@ -206,9 +206,9 @@ def test_a_run_folder_in_another_format_is_refused_in_one_line_and_left_as_it_is
     assert json.loads((run_dir / RUN_CONFIG).read_text()) == old  # the refused attempt wrote nothing
 
 
-def test_a_retired_setting_left_off_resumes_and_one_turned_on_is_refused(tmp_path: Path) -> None:
-    """A run recorded when DOCUMENT_MASKING existed resumes when it was off (the same run without the setting);
-    one that trained with it on is refused as changed, since it cannot be continued as it was."""
+def test_a_run_recorded_with_a_setting_since_removed_is_refused_by_its_format(tmp_path: Path) -> None:
+    """A run folder of the format before DOCUMENT_MASKING left the settings is refused in one line naming both
+    formats, whether the setting was on or off: SparkNet keeps no shim that reads old folders."""
     from sparknet.common.errors import UserError
     from sparknet.run_files import RUN_CONFIG
     from sparknet.train.folders import RUN_FORMAT, open_run
@@ -217,13 +217,14 @@ def test_a_retired_setting_left_off_resumes_and_one_turned_on_is_refused(tmp_pat
     run_dir.mkdir(parents=True)
     today = {"model_preset": "sparknet-tiny", "global_batch_size": 16, "data": "packed"}
     for masking in (False, True):
-        (run_dir / RUN_CONFIG).write_text(json.dumps({"format_version": RUN_FORMAT, **today,
-                                                      "document_masking": masking}))
-        if masking:
-            with pytest.raises(UserError, match="DOCUMENT_MASKING: true -> null"):
-                open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), today, False, True)
-        else:
-            assert open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), today, False, True).resume is None
+        old = {"format_version": RUN_FORMAT - 1, **today, "document_masking": masking}
+        (run_dir / RUN_CONFIG).write_text(json.dumps(old))
+        with pytest.raises(UserError, match=f"run run is in run folder format {RUN_FORMAT - 1}, and this SparkNet "
+                                            f"reads format {RUN_FORMAT}: start it again under another RUN_NAME"):
+            open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), today, False, True)
+        assert json.loads((run_dir / RUN_CONFIG).read_text()) == old
+    (run_dir / RUN_CONFIG).write_text(json.dumps({"format_version": RUN_FORMAT, **today}))
+    assert open_run("run", str(tmp_path / "ckpt"), str(tmp_path / "logs"), today, False, True).resume is None
 
 
 def test_a_stream_run_folder_in_another_format_is_refused_before_its_hold_out(corpus_config: Path,

@@ -25,13 +25,10 @@ from sparknet.run_files import METADATA, RUN_CONFIG, checkpoint_step, checkpoint
 log = logging.getLogger("sparknet.train")
 # The run folder's format, recorded in its run_config.json: a folder in another format is refused in one line, never
 # migrated (1: before format versions were recorded; 3: the stream holds out in the sources' order and trains on the
-# rest of what it cut, its position in a new format).
-RUN_FORMAT = 3
+# rest of what it cut, its position in a new format; 4: DOCUMENT_MASKING, a tie in bench/recipe.py, left the
+# settings).
+RUN_FORMAT = 4
 EVAL_START = "eval_start.json"
-# settings that no longer exist, at the value that meant "off": a run recorded with that value is the same run
-# without the setting, and resumes; one that turned it on is refused as changed (DOCUMENT_MASKING: a tie in
-# bench/recipe.py, removed)
-RETIRED = {"document_masking": False}
 COMPLETE_MARKER = ".complete"
 
 
@@ -157,9 +154,6 @@ def read_identity(run_dir: Path) -> dict[str, Any]:
     folder is in another format than RUN_FORMAT, read before anything else of the folder is."""
     previous = dict(_read_state(run_dir / RUN_CONFIG))
     version = previous.pop("format_version", 1)
-    for key, off in RETIRED.items():
-        if key in previous and previous[key] == off:
-            del previous[key]
     if version != RUN_FORMAT:
         raise UserError(f"run {run_dir.name} is in run folder format {version}, and this SparkNet reads format "
                         f"{RUN_FORMAT}: start it again under another RUN_NAME, or finish it with the SparkNet "
