@@ -54,7 +54,7 @@ def write_packed_dataset(folder: Path, tokenizer_dir: Path, vocab_size: int, blo
     tokenizer written by `write_tokenizer` recorded by path and hash. `config` is the mix config as the manifest
     holds it (`{"path": ..., **MixConfig.to_dict()}`). Returns the manifest."""
     from sparknet.data.packed.contents import ContentHash  # the hashes the reader checks, taken as the build does
-    from sparknet.data.packed.dataset import FORMAT_VERSION, write_source_ids  # the version the reader accepts
+    from sparknet.data.packed.dataset import FORMAT_VERSION, sealed, write_source_ids  # the version the reader accepts
 
     started = time.time()
     sha = hashlib.sha256((tokenizer_dir / "tokenizer.json").read_bytes()).hexdigest()
@@ -88,5 +88,6 @@ def write_packed_dataset(folder: Path, tokenizer_dir: Path, vocab_size: int, blo
         "config": config, "seed": seed, "block_size": block_size, "dtype": dtype.name,
         "build_seconds": round(time.time() - started, 2),
     }
+    manifest = sealed(manifest)  # as the build writes it: read_manifest checks the seal
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

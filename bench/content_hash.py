@@ -91,7 +91,7 @@ def main() -> None:
     import logging
 
     from sparknet.common import runtime
-    from sparknet.data.packed.dataset import FORMAT_VERSION, PackedDataset
+    from sparknet.data.packed.dataset import FORMAT_VERSION, PackedDataset, sealed
 
     runtime.setup(0, level=logging.WARNING)
     gigabytes = TOKENS * 2 / 1e9
@@ -113,7 +113,7 @@ def main() -> None:
                         "splits": {"train": split, "val": {**split, "file": "val.bin", "blocks": 0, "tokens": 0,
                                                            "sha256": {**record, "chunks": []}}}}
             (folder / "val.bin").touch()
-            (folder / "manifest.json").write_text(json.dumps(manifest))
+            (folder / "manifest.json").write_text(json.dumps(sealed(manifest)))
             for name, seconds in time_checks(PackedDataset(folder, "train")).items():
                 rows[name].append(seconds)
             print(f"round {round_ + 1}: " + ", ".join(f"{name} {values[-1]:.2f} s" for name, values in rows.items()),

@@ -235,15 +235,20 @@ def _replaced(manifest: dict, path: tuple[str, ...], value: object) -> dict:
     return manifest
 
 
+DAMAGED = "is damaged (it is not the manifest the build wrote: cut or edited since)"
 GARBLED = {
-    "not an object": (lambda m: [m], "holds a JSON list, not an object"),
-    "no block_size": (lambda m: _without(m, "block_size"), "lacks block_size"),
-    "block_size a string": (lambda m: {**m, "block_size": "128"}, "has block_size '128', expected an integer"),
-    "no val split": (lambda m: _without(m, "splits", "val"), "lacks splits.val"),
-    "no hashes": (lambda m: _without(m, "splits", "train", "sha256"), "lacks splits.train.sha256"),
-    "hashes missing": (lambda m: _replaced(m, ("splits", "train", "sha256", "chunks"), []),
-                       "has splits.train.sha256.chunks of 0 hashes for 781 blocks"),
-    "no tokenizer path": (lambda m: _without(m, "tokenizer", "path"), "lacks tokenizer.path"),
+    "not an object": (lambda m: [m], DAMAGED),
+    "no block_size": (lambda m: _without(m, "block_size"), DAMAGED),
+    "block_size a string": (lambda m: {**m, "block_size": "128"}, DAMAGED),
+    "no val split": (lambda m: _without(m, "splits", "val"), DAMAGED),
+    "no hashes": (lambda m: _without(m, "splits", "train", "sha256"), DAMAGED),
+    "hashes missing": (lambda m: _replaced(m, ("splits", "train", "sha256", "chunks"), []), DAMAGED),
+    "no tokenizer path": (lambda m: _without(m, "tokenizer", "path"), DAMAGED),
+    # of the right shape, a count changed: a shape check let it through, and the build took it as its own
+    "a count changed": (lambda m: _replaced(m, ("splits", "train", "blocks"), m["splits"]["train"]["blocks"] - 1),
+                        DAMAGED),
+    "no seal": (lambda m: _without(m, "manifest_sha256"), DAMAGED),
+    "no format version": (lambda m: _without(m, "format_version"), DAMAGED),
 }
 
 

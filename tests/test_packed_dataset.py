@@ -23,7 +23,7 @@ from sparknet.common.errors import UserError
 from sparknet.config.mix import load_config
 from sparknet.data import PackedDataset
 from sparknet.data.packed.build import BuildSpec, build_dataset
-from sparknet.data.packed.dataset import FORMAT_VERSION
+from sparknet.data.packed.dataset import FORMAT_VERSION, sealed
 from tests.helpers import (
     OFFLINE_ENV,
     build_args,
@@ -226,6 +226,7 @@ def test_rebuild_is_byte_identical_whatever_the_workers(
     a, b = (json.loads((d / "manifest.json").read_text()) for d in (built, again))
     for m in (a, b):
         m.pop("build_seconds")
+        m.pop("manifest_sha256")  # the seal covers the build's time
     assert a == b
 
 
@@ -252,6 +253,7 @@ def test_a_build_stopped_after_a_save_resumes_to_the_bytes_of_one_never_stopped(
     expected = json.loads((built / "manifest.json").read_text())
     for m in (manifest, expected):
         m.pop("build_seconds")
+        m.pop("manifest_sha256")  # the seal covers the build's time
     assert manifest == expected
 
 
@@ -294,7 +296,7 @@ def test_opening_a_1b_token_dataset_copies_nothing(tiny_dataset: Path, tmp_path:
         hashes = {"chunk_blocks": per_chunk, "chunks": ["0" * 64] * chunk_count(n, per_chunk)}
         manifest["splits"][split].update(blocks=n, tokens=n * 1024, sha256=hashes)
     manifest["splits"]["val"]["source_ids"]["sha256"] = hashes
-    (folder / "manifest.json").write_text(json.dumps({**manifest, "block_size": 1024}))
+    (folder / "manifest.json").write_text(json.dumps(sealed({**manifest, "block_size": 1024})))
     rss_before = psutil.Process().memory_info().rss
     t = time.perf_counter()
     ds = PackedDataset(folder, "train")
@@ -496,6 +498,7 @@ def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
     a, b = (json.loads((d / "manifest.json").read_text()) for d in (reference, out))
     for m in (a, b):
         m.pop("build_seconds")
+        m.pop("manifest_sha256")  # the seal covers the build's time
     assert a == b and not [name for name in os.listdir(out) if name.endswith(".tmp")]
 
 

@@ -55,6 +55,7 @@ from sparknet.data.packed.dataset import (
     VAL_SOURCES,
     SplitWriter,
     read_manifest,
+    sealed,
     split_damage,
     split_size_problem,
     write_source_ids,
@@ -192,11 +193,7 @@ def _check_position(folder: Path, manifest: dict[str, Any]) -> None:
             "pass --overwrite true to rebuild it at the larger size")
     if not path.is_file():
         raise UserError(f"{path} is missing, so the dataset in {folder} cannot grow from where it ended: {keep}")
-    recorded = manifest.get("position_sha256")
-    if recorded is None:
-        raise UserError(f"{folder}'s {MANIFEST} records no sha256 of {POSITION} (a build before positions were "
-                        f"checked), so it cannot grow: {keep}")
-    if hashlib.sha256(path.read_bytes()).hexdigest() != recorded:
+    if hashlib.sha256(path.read_bytes()).hexdigest() != manifest["position_sha256"]:
         raise UserError(f"{path} is damaged (its sha256 is not the one its {MANIFEST} records), so the dataset "
                         f"cannot grow from it: {keep}")
 
@@ -252,6 +249,7 @@ def build_dataset(spec: BuildSpec) -> dict[str, Any]:
         manifest.update(description(spec, tok, dtype, inputs, commits, trained_for))
         manifest["position_sha256"] = hashlib.sha256((tmp / POSITION).read_bytes()).hexdigest()  # what a growth reads
         manifest["build_seconds"] = round(time.time() - started, 2)
+        manifest = sealed(manifest)
         write_json_atomic(tmp / MANIFEST, manifest)
         # what is published is what the manifest says, byte for byte in size (its hashes were taken as it wrote)
         damage = _damage(tmp, manifest, contents=False)

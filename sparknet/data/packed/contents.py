@@ -67,16 +67,6 @@ class ContentHash:
         return {"chunk_blocks": self.chunk_blocks, "chunks": [*self.chunks, *partial]}
 
 
-def record_problem(record: dict[str, Any], blocks: int) -> str | None:
-    """What is wrong with a split's `sha256` record (already of the right types) for a file of `blocks` blocks."""
-    per_chunk, chunks = record["chunk_blocks"], record["chunks"]
-    want = chunk_count(blocks, per_chunk)
-    if len(chunks) != want:
-        return f"{len(chunks)} hashes for {blocks} blocks of {per_chunk} per chunk, expected {want}"
-    bad = next((c for c in chunks if not isinstance(c, str) or len(c) != 64 or c.strip("0123456789abcdef")), None)
-    return f"{bad!r} among them, not a sha256 in hex" if bad is not None else None
-
-
 def damaged_blocks(tokens: np.ndarray, record: dict[str, Any], each_chunk: Any = None) -> tuple[int, int] | None:
     """The first and last block of the first chunk of `tokens` ([blocks, block_size], e.g. a memmap) whose sha256
     is not the record's, or None when every chunk matches. `each_chunk(blocks, first_block)` is called on each chunk

@@ -12,34 +12,36 @@ Layout of a dataset folder:
 A folder without manifest.json is not a dataset. The raw format (not Arrow) is deliberate: a numpy memmap opens a
 1B-token file instantly, copies nothing into RAM and reads random blocks ~20× faster than Arrow rows.
 
-A manifest is read in one place, `read_manifest`, which checks that it holds everything the build, the trainers and
-evaluation take from it (`_SHAPE`): a hand-edited or cut manifest is one line naming the file and what it lacks,
-never a KeyError where a key is read, nor "built from other inputs".
+A manifest is read in one place, `read_manifest`: its format version, then its own sha256 (`SEAL`, taken as the build
+writes it), so a hand-edited or cut manifest is one line naming the file and the fix, never a KeyError where a key
+is read, nor "built from other inputs".
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from sparknet.common.errors import UserError
-from sparknet.data.packed.contents import ContentHash, damaged_blocks, record_problem
+from sparknet.data.packed.contents import ContentHash, damaged_blocks
 
 # 3: each split's sha256 per chunk; 4: the validation tokens' sources (val_sources.bin); 5: the build is the stream
 # written to disk (the hold-out's cut documents trained on, pieces ended with a block, no forged <|endoftext|>), and
-# keeps its end position (position.json). A dataset in another format is refused in one line, never migrated.
-FORMAT_VERSION = 5
+# keeps its end position (position.json); 6: the manifest carries its own sha256 (SEAL). A dataset in another format
+# is refused in one line, never migrated.
+FORMAT_VERSION = 6
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 REBUILD = "rebuild it with scripts/build_dataset_v5.py --overwrite true"
 VAL_SOURCES = "val_sources.bin"
 POSITION = "position.json"
+SEAL = "manifest_sha256"
 
 
 def write_source_ids(folder: Path, ids: np.ndarray, labels: list[str], block_size: int) -> dict[str, Any]:
@@ -90,86 +92,16 @@ class SplitWriter:
         self._file.close()
 
 
-@dataclass(frozen=True)
-class _Kind:
-    """A leaf of the manifest's shape: what it must be, said as the message says it."""
-
-    what: str
-    accepts: Callable[[Any], bool]
-
-
-_COUNT = _Kind("an integer ≥ 0", lambda v: type(v) is int and v >= 0)
-_POSITIVE = _Kind("an integer ≥ 1", lambda v: type(v) is int and v >= 1)
-_NUMBER = _Kind("a number", lambda v: type(v) in (int, float))
-_TEXT = _Kind("a string", lambda v: isinstance(v, str))
-_LIST = _Kind("a list", lambda v: isinstance(v, list))
-_OBJECT = _Kind("an object", lambda v: isinstance(v, dict))
-_DTYPE = _Kind("uint16 or uint32", lambda v: v in ("uint16", "uint32"))
-
-
-@dataclass(frozen=True)
-class _Each:
-    """An object whose every value has `shape` (the sources of a split, by label)."""
-
-    shape: dict[str, Any]
-
-
-_SPLIT = {
-    "file": _TEXT,
-    "blocks": _COUNT,
-    "tokens": _COUNT,
-    "documents": _COUNT,
-    "sources": _Each({"tokens": _COUNT, "documents": _COUNT, "share": _NUMBER, "requested_share": _NUMBER}),
-    "sha256": {"chunk_blocks": _POSITIVE, "chunks": _LIST},
-}
-_SOURCE_IDS = {"file": _TEXT, "labels": _LIST, "sha256": {"chunk_blocks": _POSITIVE, "chunks": _LIST}}
-# What the build (its "nothing to do" and the script's summary), the packed plan, evaluation and the demo take from a
-# manifest: a key's value is a _Kind, a nested shape (an object) or _Each.
-_SHAPE: dict[str, Any] = {
-    "format_version": _COUNT,
-    "inputs": _OBJECT,
-    "tokenizer": {"path": _TEXT, "sha256": _TEXT, "vocab_size": _POSITIVE, "eos_token_id": _COUNT},
-    "config": {"path": _TEXT, "mix": _LIST, "target_tokens": _COUNT},
-    "block_size": _POSITIVE,
-    "dtype": _DTYPE,
-    "splits": {"train": _SPLIT, "val": {**_SPLIT, "source_ids": _SOURCE_IDS}},
-    "build_seconds": _NUMBER,
-}
-
-
-def _shown(value: Any) -> str:
-    """A value as the messages show it: JSON in single quotes, cut at 60 characters."""
-    return json.dumps(value)[:60].replace('"', "'")
-
-
-def _shape_problem(value: dict[str, Any], shape: dict[str, Any], where: str = "") -> str | None:
-    """What first differs from `shape` in `value` (an object), said with the key's dotted path."""
-    for key, want in shape.items():
-        name = f"{where}{key}"
-        if key not in value:
-            return f"lacks {name}"
-        got = value[key]
-        if isinstance(want, _Kind):
-            if not want.accepts(got):
-                return f"has {name} {_shown(got)}, expected {want.what}"
-            continue
-        if not isinstance(got, dict):
-            return f"has {name} {_shown(got)}, expected an object"
-        # _Each: every value of the object has the shape; else the object itself has it
-        items = {f"{name}.{k}": v for k, v in got.items()} if isinstance(want, _Each) else {name: got}
-        for item_name, item in items.items():
-            if not isinstance(item, dict):
-                return f"has {item_name} {_shown(item)}, expected an object"
-            problem = _shape_problem(item, want.shape if isinstance(want, _Each) else want, f"{item_name}.")
-            if problem is not None:
-                return problem
-    return None
+def sealed(manifest: dict[str, Any]) -> dict[str, Any]:
+    """`manifest` with its own sha256 (`SEAL`, of its canonical JSON without that key) added, as the build writes it:
+    a manifest cut or edited since no longer matches it, whatever key it touched."""
+    body = {key: value for key, value in manifest.items() if key != SEAL}
+    return {**body, SEAL: hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()}
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
-    """The manifest of a complete dataset, checked to be in this format and of the shape its readers take
-    (`_SHAPE`, and a hash per chunk of each split), or None when the folder holds none. Anything else is a
-    UserError naming the file and what is wrong, with the fix."""
+    """The manifest of a complete dataset, checked to be in this format and as the build wrote it (its `SEAL`), or
+    None when the folder holds none. Anything else is a UserError naming the file, with the fix."""
     path = folder / MANIFEST
     if not path.is_file():
         return None
@@ -177,27 +109,12 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"{path} is unreadable ({exc}): {REBUILD}") from None
-    if not isinstance(manifest, dict):
-        kind = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(manifest),
-                                                                                                  "null")
-        raise UserError(f"{path} holds a JSON {kind}, not an object: {REBUILD}")
-    version = manifest.get("format_version")
-    if "format_version" in manifest and version != FORMAT_VERSION:  # an older shape: said as such, not as a problem
+    version = manifest.get("format_version") if isinstance(manifest, dict) else None
+    if isinstance(version, int) and version != FORMAT_VERSION:  # an older dataset: said as such, not as damage
         raise UserError(f"dataset {folder} has format version {version}, and this SparkNet reads {FORMAT_VERSION}: "
                         f"{REBUILD}")
-    problem = _shape_problem(manifest, _SHAPE)
-    for split in SPLITS if problem is None else ():
-        info = manifest["splits"][split]
-        records = {f"splits.{split}.sha256": info["sha256"]}
-        if "source_ids" in info:
-            records[f"splits.{split}.source_ids.sha256"] = info["source_ids"]["sha256"]
-        wrong = next(((name, w) for name, record in records.items()
-                      if (w := record_problem(record, info["blocks"])) is not None), None)
-        if wrong is not None:
-            problem = f"has {wrong[0]}.chunks of {wrong[1]}"
-            break
-    if problem is not None:
-        raise UserError(f"{path} {problem}: {REBUILD}")
+    if not isinstance(manifest, dict) or sealed(manifest).get(SEAL) != manifest.get(SEAL):
+        raise UserError(f"{path} is damaged (it is not the manifest the build wrote: cut or edited since): {REBUILD}")
     return manifest
 
 
