@@ -343,13 +343,13 @@ def test_a_damaged_hold_out_file_of_a_streaming_run_is_one_line(how: str, corpus
     for name in (VAL_BLOCKS, VAL_REPORT):
         data = (run / name).read_bytes()
         (run / name).write_bytes(data[: len(data) // 2] if how == "truncated" else b"\x00garbage\xff" * 8)
-    with pytest.raises(UserError, match=rf"{VAL_REPORT} is damaged .*training command again"):
+    with pytest.raises(UserError, match=rf"{VAL_REPORT} is damaged .*restore it from a backup"):
         load_documents(DataRequest(str(corpus_config), runs=[run]))
     proc = run_script("eval_perplexity.py", "--models", json.dumps([str(random_model)]), "--data", run / VAL_BLOCKS,
                       "--eval_dir", tmp_path / "eval")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"{run / VAL_BLOCKS} is damaged" in lines[0] and "training command again" in lines[0], \
+    assert len(lines) == 1 and f"{run / VAL_BLOCKS} is damaged" in lines[0] and "from a backup" in lines[0], \
         proc.stderr[-3000:]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -305,43 +306,45 @@ def _damage(path: Path, how: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_damaged_hold_out_file_is_held_out_again_on_resume_or_refused_in_one_line(
-        corpus_config: Path, tokenizer_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The hold-out follows from the config, the seed and the commits the report records: on resume a damaged
-    val_blocks.npy, val_sources.npy or val_report.json is held out again and written back byte for byte, when that
-    gives what the other files record; when it does not (here: blocks that are not this mix's), one line names the
-    file."""
-    import numpy as np
-
-    from sparknet.run_files import METADATA, VAL_BLOCKS, VAL_REPORT, VAL_SOURCES
+def test_a_damaged_hold_out_file_is_refused_in_one_line_and_the_run_resumes_once_it_is_restored(
+        corpus_config: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
+    """On resume, a damaged or lost val_blocks.npy, val_sources.npy or val_report.json is refused before any work,
+    naming the file, as every other damaged run file is (it is the run's hold-out: never made again behind the
+    user's back); the checkpoints stay, and with the file restored the same command resumes and finishes."""
+    from sparknet.common.errors import UserError
+    from sparknet.run_files import METADATA, RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, VAL_SOURCES
 
     run_dir = tmp_path / "ckpt" / "run"
     settings = dict(target_tokens=8 * 4 * 128, save_steps=8, num_workers=0)
     assert train_streamed(tmp_path, corpus_config, tokenizer_dir, **settings).status == "finished"
     saved = {name: (run_dir / name).read_bytes() for name in (VAL_BLOCKS, VAL_REPORT, VAL_SOURCES)}
+    (run_dir / METADATA).unlink()  # not finished: the run resumes from checkpoint-8 (its final export)
+    checkpoints = sorted(p.name for p in run_dir.glob("checkpoint-*"))
     for name, how in ((VAL_REPORT, "truncated"), (VAL_BLOCKS, "garbage"), (VAL_BLOCKS, "truncated"),
                       (VAL_REPORT, "garbage"), (VAL_SOURCES, "truncated"), (VAL_SOURCES, "missing")):
-        (run_dir / METADATA).unlink()  # not finished: the run resumes from checkpoint-8 (its final export)
         _damage(run_dir / name, how)
-        caplog.clear()
-        result = train_streamed(tmp_path, corpus_config, tokenizer_dir, **settings)
-        assert result.status == "finished", (name, how)
-        assert f"{run_dir / name} is damaged" in caplog.text and "holding the validation blocks out again" in \
-            caplog.text, (name, how, caplog.text[-2000:])
-        assert {n: (run_dir / n).read_bytes() for n in saved} == saved, (name, how)
-    _damage(run_dir / VAL_BLOCKS, "truncated")  # a finished run: the same command writes it back (for evaluation)
-    assert train_streamed(tmp_path, corpus_config, tokenizer_dir, **settings).status == "already_finished"
-    assert (run_dir / VAL_BLOCKS).read_bytes() == saved[VAL_BLOCKS]
-
-    # the report damaged, and blocks that are not what holding out again gives: refused, naming the file
-    (run_dir / METADATA).unlink()
-    _damage(run_dir / VAL_REPORT, "garbage")
-    np.save(run_dir / VAL_BLOCKS, np.zeros_like(np.load(run_dir / VAL_BLOCKS)))
+        said = "missing" if how == "missing" else ""
+        with pytest.raises(UserError, match=f"{re.escape(str(run_dir / name))} is damaged \\({said}"):
+            train_streamed(tmp_path, corpus_config, tokenizer_dir, **settings)
+        assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == checkpoints, (name, how)
+        (run_dir / name).write_bytes(saved[name])
+    _damage(run_dir / VAL_REPORT, "garbage")  # through the script: one line, no traceback
     proc = run_script("train_sparknet.py", *stream_args(tmp_path, corpus_config, tokenizer_dir, **settings))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(error) == 1 and f"{run_dir / VAL_REPORT} is damaged" in error[0] and "another RUN_NAME" in error[0], \
         proc.stderr[-3000:]
+    (run_dir / VAL_REPORT).write_bytes(saved[VAL_REPORT])
+    assert train_streamed(tmp_path, corpus_config, tokenizer_dir, **settings).status == "finished"
+    assert {n: (run_dir / n).read_bytes() for n in saved} == saved
+
+    # a start stopped while it wrote the hold-out (no checkpoint yet): the next start holds out again and trains
+    other = tmp_path / "b" / "ckpt" / "run"
+    other.mkdir(parents=True)
+    (other / RUN_CONFIG).write_bytes((run_dir / RUN_CONFIG).read_bytes())  # written first, then the hold-out
+    (other / VAL_BLOCKS).write_bytes(saved[VAL_BLOCKS][:100])
+    assert train_streamed(tmp_path / "b", corpus_config, tokenizer_dir, **settings).status == "finished"
+    assert {n: (other / n).read_bytes() for n in saved} == saved
 
 
 @pytest.mark.slow

@@ -277,8 +277,8 @@ def _blocks_documents(request: DataRequest) -> tuple[list[str], list[str] | None
     try:
         blocks = read_val_blocks(path)
     except ValueError as exc:
-        raise UserError(f"{path} is damaged ({exc}): run the run's training command again, which holds its "
-                        "validation blocks out again (they follow from its config)") from None
+        raise UserError(f"{path} is damaged ({exc}): restore it from a backup of the run (it is the run's "
+                        "validation hold-out, made once when the run began)") from None
     report, sources, labels = _run_record(path.parent, blocks)
     starts = report.get("item_starts") if report is not None else None
     if starts is None:
@@ -424,7 +424,7 @@ def _held_out_rows(config: Any, request: DataRequest) -> tuple[dict[str, int], d
         for run in (folder, folder.parent):
             identity, report = run / RUN_CONFIG, run / VAL_REPORT
             if identity.is_file() and report.is_file():
-                fix = "run the run's training command again, which writes it again, or set HOLDOUT_ROWS"
+                fix = "restore it from a backup of the run, or set HOLDOUT_ROWS"
                 recorded_identity = read_json_object(identity, fix)
                 if recorded_identity.get("mix") == mix:
                     _check_files_unchanged(recorded_identity, config, run, request.data)

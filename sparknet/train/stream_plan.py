@@ -18,7 +18,15 @@ from transformers import TrainerCallback
 from sparknet.common.errors import UserError
 from sparknet.config.mix import MixConfig
 from sparknet.data.spec import DataSpec, HeldOutRows, Part
-from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, VAL_SOURCES, read_val_blocks, read_val_report
+from sparknet.run_files import (
+    RUN_CONFIG,
+    VAL_BLOCKS,
+    VAL_REPORT,
+    VAL_SOURCES,
+    checkpoints_by_step,
+    read_val_blocks,
+    read_val_report,
+)
 from sparknet.train.batch import BatchPlan
 from sparknet.train.callbacks import add_described_scalar
 from sparknet.train.data_plan import BlockDataset, DataPlan
@@ -63,7 +71,7 @@ class StreamPlan(DataPlan):
     spec: StreamSpec
     report: dict[str, Any]  # the validation hold-out's (train_sparknet's VAL_REPORT)
     commits: dict[str, str | None]
-    write_hold_out: bool  # the run folder has no hold-out yet, or a damaged one held out again
+    write_hold_out: bool  # the run folder has no checkpoint yet: its hold-out is made now
     run_dir: Path | None = None  # the run's folder: a position saved in it is checked against the plan
 
     def metadata(self) -> dict[str, Any]:
@@ -139,7 +147,7 @@ class StreamPlan(DataPlan):
                         "with the settings it was started with, or start a new RUN_NAME")
 
     def prepare_run(self, run_dir: Path, resume: Path | None) -> None:
-        """Writes the validation blocks into a new run folder (or over damaged ones); on resume, restores this rank's
+        """Writes the validation blocks into a run folder that has no checkpoint yet; on resume, restores this rank's
         stream position."""
         import os
 
@@ -210,55 +218,32 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
 def _validation(spec: StreamSpec, tokenizer: Any, run_dir: Path
                 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any], dict[str, str | None], bool]:
     """The validation blocks, their tokens' sources (VAL_SOURCES), their report, the commits read, and whether the
-    run folder needs them written: held out now for a new run, read from the run folder on resume.
+    run folder needs them written: held out now for a run that has no checkpoint yet, read from the run folder once
+    it has one (every read of the run, hold-out, training and each resume, is at the commits its start resolved: a
+    branch that moves during a run of days does not change its data). A damaged or lost one of the three files is
+    refused in one line naming it, as every other damaged run file is."""
+    from sparknet.data.source.opening import resolve_revisions
 
-    Every read of the run (hold-out, training, each resume) is at the commits its start resolved: a branch that
-    moves during a run of days does not change its data. A damaged (or lost) VAL_BLOCKS or VAL_REPORT is held out
-    again, as it follows from the config, the seed and those commits, when the result is what the other file
-    records (the run then trains on exactly what it would have); otherwise the resume is refused naming the file.
-    A lost or damaged VAL_SOURCES is held out again the same way."""
-    from sparknet.data.source.opening import is_hub_source, resolve_revisions
-
-    blocks_path, report_path, sources_path = run_dir / VAL_BLOCKS, run_dir / VAL_REPORT, run_dir / VAL_SOURCES
-    if not blocks_path.is_file() and not report_path.is_file():
+    if not checkpoints_by_step(run_dir):  # nothing trained yet: files a start left half-written are made again
         log.info("holding out %s validation tokens from the start of the mix", f"{spec.val_tokens:,}")
         commits = resolve_revisions(spec.config)
         val_tokens, sources, report = _hold_out(spec.data(tokenizer, commits), commits)
         return _nonempty(val_tokens), sources, report, commits, True
-    report = blocks = sources = None
-    problems: dict[Path, str] = {}
-    try:
-        report = read_val_report(report_path)
-    except ValueError as exc:
-        problems[report_path] = str(exc) if report_path.is_file() else "missing"
-    try:
-        blocks = read_val_blocks(blocks_path, spec.block_size, report["blocks"] if report else None)
-    except ValueError as exc:
-        problems[blocks_path] = str(exc) if blocks_path.is_file() else "missing"
-    if report is not None:  # without the report, everything is held out again anyway
+    reads = ((VAL_REPORT, lambda: read_val_report(run_dir / VAL_REPORT)),
+             (VAL_BLOCKS, lambda: read_val_blocks(run_dir / VAL_BLOCKS, spec.block_size, report["blocks"])),
+             (VAL_SOURCES, lambda: _read_val_sources(run_dir / VAL_SOURCES, spec.block_size, report)))
+    got = []
+    for name, read in reads:
         try:
-            sources = _read_val_sources(sources_path, spec.block_size, report)
+            got.append(read())
         except ValueError as exc:
-            problems[sources_path] = str(exc) if sources_path.is_file() else "missing"
-    if report is not None and blocks is not None and sources is not None:
-        return _nonempty(blocks), sources, report, report["commits"], False
-    damaged = "; ".join(f"{path} is damaged ({why})" for path, why in problems.items())
-    hub = [source.label for source in spec.config.mix if is_hub_source(source)]
-    if report is None and hub:
-        raise UserError(f"{damaged}: it records the commits the run reads its Hub sources ({', '.join(hub)}) at, "
-                        "which cannot be recomputed: restore it from a backup, or start again with another RUN_NAME")
-    log.warning("%s: holding the validation blocks out again (they follow from the config, the seed and the "
-                "recorded commits)", damaged)
-    commits = report["commits"] if report is not None else {source.label: None for source in spec.config.mix}
-    val_tokens, sources, again = _hold_out(spec.data(tokenizer, commits), commits)
-    same = ((again["held_out"] == report["held_out"] and again["blocks"] == report["blocks"]
-             if report is not None else True) and (blocks is None or np.array_equal(blocks, val_tokens)))
-    if not same:
-        other = report_path if report is not None else blocks_path
-        raise UserError(f"{damaged}, and holding the validation blocks out again gives other blocks than {other.name} "
-                        "records (the data changed since the run began): restore it from a backup, or start again "
-                        "with another RUN_NAME")
-    return _nonempty(val_tokens), sources, again, commits, True
+            path = run_dir / name
+            raise UserError(f"{path} is damaged ({exc if path.is_file() else 'missing'}): the run's validation "
+                            "hold-out is read from it on every resume; restore it from a backup, or start again "
+                            "with another RUN_NAME") from None
+        report = got[0]
+    report, blocks, sources = got
+    return _nonempty(blocks), sources, report, report["commits"], False
 
 
 def _hold_out(data: DataSpec, commits: dict[str, str | None]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
