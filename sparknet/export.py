@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from sparknet.common.errors import UserError
-from sparknet.config.mix import LOCAL_KINDS, printable
+from sparknet.config.kinds import LOCAL_KINDS
+from sparknet.config.mix import printable
 from sparknet.data.spec import PIECE_BLOCKS
 from sparknet.eval.models import ModelRef, load_model, resolve_model
 from sparknet.eval.reports import eval_dir, markdown_table

@@ -1,4 +1,4 @@
-"""Local source kinds (sparknet.config.mix.LOCAL_KINDS): the same documents as Parquet, CSV or plain-text files give
+"""Local source kinds (sparknet.config.kinds.LOCAL_KINDS): the same documents as Parquet, CSV or plain-text files give
 what they give as JSONL, the reference every other test checks against an independent computation: the same packed
 dataset byte for byte, the same stream, the same tokenizer, the same evaluation; and the bad cases are one line."""
 

@@ -32,7 +32,8 @@ import numpy as np
 
 from sparknet.common.errors import UserError
 from sparknet.common.runtime import read_json_object
-from sparknet.config.mix import LOCAL_KINDS, SourceSpec, local_kind_of_file
+from sparknet.config.kinds import LOCAL_KINDS, local_kind_of_file
+from sparknet.config.mix import SourceSpec
 from sparknet.run_files import RUN_CONFIG, VAL_BLOCKS, VAL_REPORT, read_val_blocks, read_val_report
 
 log = logging.getLogger("sparknet.eval")
@@ -196,7 +197,7 @@ def _file_documents(request: DataRequest) -> list[str]:
                             "packed dataset folder, a mix config or a Hub dataset id")
         files += [Path(m) for m in matches] or [project_path(part)]
     texts: list[str] = []
-    # read as the build reads a source of the files' kind (sparknet.config.mix.LOCAL_KINDS; any other file is one
+    # read as the build reads a source of the files' kind (sparknet.config.kinds.LOCAL_KINDS; any other file is one
     # document of plain text), consecutive files of one kind as one source
     for kind, group in itertools.groupby(files, key=lambda path: local_kind_of_file(path.name) or "text"):
         paths = [str(path) for path in group]

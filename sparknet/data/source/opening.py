@@ -1,5 +1,5 @@
 """One mix entry opened as a lazy stream of document texts: a Hub dataset id, or local data files of one of the
-kinds in sparknet.config.mix.LOCAL_KINDS (json, parquet, csv, text), each read by the datasets builder of that name.
+kinds in sparknet.config.kinds.LOCAL_KINDS (json, parquet, csv, text), each read by the datasets builder of that name.
 
 Always `streaming=True`: a source is read row by row and never materialised, whatever its size. A Hub source may be
 pinned to a `revision` (branch, tag or commit); `resolve_revisions` finds the commit each Hub source reads now.

@@ -1,5 +1,5 @@
 """What a mix entry holds, known before it is read, and cheaply: the bytes of its local files (their sizes on disk)
-and its rows (as its kind counts them, sparknet.config.mix.LOCAL_KINDS: JSONL's lines, CSV's records, Parquet's
+and its rows (as its kind counts them, sparknet.config.kinds.LOCAL_KINDS: JSONL's lines, CSV's records, Parquet's
 metadata, one per plain-text file). A Hub source's size is not known without reading it: None. Both follow from the
 files alone (whose sha256 is part of every run's and dataset's inputs), so what is derived from them is the same on
 every attempt at the same files."""
