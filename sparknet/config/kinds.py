@@ -19,15 +19,18 @@ from typing import Any
 class LocalKind:
     """A kind of local data file a mix entry may name (`"name": "<kind>"` with `data_files`), and everything that
     differs between kinds: what its files are called in messages, the file suffixes that are this kind (for
-    evaluation's DATA), how a file's rows are counted before it is read, what datasets' packaged builder of the same
-    name needs beyond the files, whether a file is one whole document, and what names the row a failed reader
-    stopped at."""
+    evaluation's DATA), how a file's rows are counted and its columns read before it is read, what datasets'
+    packaged builder of the same name needs beyond the files, whether a file is one whole document, and what names
+    the row a failed reader stopped at. A new kind must say how to read its columns: none falls into JSONL's."""
 
     files: str
     suffixes: tuple[str, ...]
     # a file's rows (the documents it holds), known cheaply: counted to a little past the limit given (None: all),
     # or None where they cannot be known without reading the file
     count_rows: Callable[[Path, int | None], int | None]
+    # a file's columns, read cheaply (a header, a schema, the first rows); None where they are not known without
+    # reading the whole file
+    read_columns: Callable[[str], list[str] | None]
     builder_kwargs: tuple[tuple[str, Any], ...] = ()
     # a file is one document, its whole text: no field to choose, and two equal files are a repeated document
     whole_files: bool = False
@@ -118,16 +121,60 @@ def _first_bad_json_line(path: str, text_field: str) -> str | None:
     return None
 
 
+# JSONL rows whose keys are read for a file's columns (a column no row among the first has is taken as missing)
+COLUMN_ROWS = 1000
+
+
+def _text_lines(path: str) -> Any:
+    import gzip
+
+    return (gzip.open if path.lower().endswith(".gz") else open)(path, "rt", encoding="utf-8", newline="")
+
+
+def _jsonl_columns(path: str) -> list[str] | None:
+    """The keys of the first COLUMN_ROWS rows; None for a file that is not lines of objects (one JSON document)."""
+    columns: dict[str, None] = {}
+    with _text_lines(path) as f:
+        for number, line in enumerate(f):
+            if number >= COLUMN_ROWS:
+                break
+            if line.strip():
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    return None
+                columns.update(dict.fromkeys(row))
+    return list(columns)
+
+
+def _csv_columns(path: str) -> list[str]:
+    """The header row."""
+    import csv
+
+    with _text_lines(path) as f:
+        return next(csv.reader(f), [])
+
+
+def _parquet_columns(path: str) -> list[str]:
+    """The schema's names: no reading of the data."""
+    import pyarrow.parquet as pq
+
+    return list(pq.read_schema(path).names)
+
+
+def _text_columns(path: str) -> list[str]:
+    return ["text"]  # datasets' text builder names its one column so
+
+
 # The source kinds besides a Hub dataset: one place, that every question "is this source local files" asks
 # (SourceSpec.local). Each is the datasets builder of that name, streamed. Adding a kind: an entry here and its
 # end-to-end test (tests/test_source_kinds.py).
 LOCAL_KINDS: dict[str, LocalKind] = {
-    "json": LocalKind("JSONL", (".jsonl", ".json", ".jsonl.gz", ".json.gz"), _jsonl_rows,
+    "json": LocalKind("JSONL", (".jsonl", ".json", ".jsonl.gz", ".json.gz"), _jsonl_rows, _jsonl_columns,
                       first_bad_row=_first_bad_json_line),
-    "parquet": LocalKind("Parquet", (".parquet",), _parquet_rows),
-    "csv": LocalKind("CSV (with a header row)", (".csv", ".csv.gz"), _csv_rows),
+    "parquet": LocalKind("Parquet", (".parquet",), _parquet_rows, _parquet_columns),
+    "csv": LocalKind("CSV (with a header row)", (".csv", ".csv.gz"), _csv_rows, _csv_columns),
     # a plain-text file is one document (datasets' default would make each line one)
-    "text": LocalKind("plain-text (one document per file)", (".txt", ".md", ".txt.gz"), _one_row,
+    "text": LocalKind("plain-text (one document per file)", (".txt", ".md", ".txt.gz"), _one_row, _text_columns,
                       (("sample_by", "document"),), whole_files=True),
 }
 
@@ -138,37 +185,10 @@ def local_kind_of_file(path: str) -> str | None:
     return next((kind for kind, spec in LOCAL_KINDS.items() if name.endswith(spec.suffixes)), None)
 
 
-# JSONL rows whose keys are read for `local_file_columns` (a column no row among the first has is taken as missing)
-COLUMN_ROWS = 1000
-
-
 def local_file_columns(kind: str, path: str) -> list[str] | None:
-    """The columns of one local data file, read cheaply: a CSV's header row, a Parquet file's schema, the keys of a
-    JSONL file's first COLUMN_ROWS rows, a plain-text file's `text`. None where they are not known without reading
-    the whole file (a .json file that is one JSON document) or the file cannot be read here (its reader says why)."""
-    import csv
-    import gzip
-
-    if kind == "text":
-        return ["text"]
+    """The columns of one local data file of `kind`, read cheaply by the kind; None where they are not known without
+    reading the whole file or the file cannot be read here (its reader says why)."""
     try:
-        if kind == "parquet":
-            import pyarrow.parquet as pq
-
-            return list(pq.read_schema(path).names)
-        opener = gzip.open if path.lower().endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8", newline="") as f:
-            if kind == "csv":
-                return next(csv.reader(f), [])
-            columns: dict[str, None] = {}
-            for number, line in enumerate(f):
-                if number >= COLUMN_ROWS:
-                    break
-                if line.strip():
-                    row = json.loads(line)
-                    if not isinstance(row, dict):
-                        return None
-                    columns.update(dict.fromkeys(row))
-            return list(columns)
+        return LOCAL_KINDS[kind].read_columns(path)
     except (OSError, UnicodeDecodeError, ValueError, EOFError):
         return None  # json.JSONDecodeError and pyarrow's errors are ValueErrors: not lines of objects, or damaged
