@@ -290,7 +290,9 @@ def test_sampling_leaves_rng_and_train_mode_as_they_were(finished, tmp_path: Pat
     spec = MetricsSpec(tokens_per_step=512, block_size=128, flops_per_token=1.0, peak_flops=None, world_size=1,
                        eval_tokens=0, eval_bytes=0, device_kind="cpu")
     metrics = MetricsCallback(spec=spec, writer=writer, grad_norms=[])
-    sampler = SamplingCallback(tok, ["def "], 1, tmp_path, writer, metrics, 6, 0.8, 50, seed=7)
+    settings = train_settings(tmp_path, sample_prompts=["def "], sample_steps=1, sample_max_new_tokens=6,
+                              sample_temperature=0.8, sample_top_k=50, sample_seed=7)
+    sampler = SamplingCallback(tok, settings, tmp_path, writer, metrics)
     torch.manual_seed(123)
     before = torch.get_rng_state()
     state = TrainerState()

@@ -2,7 +2,7 @@
 with `AutoModelForCausalLM` and no custom code.
 
 The one place that knows an architecture: how a preset's shape becomes the class's config, how a config (an
-INIT_FROM base's) becomes a shape again, which of its config keys are dropouts, and which weights start at zero.
+INIT_FROM base's) becomes a shape again and which of its config keys are dropouts.
 Everything else reads the built model (sparknet.model.presets counts parameters and FLOPs from it; Muon finds its
 matrices from its module types), so adding an architecture is one entry here and the presets that name it. Keyed by the
 config's `model_type`. Nothing here imports transformers at module level: the checks read the names first.

@@ -12,12 +12,15 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from sparknet.common.runtime import write_json_atomic
 from sparknet.model.metrics import bits_per_byte, perplexity
+
+if TYPE_CHECKING:
+    from sparknet.train.settings import TrainSettings
 
 log = logging.getLogger("sparknet.train")
 
@@ -329,11 +332,11 @@ class SamplingCallback(TrainerCallback):
     changes nothing about training.
     """
 
-    def __init__(self, tokenizer: Any, prompts: list[str], every: int, out_dir: Path, writer: Any,
-                 metrics: MetricsCallback, max_new_tokens: int, temperature: float, top_k: int, seed: int) -> None:
-        self.tokenizer, self.prompts, self.every = tokenizer, prompts, every
+    def __init__(self, tokenizer: Any, settings: TrainSettings, out_dir: Path, writer: Any,
+                 metrics: MetricsCallback) -> None:
+        self.tokenizer, self.settings = tokenizer, settings  # its SAMPLE_* settings, read whole
+        self.prompts, self.every = list(settings.sample_prompts), settings.sample_steps
         self.out_dir, self.writer, self.metrics = out_dir, writer, metrics
-        self.max_new_tokens, self.temperature, self.top_k, self.seed = max_new_tokens, temperature, top_k, seed
         self.last_sampled = -1
         self.last_text = ""
 
@@ -347,9 +350,11 @@ class SamplingCallback(TrainerCallback):
     def _generate(self, model: Any, prompt: str) -> str:
         from sparknet.model.continuations import continuations
 
+        s = self.settings
         text = continuations(model, self.tokenizer, prompt, skip_special_tokens=False, do_sample=True,
-                             temperature=self.temperature, top_k=self.top_k, max_new_tokens=self.max_new_tokens,
-                             use_cache=True, pad_token_id=self.tokenizer.eos_token_id)[0]
+                             temperature=s.sample_temperature, top_k=s.sample_top_k,
+                             max_new_tokens=s.sample_max_new_tokens, use_cache=True,
+                             pad_token_id=self.tokenizer.eos_token_id)[0]
         return prompt + text
 
     def sample(self, model: Any, state: TrainerState) -> str:
@@ -366,7 +371,7 @@ class SamplingCallback(TrainerCallback):
         model.eval()
         texts = []
         try:
-            torch.manual_seed(self.seed)
+            torch.manual_seed(self.settings.sample_seed)
             for prompt in self.prompts:
                 texts.append(self._generate(model, prompt))
         except RuntimeError as exc:  # e.g. a diverged model's NaN probabilities: a sample is not worth a crash

@@ -316,8 +316,7 @@ def build_trainer(s: TrainSettings, data: DataPlan, run: RunFolder, preset: Pres
     metrics = MetricsCallback(spec=spec, writer=writer, grad_norms=trainer.grad_norms,
                               start_file=run.run_dir / EVAL_START if main_process else None,
                               logged_eval_steps={run.resume_step} if run.resume else None)
-    sampler = SamplingCallback(tokenizer, list(s.sample_prompts), s.sample_steps, run.run_dir, writer, metrics,
-                               s.sample_max_new_tokens, s.sample_temperature, s.sample_top_k, s.sample_seed)
+    sampler = SamplingCallback(tokenizer, s, run.run_dir, writer, metrics)
     safety = SafetyCallback(trainer)
     # safety last: it marks checkpoints complete
     # the threads again as the load changes, where SparkNet chose them (not OMP_NUM_THREADS)
