@@ -678,3 +678,10 @@ def test_a_source_that_runs_dry_in_a_build_says_so_as_the_build(corpus_dir: Path
     assert "in the build's train split" in dry[0] and "manifest.json" in dry[0], dry
     assert "metadata" not in proc.stderr and "stream" not in dry[0], proc.stderr[-3000:]
     assert json.loads((tmp_path / "ds" / "manifest.json").read_text())["exhausted_sources"] == ["code"]
+    # every source dry before the target: the end is the build's too
+    proc = run_script("build_dataset_v5.py", *build_args(config, tmp_path / "all", tokenizer_dir, "--target_tokens",
+                                                         10_000_000, "--val_tokens", 2_000))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ended = [line for line in proc.stderr.splitlines() if "ended after" in line]
+    assert len(ended) == 1 and "WARNING sparknet.data.packed.build: the build's train split ended after" in ended[0] \
+        and "every source ran dry" in ended[0], proc.stderr[-3000:]

@@ -37,13 +37,16 @@ from sparknet.data.pipeline import Pipeline
 # Who runs the loop, for its dry-source warning: under that one's logger name, saying where its mix is recorded.
 # The hold-out is known by its part (Part(training=False)); the stream says so; the build constructs the loop
 # without a consumer.
+# consumer: (the logger its warnings go to, what the data is called in them, where its realised mix is recorded)
 CONSUMERS = {
-    "stream": ("sparknet.data.stream.token_stream", "ON_EXHAUSTED={on_exhausted}; the training mix is in the metadata"),
-    "build": ("sparknet.data.packed.build", "the train split's mix is in the dataset's manifest.json"),
-    "validation": ("sparknet.data.holdout", "the validation split's mix is in its report: the dataset's manifest.json, "
-                                            "or a streamed run's val_report.json"),
+    "stream": ("sparknet.data.stream.token_stream", "the training stream",
+               "ON_EXHAUSTED={on_exhausted}; the training mix is in the metadata"),
+    "build": ("sparknet.data.packed.build", "the build's train split",
+              "the train split's mix is in the dataset's manifest.json"),
+    "validation": ("sparknet.data.holdout", "the validation hold-out",
+                   "the validation split's mix is in its report: the dataset's manifest.json, or a streamed run's "
+                   "val_report.json"),
 }
-log = logging.getLogger(CONSUMERS["stream"][0])
 STATE_FORMAT = 2  # of the position StreamBlocks.state_dict() gives
 
 
@@ -111,8 +114,6 @@ class StreamBlocks:
     def _resume_cut(self, label: str, length: int, offset: int) -> Cutting:
         """The saved piece being cut, read again (and ended where it was), its rest put in the packer."""
         piece = self.pipeline.next_of(label)
-        if piece is not None and length > len(piece):  # a validation piece filled up to its block's end
-            piece = np.concatenate([piece, self.pipeline.sources[label].extend(length - len(piece))])
         if piece is None or length > len(piece) or offset >= length:
             raise UserError(f"source {label!r} no longer holds the document the saved stream position was cutting: "
                             "its data changed since the checkpoint; start a new run")
@@ -248,11 +249,9 @@ class StreamBlocks:
                 # its realised share so far (of the tokens mixed): what the run trains on from here on differs
                 total = sum(c.units for c in self.mixer.counts.values())
                 count = self.mixer.counts[label]
-                name, where = CONSUMERS[self.consumer]
-                split = {"stream": "in the training stream", "build": "in the build's train split",
-                         "validation": "in the validation hold-out"}[self.consumer]
+                name, split, where = CONSUMERS[self.consumer]
                 logging.getLogger(name).warning(
-                    "source %r ran dry after %d documents, %.1f%% of the tokens so far (asked %.1f%%), %s: %s (%s)",
+                    "source %r ran dry after %d documents, %.1f%% of the tokens so far (asked %.1f%%), in %s: %s (%s)",
                     label, self.packer.documents_by_source[label], 100 * count.units / max(total, 1),
                     100 * count.requested, split, then, where.format(on_exhausted=self.on_exhausted))
         return dry
@@ -271,7 +270,8 @@ class StreamBlocks:
                    else "add data, or lower BLOCK_SIZE or VAL_TOKENS")
             raise UserError(f"{reason} before one block of {self.block_size} tokens could be made{rank} ({counts}): "
                             f"{fix}")
-        log.warning("the stream ended after %d blocks: %s", self.blocks_yielded, reason)
+        name, what, _where = CONSUMERS[self.consumer]
+        logging.getLogger(name).warning("%s ended after %d blocks: %s", what, self.blocks_yielded, reason)
         self.end = reason
         self._current = None
         self.packer.drop_rest()
