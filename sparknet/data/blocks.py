@@ -208,19 +208,7 @@ class StreamBlocks:
 
     def counts(self) -> dict[str, Any]:
         """Tokens, pieces and restarts per source of the blocks given so far, dry sources, blocks, why it ended."""
-        return {
-            "tokens": {label: int(self.packer.tokens_by_source[label]) for label in self.sources},
-            "documents": {label: c.documents for label, c in self.mixer.counts.items()},
-            # documents dropped for repeating a validation document
-            "validation_repeats_removed": self.pipeline.removed(self._unused()[1]),
-            "restarts": self.restarts(),
-            "exhausted": self.pipeline.exhausted(),
-            "blocks": self.blocks_yielded,
-            "end": self.end,
-            # the phase being mixed and each source's tokens mixed since it began
-            "phase": self.pipeline.phase,
-            "phase_tokens": {label: c.units for label, c in self.mixer.counts.items()},
-        }
+        return position_counts(self.state_dict())
 
     def used(self, label: str) -> int:
         """Items of `label` in the blocks given (the one being cut included)."""
@@ -275,3 +263,22 @@ class StreamBlocks:
         self.end = reason
         self._current = None
         self.packer.drop_rest()
+
+
+def position_counts(state: dict[str, Any]) -> dict[str, Any]:
+    """What a position (`StreamBlocks.state_dict()`) has given: tokens, pieces and restarts per source, documents
+    dropped for repeating a validation document, dry sources, blocks, why it ended, and the phase being mixed with
+    each source's tokens mixed since it began. The one count: of the live loop and of a saved position alike."""
+    mixer = state["mixer"]
+    return {
+        "tokens": dict(state["packer"]["tokens"]),
+        "documents": {label: c["documents"] for label, c in mixer.items()},
+        "validation_repeats_removed": {label: int(position.get("removed", 0))
+                                       for label, position in state["sources"].items()},
+        "restarts": dict(state["restarts"]),
+        "exhausted": [label for label, c in mixer.items() if c["exhausted"]],
+        "blocks": int(state["blocks_yielded"]),
+        "end": state["end"],
+        "phase": int(state.get("phase", 0)),
+        "phase_tokens": {label: c["units"] for label, c in mixer.items()},
+    }

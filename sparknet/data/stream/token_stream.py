@@ -44,7 +44,7 @@ import torch
 from sparknet.common.errors import UserError
 from sparknet.config.checks import problems as check_problems
 from sparknet.config.identity import describe_changes
-from sparknet.data.blocks import STATE_FORMAT, StreamBlocks, initial_state
+from sparknet.data.blocks import STATE_FORMAT, StreamBlocks, initial_state, position_counts
 from sparknet.data.pipeline import Encoders, Pipeline
 from sparknet.data.spec import DataSpec, Part
 
@@ -137,18 +137,24 @@ class TokenStream(torch.utils.data.IterableDataset):
                 # the position while the window is being made is its start: a failure part-way (a Hub outage)
                 # saves a position that makes the whole window again, not one past the blocks read into it
                 self._window, self._window_index = (start, []), 0
-                window = list(itertools.islice(loop.blocks(), self._window_size(loop.blocks_yielded)))
+                window = self._shuffled_window(loop, loop.blocks_yielded, self._window_size(loop.blocks_yielded))
                 if not window:
                     self._window = None
                     return
-                order = np.random.default_rng([self.spec.seed, self.part.rank, start["blocks_yielded"]]) \
-                    .permutation(len(window))
-                self._window = (start, [window[i] for i in order])
+                self._window = (start, window)
             blocks = self._window[1]
             while self._window_index < len(blocks):
                 self._window_index += 1
                 yield blocks[self._window_index - 1]
             self._window, self._window_index = None, 0
+
+    def _shuffled_window(self, loop: StreamBlocks, start: int, size: int) -> list[np.ndarray]:
+        """The next `size` blocks of `loop` (the window that starts after `start` blocks) in the window's order, which
+        the seed, the rank and `start` fix: the one way a window is made, when the stream reaches it and again when a
+        position inside it is resumed."""
+        blocks = list(itertools.islice(loop.blocks(), size))
+        order = np.random.default_rng([self.spec.seed, self.part.rank, start]).permutation(len(blocks))
+        return [blocks[i] for i in order]
 
     def _window_size(self, start: int) -> int:
         """Blocks in the window that starts after `start` blocks: `window_blocks`, less where a phase or the run
@@ -204,7 +210,7 @@ class TokenStream(torch.utils.data.IterableDataset):
         if changes:
             raise UserError(f"the saved stream position was taken with other data settings ({changes}): it cannot "
                             "be resumed with these; start a new run")
-        self._state = _windowed(copy.deepcopy(state), saved)
+        self._state = copy.deepcopy(state)
         self._replay = [np.asarray(block, dtype=self.dtype) for block in self._state.pop("replay", [])]
         self._given = int(self._state["blocks_yielded"])
         self._since_step = []
@@ -215,21 +221,7 @@ class TokenStream(torch.utils.data.IterableDataset):
         across resumes; with windows, the current window's included), the production rate in tokens/s (time spent
         producing blocks in this process, the consumer's time excluded), blocks given, pieces and restarts per
         source, dry sources, and why it ended."""
-        if self._pipeline is not None:
-            counts = self._pipeline.counts()
-        else:
-            state = self.state_dict()
-            counts = {
-                "tokens": dict(state["packer"]["tokens"]),
-                "documents": {label: c["documents"] for label, c in state["mixer"].items()},
-                "validation_repeats_removed": {label: int(position.get("removed", 0))
-                                               for label, position in state["sources"].items()},
-                "restarts": dict(state["restarts"]),
-                "exhausted": [label for label, c in state["mixer"].items() if c["exhausted"]],
-                "end": state["end"],
-                "phase": int(state.get("phase", 0)),
-                "phase_tokens": {label: c["units"] for label, c in state["mixer"].items()},
-            }
+        counts = self._pipeline.counts() if self._pipeline is not None else position_counts(self.state_dict())
         counts["blocks"] = self._given
         total = sum(counts["tokens"].values())
         in_phase = sum(counts["phase_tokens"].values())
@@ -268,12 +260,10 @@ class TokenStream(torch.utils.data.IterableDataset):
         self._pipeline = StreamBlocks(pipeline, state, settings=self.settings, consumer="stream")
         if window is not None:
             self._window_index = int(window["index"])
+            begin = int(window["start"])
             start = self._pipeline.state_dict()
-            blocks = list(itertools.islice(self._pipeline.blocks(), int(window["size"]) if "size" in window
-                                           else self._window_size(int(window["start"]))))
-            order = np.random.default_rng([self.spec.seed, self.part.rank, int(window["start"])]) \
-                .permutation(len(blocks))
-            self._window = (start, [blocks[i] for i in order])
+            size = int(window["size"]) if "size" in window else self._window_size(begin)
+            self._window = (start, self._shuffled_window(self._pipeline, begin, size))
         return self._pipeline
 
 
@@ -292,16 +282,6 @@ def settings_changes(saved: dict[str, Any], settings: dict[str, Any]) -> list[st
         return {key: value for key, value in _plain(values).items() if key != "end_blocks"}
 
     return describe_changes(without_end(saved), without_end(settings))
-
-
-def _windowed(state: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
-    """`state` with its window's length: a position saved before lengths were recorded has the one its own
-    settings' end gave it."""
-    window = state.get("window")
-    if window is not None and "size" not in window and int(window.get("index", 0)):
-        window["size"] = window_size(int(window["start"]), int(saved.get("window_blocks", 0)),
-                                     saved.get("phase_end_blocks"), saved.get("end_blocks"))
-    return state
 
 
 def _plain(data: Any) -> Any:
