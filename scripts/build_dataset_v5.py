@@ -22,7 +22,7 @@ SEED: int | None = None  # seed of the per-source shuffle (None: the config's se
 # rows, at most 10,000: the stream's rule)
 SHUFFLE_BUFFER: int | None = None
 DTYPE = "auto"  # token dtype on disk: auto (uint16 when the vocab fits), uint16 or uint32
-FAIL_ON_EXHAUSTED = False  # stop with an error, not a warning, when a source runs dry before its share
+ON_EXHAUSTED = "renormalise"  # a source runs dry: renormalise (the others fill in, a warning), stop, restart, or fail
 OVERWRITE = False  # replace an existing dataset built from other inputs
 READ_AHEAD: int | None = None  # batches read ahead per source on a thread (None: 8 for Hub sources, 0 for local)
 CHECKPOINT_SECONDS = 60.0  # save the build's position this often, for a resume after an interruption (0: never)
@@ -55,7 +55,7 @@ def main() -> None:
         num_workers=available_cores() if NUM_WORKERS is None else NUM_WORKERS,
         dtype=DTYPE,
         shuffle_buffer=SHUFFLE_BUFFER,
-        fail_on_exhausted=FAIL_ON_EXHAUSTED,
+        on_exhausted=ON_EXHAUSTED,
         overwrite=OVERWRITE,
         checkpoint_seconds=CHECKPOINT_SECONDS,
         read_ahead=READ_AHEAD,

@@ -21,7 +21,7 @@ VAL_TOKENS: int | None = None
 SHUFFLE_BUFFER: int | None = None
 # training blocks handed out in a shuffled order per window, so a step mixes documents (0: the stream's order)
 SHUFFLE_WINDOW = 1024
-ON_EXHAUSTED = "renormalise"  # a source runs dry: renormalise (the others fill in, a warning), stop, or restart it
+ON_EXHAUSTED = "renormalise"  # a source runs dry: renormalise (the others fill in, a warning), stop, restart, or fail
 NUM_WORKERS: int | None = None  # tokenizer processes per training process (None: the cores / processes on this node)
 DATA_SEED: int | None = None  # seed of the per-source shuffle (None: the config's seed)
 HUB_RETRY_MINUTES = 15.0  # a Hub source that fails (429, 5xx, a dropped connection) is retried this long

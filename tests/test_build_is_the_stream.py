@@ -63,7 +63,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                         {"name": "b only", "share": 0.25, "mix": [{**mix[1], "prob": 1.0}]}]
     del phased["mix"]
     (tmp / "phased.json").write_text(json.dumps(phased))
-    return {"dir": tmp, "tokenizer": tmp / "tok", "one": one, "phased": tmp / "phased.json"}
+    # source c runs dry well before its half of the run: ON_EXHAUSTED decides, the same way in both scripts
+    write_jsonl(tmp / "c.jsonl", _texts("c", 40, 6))
+    dry = write_config(tmp / "dry.json", [mix[0], {**mix[1], "data_files": str(tmp / "c.jsonl")}],
+                       context_length=BLOCK, target_tokens=tokens)
+    return {"dir": tmp, "tokenizer": tmp / "tok", "one": one, "phased": tmp / "phased.json", "dry": dry}
 
 
 def _digests(blocks: np.ndarray) -> list[str]:
@@ -78,13 +82,16 @@ def _same_blocks(*folders: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["one", pytest.param("phased", marks=pytest.mark.slow), "defaults"])
+@pytest.mark.parametrize("config", ["one", "phased", "defaults", "restart"])
 def test_a_one_process_stream_holds_out_val_bin_and_trains_on_train_bin_each_block_once(
         config: str, setup: dict[str, Path], tmp_path: Path) -> None:
     """`defaults`: both scripts with VAL_TOKENS and SHUFFLE_BUFFER unset (the README's commands): one rule scales
-    both the same way, so the same tokens need no flag."""
-    cfg, tokenizer = setup["one" if config == "defaults" else config], setup["tokenizer"]
+    both the same way, so the same tokens need no flag. `restart`: a source runs dry and ON_EXHAUSTED=restart reads
+    it again, in the build as in the stream."""
+    cfg, tokenizer = setup[{"defaults": "one", "restart": "dry"}.get(config, config)], setup["tokenizer"]
     data = {} if config == "defaults" else {"val_tokens": VAL_TOKENS, "shuffle_buffer": SHUFFLE_BUFFER}
+    if config == "restart":
+        data["on_exhausted"] = "restart"
     flags = [str(a) for key, value in data.items() for a in (f"--{key}", value)]
     proc = run_script("build_dataset_v5.py", "--config", cfg, "--tokenizer_dir", tokenizer, "--output_dir",
                       tmp_path / "ds", *flags, "--num_workers", 0)
@@ -201,3 +208,22 @@ def test_the_stream_trains_as_well_as_the_build_on_one_and_two_processes(corpus_
         # scale (bench/RESULTS.md, issue 49), so the bound is 8%; issue 40's unshuffled stream (24% worse) fails it
         assert streamed <= 1.08 * packed, (processes, streamed, packed)
     assert losses[1]["metrics"]["eval_loss_start"] == pytest.approx(losses["packed"]["metrics"]["eval_loss_start"])
+
+
+def test_on_exhausted_fail_stops_the_build_and_the_stream_in_one_line(setup: dict[str, Path], tmp_path: Path) -> None:
+    """ON_EXHAUSTED=fail, one setting in both scripts: a source that runs dry before its share is an error, in one
+    line naming it and where, exit 1; the build keeps no dataset at OUTPUT_DIR."""
+    common = ["--val_tokens", VAL_TOKENS, "--shuffle_buffer", SHUFFLE_BUFFER, "--on_exhausted", "fail"]
+    build = run_script("build_dataset_v5.py", "--config", setup["dry"], "--tokenizer_dir", setup["tokenizer"],
+                       "--output_dir", tmp_path / "ds", "--num_workers", 0, *common)
+    stream = run_script("train_sparknet.py", *stream_args(
+        tmp_path, setup["dry"], setup["tokenizer"], target_tokens=STEPS * GLOBAL_BATCH * BLOCK,
+        global_batch_size=GLOBAL_BATCH, batch_size=GLOBAL_BATCH, num_workers=0, eval_steps=STEPS, save_steps=STEPS,
+        val_tokens=VAL_TOKENS, shuffle_buffer=SHUFFLE_BUFFER, on_exhausted="fail"))
+    for proc, where in ((build, "the build's train split"), (stream, "the training stream")):
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        assert errors == [f"error: source 'c' ran dry before reaching its share, in {where} (ON_EXHAUSTED=fail): give "
+                          "it more data or a lower prob, or set ON_EXHAUSTED to renormalise, stop or restart"], \
+            proc.stderr[-3000:]
+    assert not (tmp_path / "ds" / "manifest.json").exists()

@@ -131,14 +131,14 @@ def test_one_command_gives_one_dataset_grown_or_fresh_and_again_is_nothing_to_do
 
 def test_a_failed_growth_leaves_the_complete_dataset_readable_and_unchanged(setup: dict[str, Path], small: Path,
                                                                             tmp_path: Path) -> None:
-    """FAIL_ON_EXHAUSTED past the sources' end: the growth fails in one line, the dataset at OUTPUT_DIR is the
+    """ON_EXHAUSTED=fail past the sources' end: the growth fails in one line, the dataset at OUTPUT_DIR is the
     complete one, byte for byte, and trains; the original command then has nothing to do and keeps the failed
     growth's progress (said); another size is refused and deletes nothing."""
     ds = _copy(small, tmp_path / "ds")
     before = _files(ds)
-    proc = run_script("build_dataset_v5.py", *_args(setup, ds, 200_000, "one", "--fail_on_exhausted", "true",
+    proc = run_script("build_dataset_v5.py", *_args(setup, ds, 200_000, "one", "--on_exhausted", "fail",
                                                      "--checkpoint_seconds", 0.001))
-    _one_error(proc, "ran dry", "FAIL_ON_EXHAUSTED")
+    _one_error(proc, "ran dry", "ON_EXHAUSTED=fail")
     assert f"the complete {SMALL:,}-token dataset in {ds} is unchanged" in proc.stderr, proc.stderr[-3000:]
     assert _files(ds) == before
     assert len(PackedDataset(ds, "train")) == SMALL // BLOCK  # readable as it was

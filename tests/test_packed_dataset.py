@@ -320,8 +320,9 @@ def test_exhausted_source_is_filled_by_the_others_and_recorded(
     assert "the train split misses the mix: short" in caplog.text
     train = manifest["splits"]["train"]
     assert train["tokens"] == 1_200_000 // 128 * 128 and train["sources"]["long"]["share"] > 0.3
-    with pytest.raises(UserError, match="FAIL_ON_EXHAUSTED"):
-        build_dataset(_spec(cfg, tmp_path / "strict", tokenizer_dir, target_tokens=1_200_000, fail_on_exhausted=True))
+    with pytest.raises(UserError, match=r"source 'short' ran dry before reaching its share, in the build's train "
+                                        r"split \(ON_EXHAUSTED=fail\)"):
+        build_dataset(_spec(cfg, tmp_path / "strict", tokenizer_dir, target_tokens=1_200_000, on_exhausted="fail"))
     assert not (tmp_path / "strict").exists()
 
 

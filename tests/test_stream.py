@@ -351,7 +351,7 @@ def test_no_block_at_all_is_an_error_saying_every_source_ran_dry(tmp_path: Path,
 
 def test_settings_are_checked(data: Path, tokenizer, tmp_path: Path) -> None:
     config = _config(data, tmp_path)
-    with pytest.raises(UserError, match="ON_EXHAUSTED='loop': expected renormalise, stop or restart"):
+    with pytest.raises(UserError, match="ON_EXHAUSTED='loop': expected renormalise, stop, restart or fail"):
         _stream(config, tokenizer, on_exhausted="loop")
     with pytest.raises(UserError, match="the hold-out's rows name no source of the mix: nope"):
         _stream(config, tokenizer, held_out={"nope": 3})

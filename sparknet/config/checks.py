@@ -122,7 +122,7 @@ RULES: dict[str, Rule] = {
     "VAL_TOKENS": integer(1, expected="a positive number (the trainer evaluates on them)", none=True),
     "SHUFFLE_BUFFER": integer(0, expected="0 (each source's order) or a number of documents", none=True),
     "SHUFFLE_WINDOW": integer(0, expected="0 (the stream's order) or a number of blocks"),
-    "ON_EXHAUSTED": choice("renormalise", "stop", "restart"),
+    "ON_EXHAUSTED": choice("renormalise", "stop", "restart", "fail"),
     "NUM_WORKERS": integer(0, expected="an integer >= 0 (0: encode in this process)", none=True),
     "DATA_SEED": Rule(SEED.test, SEED.expected, none=True),
     "DTYPE": choice("auto", "uint16", "uint32"),

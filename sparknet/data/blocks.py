@@ -133,6 +133,11 @@ class StreamBlocks:
                     self._next_phase_at_its_start()
                     item = next(self.pipeline, None)
                     dry = self._note_dry()
+                    if dry and self.on_exhausted == "fail":
+                        what = CONSUMERS[self.consumer][1]
+                        raise UserError(f"source {dry[0]!r} ran dry before reaching its share, in {what} "
+                                        "(ON_EXHAUSTED=fail): give it more data or a lower prob, or set ON_EXHAUSTED "
+                                        "to renormalise, stop or restart")
                     if item is None:
                         self._finish("every source ran dry")
                         return
@@ -232,6 +237,8 @@ class StreamBlocks:
         for label in dry:
             if label not in self.warned:
                 self.warned.add(label)
+                if self.on_exhausted == "fail":  # the error says it
+                    continue
                 then = ("the stream stops here" if self.on_exhausted == "stop"
                         else "the other sources go on in proportion")
                 # its realised share so far (of the tokens mixed): what the run trains on from here on differs

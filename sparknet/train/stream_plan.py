@@ -306,7 +306,7 @@ def _check_training_left(report: dict[str, Any], spec: StreamSpec) -> None:
     the hold-out cut is training's). Its need: its share of the budget in each phase that mixes it; a source a
     phase mixes alone must hold all of it (the stream ends where it runs dry: each token short is a step lost),
     any other half. ON_EXHAUSTED=stop or restart says the user expects a source to run dry, and then only an empty
-    one is refused."""
+    one is refused (fail: as renormalise, here refused before training rather than when it runs dry)."""
     from sparknet.data.source.sizes import source_size
 
     budget = spec.target_tokens or spec.config.target_tokens
@@ -335,7 +335,8 @@ def _check_training_left(report: dict[str, Any], spec: StreamSpec) -> None:
         if total <= held and not source.get("documents_cut"):
             problems.append(f"{label!r} ({total} rows{where}) would give no training tokens: all its rows held out "
                             "for validation")
-        elif spec.on_exhausted == "renormalise" and left is not None and left < (1.0 if alone else 0.5) * need:
+        elif spec.on_exhausted in ("renormalise", "fail") and left is not None and \
+                left < (1.0 if alone else 0.5) * need:
             problems.append(f"{label!r} ({total} rows{where}) would give about {max(left, 0):,.0f} training tokens "
                             f"after the {taken:,} validation took, {'less' if alone else 'far less'} than its share "
                             f"of {need:,.0f}"

@@ -91,7 +91,7 @@ class BuildSpec:
     num_workers: int = 0
     dtype: str = "auto"
     shuffle_buffer: int | None = 0  # None: scaled to the sources (data/scaled_defaults.py)
-    fail_on_exhausted: bool = False
+    on_exhausted: str = "renormalise"  # ON_EXHAUSTED: the stream's rule for a source that runs dry
     overwrite: bool = False
     checkpoint_seconds: float = 60.0  # how often the position is saved for a resume (0: never)
     # batches each source reads ahead on its own thread (0: read when the encoders need it; None: 8 for a source read
@@ -333,6 +333,8 @@ def _inputs(spec: BuildSpec, tok: Any, dtype: np.dtype) -> dict[str, Any]:
         "target_tokens": spec.target_tokens,
         "val_tokens": spec.val_tokens,
         "shuffle_buffer": spec.shuffle_buffer,
+        # what shapes the bytes: "fail" writes what "renormalise" writes, or stops with an error
+        "on_exhausted": "renormalise" if spec.on_exhausted == "fail" else spec.on_exhausted,
     }
     inputs["mixing"] = MIXING_RULES
     return inputs
@@ -436,7 +438,7 @@ def _build(spec: BuildSpec, data: DataSpec, tmp: Path, saved: dict[str, Any],
             saved = state
         held = saved["held_out"]
         part = Part(held_out={label: HeldOutRows.from_dict(rows) for label, rows in held["rows"].items()},
-                    exclude=frozenset(held["hashes"]),
+                    exclude=frozenset(held["hashes"]), on_exhausted=spec.on_exhausted,
                     phase_ends=tuple(spec.config.phase_ends(want["train"])) if spec.config.phased else None)
         position = saved.get("position") or initial_state(data.labels, {})
         encoders = Encoders(data)
@@ -494,9 +496,6 @@ def _write_training(spec: BuildSpec, loop: StreamBlocks, writing: _Writing, want
         if len(phase_tokens) < len(ends) and loop.blocks_yielded == ends[len(phase_tokens)]:
             phase_tokens.append(dict(loop.packer.tokens_by_source))
             writing.saved["phase_tokens"] = phase_tokens
-        if spec.fail_on_exhausted and loop.pipeline.exhausted():  # stop now, not hours later
-            dry = ", ".join(loop.pipeline.exhausted())
-            raise UserError(f"source(s) {dry} ran dry before reaching their share (FAIL_ON_EXHAUSTED is on)")
     writing.save(loop)  # the end of the dataset is a position: a larger build goes on from it
     return phase_tokens
 
@@ -513,8 +512,6 @@ def _splits(spec: BuildSpec, loop: StreamBlocks, writers: dict[str, SplitWriter]
         message = f"source(s) {', '.join(exhausted)} ran dry before reaching their share" + (
             "; the dataset is smaller than asked" if short else "; the other sources filled the gap"
         )
-        if spec.fail_on_exhausted:
-            raise UserError(message + " (FAIL_ON_EXHAUSTED is on)")
         log.warning(message)
     if spec.config.phased:
         splits["train"]["phases"] = phase_report(spec, phase_tokens, dict(loop.packer.tokens_by_source),
