@@ -53,8 +53,12 @@ def write_packed_dataset(folder: Path, tokenizer_dir: Path, vocab_size: int, blo
     `blocks[split]` blocks per split ("train", "val"), a manifest with every field training reads, and the
     tokenizer written by `write_tokenizer` recorded by path and hash. `config` is the mix config as the manifest
     holds it (`{"path": ..., **MixConfig.to_dict()}`). Returns the manifest."""
-    from sparknet.data.packed.contents import ContentHash  # the hashes the reader checks, taken as the build does
-    from sparknet.data.packed.dataset import FORMAT_VERSION, sealed, write_source_ids  # the version the reader accepts
+    from sparknet.data.packed.dataset import (  # the version the reader accepts
+        FORMAT_VERSION,
+        ContentHash,  # the hashes the reader checks, taken as the build does
+        sealed,
+        write_source_ids,
+    )
 
     started = time.time()
     sha = hashlib.sha256((tokenizer_dir / "tokenizer.json").read_bytes()).hexdigest()

@@ -1,4 +1,4 @@
-"""What the content hashes of a packed dataset cost (sparknet/data/packed/contents.py), against a training step.
+"""What the content hashes of a packed dataset cost (sparknet/data/packed/dataset.py), against a training step.
 
 A token file of TOKENS random uint16 tokens is written twice, plainly and through the build's SplitWriter (which
 hashes as it writes); then, from the page cache, the check the trainer and evaluation run at their start

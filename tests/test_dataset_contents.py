@@ -67,7 +67,7 @@ def short_documents(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr("sparknet.data.packed.contents.CHUNK_BYTES", SMALL_CHUNK)
+    monkeypatch.setattr("sparknet.data.packed.dataset.CHUNK_BYTES", SMALL_CHUNK)
     return SMALL_CHUNK
 
 

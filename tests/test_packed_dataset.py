@@ -281,7 +281,7 @@ def test_reader_gives_blocks_for_the_trainer(built: Path) -> None:
 def test_opening_a_1b_token_dataset_copies_nothing(tiny_dataset: Path, tmp_path: Path) -> None:
     import psutil
 
-    from sparknet.data.packed.contents import chunk_blocks, chunk_count
+    from sparknet.data.packed.dataset import chunk_blocks, chunk_count
 
     folder = tmp_path / "big"
     folder.mkdir()

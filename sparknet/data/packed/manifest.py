@@ -75,7 +75,7 @@ def split_report(spec: Any, held: dict[str, Any], counts: dict[str, Any],
             "blocks": writers[name].blocks,
             "tokens": writers[name].blocks * block,
             "documents": sum(source["documents"] for source in sources[name].values()),
-            "sha256": writers[name].content.record(),  # per chunk, as written (packed/contents.py)
+            "sha256": writers[name].content.record(),  # per chunk, as written (packed/dataset.py)
             "sources": sources[name],
         }
     splits["val"]["source_ids"] = held["source_ids"]
