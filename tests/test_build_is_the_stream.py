@@ -218,8 +218,8 @@ def test_on_exhausted_fail_stops_the_build_and_the_stream_in_one_line(setup: dic
                        "--output_dir", tmp_path / "ds", "--num_workers", 0, *common)
     stream = run_script("train_sparknet.py", *stream_args(
         tmp_path, setup["dry"], setup["tokenizer"], target_tokens=STEPS * GLOBAL_BATCH * BLOCK,
-        global_batch_size=GLOBAL_BATCH, batch_size=GLOBAL_BATCH, num_workers=0, eval_steps=STEPS, save_steps=STEPS,
-        val_tokens=VAL_TOKENS, shuffle_buffer=SHUFFLE_BUFFER, on_exhausted="fail"))
+        global_batch_size=GLOBAL_BATCH, batch_size=GLOBAL_BATCH, num_workers=0, eval_steps=2, save_steps=2,
+        val_tokens=VAL_TOKENS, shuffle_buffer=SHUFFLE_BUFFER, shuffle_window=0, on_exhausted="fail"))
     for proc, where in ((build, "the build's train split"), (stream, "the training stream")):
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
@@ -227,3 +227,11 @@ def test_on_exhausted_fail_stops_the_build_and_the_stream_in_one_line(setup: dic
                           "it more data or a lower prob, or set ON_EXHAUSTED to renormalise, stop or restart"], \
             proc.stderr[-3000:]
     assert not (tmp_path / "ds" / "manifest.json").exists()
+    # (blocks made as trained: no window made ahead) the run's checkpoints stay, and the message's advice works: the
+    # same run continues with ON_EXHAUSTED=renormalise
+    assert list((tmp_path / "ckpt" / "run").glob("checkpoint-*")), proc.stderr[-3000:]
+    again = run_script("train_sparknet.py", *stream_args(
+        tmp_path, setup["dry"], setup["tokenizer"], target_tokens=STEPS * GLOBAL_BATCH * BLOCK,
+        global_batch_size=GLOBAL_BATCH, batch_size=GLOBAL_BATCH, num_workers=0, eval_steps=2, save_steps=2,
+        val_tokens=VAL_TOKENS, shuffle_buffer=SHUFFLE_BUFFER, shuffle_window=0, on_exhausted="renormalise"))
+    assert again.returncode == 0 and "resuming from" in again.stderr.lower(), again.stderr[-3000:]

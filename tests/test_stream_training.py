@@ -338,6 +338,14 @@ def test_a_damaged_hold_out_file_is_refused_in_one_line_and_the_run_resumes_once
     assert train_streamed(tmp_path, corpus_config, tokenizer_dir, **settings).status == "finished"
     assert {n: (run_dir / n).read_bytes() for n in saved} == saved
 
+    # a finished run whose checkpoints were deleted (to save disk) keeps its hold-out: damage is refused, not remade
+    import shutil
+
+    for checkpoint in run_dir.glob("checkpoint-*"):
+        shutil.rmtree(checkpoint)
+    _damage(run_dir / VAL_SOURCES, "truncated")
+    with pytest.raises(UserError, match=f"{re.escape(str(run_dir / VAL_SOURCES))} is damaged"):
+        train_streamed(tmp_path, corpus_config, tokenizer_dir, **settings)
     # a start stopped while it wrote the hold-out (no checkpoint yet): the next start holds out again and trains
     other = tmp_path / "b" / "ckpt" / "run"
     other.mkdir(parents=True)

@@ -134,6 +134,8 @@ class StreamBlocks:
                     item = next(self.pipeline, None)
                     dry = self._note_dry()
                     if dry and self.on_exhausted == "fail":
+                        if item is not None:
+                            pulled.append(item)  # given back below, as any piece of a block that failed to fill
                         what = CONSUMERS[self.consumer][1]
                         raise UserError(f"source {dry[0]!r} ran dry before reaching its share, in {what} "
                                         "(ON_EXHAUSTED=fail): give it more data or a lower prob, or set ON_EXHAUSTED "

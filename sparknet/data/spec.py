@@ -24,6 +24,12 @@ import numpy as np
 
 from sparknet.config.mix import MixConfig
 
+
+def data_rule(on_exhausted: str) -> str:
+    """ON_EXHAUSTED as it shapes the data, for what identifies a run, a position or a dataset: `fail` gives what
+    `renormalise` gives, or stops with an error, so a run stopped by it continues without it."""
+    return "renormalise" if on_exhausted == "fail" else on_exhausted
+
 # Blocks per piece of a long document (data/pieces.py). Smaller pieces hold every prefix closer to the mix; 8 blocks
 # keep a source within 4 blocks of its share in any prefix.
 PIECE_BLOCKS = 8
@@ -91,7 +97,7 @@ class Part:
                if self.held_out else {}),
             **({"excluded_documents_sha256": hashlib.sha256(" ".join(sorted(self.exclude)).encode()).hexdigest()}
                if self.exclude else {}),
-            "on_exhausted": self.on_exhausted,
+            "on_exhausted": data_rule(self.on_exhausted),
             **({"phase_end_blocks": list(self.phase_ends)} if self.phase_ends is not None else {}),
             "window_blocks": self.window_blocks,
             **({"end_blocks": self.end_blocks} if self.window_blocks and self.end_blocks is not None else {}),

@@ -115,7 +115,7 @@ def train(settings: TrainSettings, data: DataPlan) -> TrainResult:
         run = open_run(settings.run_name, settings.checkpoints_dir, settings.logs_dir,
                        run_identity(settings, data, target), settings.allow_config_change, process_rank() == 0,
                        fixed=data.fixed_identity)
-        data.prepare_run(run.run_dir, run.resume)  # (a finished streaming run's damaged hold-out is written too)
+        data.prepare_run(run.run_dir, run.resume)
         if base is not None and run.resume is None and run.finished_metadata is None and process_rank() == 0:
             write_json_atomic(run.run_dir / BASE_RECORD, base.record())  # once, as the run starts from it
         if run.finished_metadata is not None:

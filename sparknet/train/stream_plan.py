@@ -17,8 +17,9 @@ from transformers import TrainerCallback
 
 from sparknet.common.errors import UserError
 from sparknet.config.mix import MixConfig
-from sparknet.data.spec import DataSpec, HeldOutRows, Part
+from sparknet.data.spec import DataSpec, HeldOutRows, Part, data_rule
 from sparknet.run_files import (
+    METADATA,
     RUN_CONFIG,
     VAL_BLOCKS,
     VAL_REPORT,
@@ -157,6 +158,8 @@ class StreamPlan(DataPlan):
             for name, array in ((VAL_BLOCKS, self.val_tokens), (VAL_SOURCES, self.val_sources)):
                 with open(run_dir / f".{name}.tmp", "wb") as f:  # renamed into place whole, as the report is
                     np.save(f, array)
+                    f.flush()
+                    os.fsync(f.fileno())  # made once and read on every resume: on disk before the first step
                 os.replace(run_dir / f".{name}.tmp", run_dir / name)
             write_json_atomic(run_dir / VAL_REPORT, self.report)
         if resume is not None:
@@ -224,7 +227,9 @@ def _validation(spec: StreamSpec, tokenizer: Any, run_dir: Path
     refused in one line naming it, as every other damaged run file is."""
     from sparknet.data.source.opening import resolve_revisions
 
-    if not checkpoints_by_step(run_dir):  # nothing trained yet: files a start left half-written are made again
+    # nothing trained yet (no checkpoint, not a finished run whose checkpoints were deleted): files a start left
+    # half-written are made again
+    if not checkpoints_by_step(run_dir) and not (run_dir / METADATA).is_file():
         log.info("holding out %s validation tokens from the start of the mix", f"{spec.val_tokens:,}")
         commits = resolve_revisions(spec.config)
         val_tokens, sources, report = _hold_out(spec.data(tokenizer, commits), commits)
@@ -290,7 +295,7 @@ def _identity(spec: StreamSpec, tokenizer: Any) -> dict[str, Any]:
         "data_seed": spec.seed,
         "shuffle_buffer": spec.shuffle_buffer,
         "shuffle_window": spec.window_blocks,
-        "on_exhausted": spec.on_exhausted,
+        "on_exhausted": data_rule(spec.on_exhausted),
         "val_tokens": spec.val_tokens,
     }
 

@@ -63,7 +63,7 @@ from sparknet.data.packed.dataset import (
 from sparknet.data.packed.manifest import description, missed_shares, phase_report, split_report
 from sparknet.data.pipeline import Encoders, Pipeline, stop
 from sparknet.data.source.opening import at_commits, resolve_revisions
-from sparknet.data.spec import PIECE_BLOCKS, DataSpec, HeldOutRows, Part, token_dtype
+from sparknet.data.spec import PIECE_BLOCKS, DataSpec, HeldOutRows, Part, data_rule, token_dtype
 from sparknet.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
@@ -333,8 +333,7 @@ def _inputs(spec: BuildSpec, tok: Any, dtype: np.dtype) -> dict[str, Any]:
         "target_tokens": spec.target_tokens,
         "val_tokens": spec.val_tokens,
         "shuffle_buffer": spec.shuffle_buffer,
-        # what shapes the bytes: "fail" writes what "renormalise" writes, or stops with an error
-        "on_exhausted": "renormalise" if spec.on_exhausted == "fail" else spec.on_exhausted,
+        "on_exhausted": data_rule(spec.on_exhausted),
     }
     inputs["mixing"] = MIXING_RULES
     return inputs
