@@ -14,6 +14,7 @@ the versions they pass with; `make lock` moves them and runs these tests.
 | datasets | IterableDataset._ex_iterable, .ex_iterable, .kwargs["files"], state "shard_idx"/"examples_iterable" | data/source/opening.py |
 | accelerate | utils.operations.ConvertOutputsToFp32 (.model_forward; a prepared forward's __func__.__wrapped__) | train/step_speed.py |
 | torch | a compiled module's _orig_mod; SummaryWriter._get_file_writer | train/callbacks.py |
+| torch | _inductor.cpp_builder.get_cpp_compiler, _inductor.exc.InvalidCxxCompiler (called, caught) | train/hf_trainer.py |
 | lm_eval | api.task, api.model, models.huggingface: their module-level `tqdm` (assigned) | harness.py |
 | (stdlib) | ProcessPoolExecutor._safe_to_dynamically_spawn_children, _processes, _result_queue._writer | data/encoding/encoder_pool.py |
 """  # noqa: E501 - a table
@@ -185,6 +186,21 @@ def test_a_compiled_module_keeps_the_original_as_orig_mod() -> None:
 
     module = torch.nn.Linear(2, 2)
     assert torch.compile(module)._orig_mod is module
+
+
+def test_inductor_finds_its_cpp_compiler_from_cxx_or_raises_invalid_cxx_compiler(monkeypatch: pytest.MonkeyPatch,
+                                                                               tmp_path: Path) -> None:
+    """hf_trainer's check that torch.compile can build CPU kernels asks inductor's own search: the compiler found
+    (this machine's, as the tests need one), or InvalidCxxCompiler where its candidates ($CXX, read when the config
+    was imported, else g++) do not run."""
+    from torch._inductor import config
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    assert get_cpp_compiler()
+    monkeypatch.setattr(config.cpp, "cxx", (None, str(tmp_path / "no-such-c++")))
+    with pytest.raises(InvalidCxxCompiler):
+        get_cpp_compiler()
 
 
 def test_summary_writer_file_writer_takes_a_described_summary(tmp_path: Path) -> None:

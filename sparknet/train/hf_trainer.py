@@ -105,8 +105,9 @@ def fsdp_launched() -> bool:
 def check_launch(settings: TrainSettings, device: dict[str, Any]) -> None:
     """Refuses, before anything is written, a launch that would not run as asked: FSDP off CUDA (accelerate then
     runs plain data parallelism without a word), Muon under FSDP (its update orthogonalises whole matrices, and
-    FSDP gives each process a shard of each), FUSED_CROSS_ENTROPY without its package, or EMBEDDING_LEARNING_RATE
-    with an optimizer that does not read it."""
+    FSDP gives each process a shard of each), FUSED_CROSS_ENTROPY without its package, COMPILE or
+    FUSED_CROSS_ENTROPY on a CPU without a C++ compiler, or EMBEDDING_LEARNING_RATE with an optimizer that does not
+    read it."""
     from sparknet.model.optimizers import OPTIMIZERS
 
     choice = OPTIMIZERS[settings.optimizer]
@@ -118,6 +119,16 @@ def check_launch(settings: TrainSettings, device: dict[str, Any]) -> None:
         from sparknet.train.fused_loss import linear_cross_entropy
 
         linear_cross_entropy()  # the package's absence is one line now, not after the run folder is made
+    # on a CPU, torch.compile's inductor builds C++ kernels (the fused loss's CPU implementation is compiled too):
+    # without a compiler the first step failed in a long traceback, after the run folder was made.
+    # (setting, its value here, the value that turns it off)
+    wants = [want for want, on in ((("COMPILE", "on", "off"), compiles(settings, device)),
+                                   (("FUSED_CROSS_ENTROPY", "True", "False"), settings.fused_cross_entropy)) if on]
+    if device["kind"] == "cpu" and wants and (missing := _no_cpp_compiler()):
+        raise UserError(f"{' and '.join(f'{name}={value}' for name, value, _ in wants)} on a CPU need a C++ "
+                        f"compiler (torch.compile builds its CPU kernels with one), and {missing}: install one (e.g. "
+                        "`apt install g++`) or point CXX at it, or set "
+                        f"{' and '.join(f'{name}={off}' for name, _, off in wants)}")
     if not fsdp_launched():
         return
     if device["kind"] != "cuda":
@@ -156,6 +167,19 @@ def warmup_steps(warmup_ratio: float, max_steps: int) -> int:
     warmup runs step k at k/warmup of the peak, so its first step is at LR 0: a warmup over every step of a run of
     one step trained that step at LR 0 (the weights unchanged, exit 0). Capped, the last step is at the peak."""
     return max(0, min(math.ceil(warmup_ratio * max_steps), max_steps - 1))
+
+
+def _no_cpp_compiler() -> str | None:
+    """Why torch.compile's inductor finds no C++ compiler here (its own search: $CXX, else g++), or None if it does."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    try:
+        get_cpp_compiler()
+    except InvalidCxxCompiler:
+        cxx = os.environ.get("CXX")
+        return f"none runs here (tried {cxx} from CXX)" if cxx else "none runs here (tried g++; CXX is not set)"
+    return None
 
 
 def compiles(settings: TrainSettings, device: dict[str, Any]) -> bool:
