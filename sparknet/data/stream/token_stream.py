@@ -35,7 +35,7 @@ import itertools
 import json
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -81,13 +81,11 @@ class TokenStream(torch.utils.data.IterableDataset):
         self.settings = self._settings()
         self._state: dict[str, Any] | None = None  # loaded, not yet iterated
         self._pipeline: StreamBlocks | None = None
+        self._windows: Windows | None = None  # the pipeline's blocks as handed out, with their position
         self._encoders: Encoders | None = None
         self._busy_seconds = 0.0
         self._timed_tokens = 0
         self._given = 0  # blocks handed to the consumer (the position's "blocks_yielded")
-        # the window being handed out: the position at its start, its blocks in their shuffled order, the next index
-        self._window: tuple[dict[str, Any], list[np.ndarray]] | None = None
-        self._window_index = 0
         # Blocks given since the last optimizer step ended, and blocks to give again before the pipeline's next:
         # a run stopped by a failure mid-step saves the step's start as its position (`rewind_to_step`).
         self._since_step: list[np.ndarray] = []
@@ -125,41 +123,10 @@ class TokenStream(torch.utils.data.IterableDataset):
             started = time.perf_counter()
 
     def _blocks(self) -> Iterator[np.ndarray]:
-        loop = self._start()
+        windows = self._start()
         while self._replay:
             yield self._replay.pop(0)
-        if not self.part.window_blocks:
-            yield from loop.blocks()
-            return
-        while True:
-            if self._window is None:
-                start = loop.state_dict()
-                # the position while the window is being made is its start: a failure part-way (a Hub outage)
-                # saves a position that makes the whole window again, not one past the blocks read into it
-                self._window, self._window_index = (start, []), 0
-                window = self._shuffled_window(loop, loop.blocks_yielded, self._window_size(loop.blocks_yielded))
-                if not window:
-                    self._window = None
-                    return
-                self._window = (start, window)
-            blocks = self._window[1]
-            while self._window_index < len(blocks):
-                self._window_index += 1
-                yield blocks[self._window_index - 1]
-            self._window, self._window_index = None, 0
-
-    def _shuffled_window(self, loop: StreamBlocks, start: int, size: int) -> list[np.ndarray]:
-        """The next `size` blocks of `loop` (the window that starts after `start` blocks) in the window's order, which
-        the seed, the rank and `start` fix: the one way a window is made, when the stream reaches it and again when a
-        position inside it is resumed."""
-        blocks = list(itertools.islice(loop.blocks(), size))
-        order = np.random.default_rng([self.spec.seed, self.part.rank, start]).permutation(len(blocks))
-        return [blocks[i] for i in order]
-
-    def _window_size(self, start: int) -> int:
-        """Blocks in the window that starts after `start` blocks: `window_blocks`, less where a phase or the run
-        ends sooner."""
-        return window_size(start, self.part.window_blocks, self.part.phase_ends, self.part.end_blocks)
+        yield from windows.blocks()
 
     @property
     def reads_hub(self) -> bool:
@@ -183,18 +150,12 @@ class TokenStream(torch.utils.data.IterableDataset):
 
     def state_dict(self) -> dict[str, Any]:
         """The exact position after the blocks given so far (a copy; includes "blocks_yielded")."""
-        if self._window is not None:
-            state = copy.deepcopy(self._window[0])
-            state["window"] = {"start": state["blocks_yielded"], "index": self._window_index}
-            if self._window[1]:  # made: its length, which the plan's end may have cut (none handed out before)
-                state["window"]["size"] = len(self._window[1])
-        elif self._pipeline is not None:
-            state = self._pipeline.state_dict()
-        elif self._state is not None:
-            state = copy.deepcopy(self._state)
+        if self._windows is not None:
+            state = self._windows.state_dict()
+            state["blocks_yielded"] = self._given
         else:
-            state = initial_state(self.spec.labels, self.settings)
-        state["blocks_yielded"] = self._given if (self._pipeline or self._window) else state["blocks_yielded"]
+            state = copy.deepcopy(self._state) if self._state is not None else initial_state(self.spec.labels,
+                                                                                               self.settings)
         if self._replay:  # blocks taken back: their tokens (at most one step's), given first on resume
             state["replay"] = [block.tolist() for block in self._replay]
         return state
@@ -204,7 +165,7 @@ class TokenStream(torch.utils.data.IterableDataset):
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise UserError(f"not a TokenStream state of format {STATE_FORMAT}: cannot resume the stream from it")
         saved = _plain(state.get("settings", {}))
-        # the blocks the run will take only cut its last window, whose length the position holds (`_windowed`):
+        # the blocks the run will take only cut its last window, whose length the position holds (`Windows`):
         # a run continued with more steps goes on from the same position
         changes = "; ".join(settings_changes(saved, self.settings))
         if changes:
@@ -214,7 +175,7 @@ class TokenStream(torch.utils.data.IterableDataset):
         self._replay = [np.asarray(block, dtype=self.dtype) for block in self._state.pop("replay", [])]
         self._given = int(self._state["blocks_yielded"])
         self._since_step = []
-        self._pipeline, self._window, self._window_index = None, None, 0
+        self._pipeline, self._windows = None, None
 
     def stats(self) -> dict[str, Any]:
         """Realised token shares and tokens per source of the blocks made so far (since the start of the stream,
@@ -242,10 +203,10 @@ class TokenStream(torch.utils.data.IterableDataset):
             self._encoders.terminate()
             self._encoders = None
 
-    def _start(self) -> StreamBlocks:
+    def _start(self) -> Windows:
         """The live blocks from the current position (what iterating runs)."""
-        if self._pipeline is not None:  # a second iterator goes on where the first stopped
-            return self._pipeline
+        if self._windows is not None:  # a second iterator goes on where the first stopped
+            return self._windows
         state = copy.deepcopy(self._state) if self._state is not None else initial_state(self.spec.labels,
                                                                                            self.settings)
         state.pop("replay", None)  # kept in self._replay
@@ -258,20 +219,68 @@ class TokenStream(torch.utils.data.IterableDataset):
             self._encoders_finalizer = weakref.finalize(self, self._encoders.terminate)
         pipeline = Pipeline(self.spec, self.part, self._encoders, state)
         self._pipeline = StreamBlocks(pipeline, state, settings=self.settings, consumer="stream")
-        if window is not None:
-            self._window_index = int(window["index"])
+        self._windows = Windows(self._pipeline, self.spec.seed, window)
+        return self._windows
+
+
+class Windows:
+    """The loop's blocks as the stream hands them out: in windows of `Part.window_blocks` blocks, each in the order
+    the data seed, the rank and the window's first block fix (0: in the loop's order), with the position after each
+    block given. Inside a window the position is the window's start, the index in it and its length: a resume makes
+    the window again from its start (`window`, the saved one) and goes on from the index."""
+
+    def __init__(self, loop: StreamBlocks, seed: int, window: dict[str, Any] | None = None) -> None:
+        self.loop, self.part, self.seed = loop, loop.part, seed
+        # the window being handed out: the position at its start, its blocks in their order, the next index
+        self._start: dict[str, Any] | None = None
+        self._blocks: list[np.ndarray] = []
+        self._index = 0
+        if window is not None:  # (the start and index first: a failure while it is made again saves them)
             begin = int(window["start"])
-            start = self._pipeline.state_dict()
-            size = int(window["size"]) if "size" in window else self._window_size(begin)
-            self._window = (start, self._shuffled_window(self._pipeline, begin, size))
-        return self._pipeline
+            self._start, self._index = loop.state_dict(), int(window["index"])
+            self._blocks = self._shuffled(begin, int(window["size"]) if "size" in window else self._size(begin))
 
+    def blocks(self) -> Iterator[np.ndarray]:
+        if not self.part.window_blocks:
+            yield from self.loop.blocks()
+            return
+        while True:
+            if self._start is None:
+                # the position while the window is being made is its start: a failure part-way (a Hub outage)
+                # saves a position that makes the whole window again, not one past the blocks read into it
+                self._start, self._blocks, self._index = self.loop.state_dict(), [], 0
+                self._blocks = self._shuffled(self.loop.blocks_yielded, self._size(self.loop.blocks_yielded))
+                if not self._blocks:
+                    self._start = None
+                    return
+            while self._index < len(self._blocks):
+                self._index += 1
+                yield self._blocks[self._index - 1]
+            self._start = None
 
-def window_size(start: int, window_blocks: int, phase_ends: Sequence[int] | None, end_blocks: int | None) -> int:
-    """Blocks in the window that starts after `start` blocks: `window_blocks`, less where a phase or the run
-    (`end_blocks`) ends sooner."""
-    ends = [end for end in (*(phase_ends or ()), end_blocks or 0) if end > start]
-    return min([window_blocks, *(end - start for end in ends)])
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the blocks given (its "blocks_yielded" is the loop's: the caller counts what it
+        handed on)."""
+        if self._start is None:
+            return self.loop.state_dict()
+        state = copy.deepcopy(self._start)
+        state["window"] = {"start": state["blocks_yielded"], "index": self._index}
+        if self._blocks:  # made: its length, which the plan's end may have cut (none handed out before)
+            state["window"]["size"] = len(self._blocks)
+        return state
+
+    def _shuffled(self, start: int, size: int) -> list[np.ndarray]:
+        """The next `size` blocks of the loop (the window that starts after `start` blocks) in the window's order:
+        the one way a window is made, when the stream reaches it and again when a position inside it is resumed."""
+        blocks = list(itertools.islice(self.loop.blocks(), size))
+        order = np.random.default_rng([self.seed, self.part.rank, start]).permutation(len(blocks))
+        return [blocks[i] for i in order]
+
+    def _size(self, start: int) -> int:
+        """Blocks in the window that starts after `start` blocks: `window_blocks`, less where a phase or the run
+        ends sooner."""
+        ends = [end for end in (*(self.part.phase_ends or ()), self.part.end_blocks or 0) if end > start]
+        return min([self.part.window_blocks, *(end - start for end in ends)])
 
 
 def settings_changes(saved: dict[str, Any], settings: dict[str, Any]) -> list[str]:
