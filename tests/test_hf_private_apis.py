@@ -188,19 +188,19 @@ def test_a_compiled_module_keeps_the_original_as_orig_mod() -> None:
     assert torch.compile(module)._orig_mod is module
 
 
-def test_inductor_finds_its_cpp_compiler_from_cxx_or_raises_invalid_cxx_compiler(monkeypatch: pytest.MonkeyPatch,
-                                                                               tmp_path: Path) -> None:
+def test_inductor_finds_its_cpp_compiler_from_cxx_or_raises_invalid_cxx_compiler(tmp_path: Path) -> None:
     """hf_trainer's check that torch.compile can build CPU kernels asks inductor's own search: the compiler found
     (this machine's, as the tests need one), or InvalidCxxCompiler where its candidates ($CXX, read when the config
-    was imported, else g++) do not run."""
+    was imported, else g++) do not run. (Patched with the config's own `patch`, undone on exit: a monkeypatch of
+    config.cpp left inductor without the setting for every later compile in the process.)"""
     from torch._inductor import config
     from torch._inductor.cpp_builder import get_cpp_compiler
     from torch._inductor.exc import InvalidCxxCompiler
 
     assert get_cpp_compiler()
-    monkeypatch.setattr(config.cpp, "cxx", (None, str(tmp_path / "no-such-c++")))
-    with pytest.raises(InvalidCxxCompiler):
+    with config.patch({"cpp.cxx": (None, str(tmp_path / "no-such-c++"))}), pytest.raises(InvalidCxxCompiler):
         get_cpp_compiler()
+    assert get_cpp_compiler()
 
 
 def test_summary_writer_file_writer_takes_a_described_summary(tmp_path: Path) -> None:
