@@ -686,3 +686,31 @@ def test_a_source_that_runs_dry_in_a_build_says_so_as_the_build(corpus_dir: Path
     ended = [line for line in proc.stderr.splitlines() if "ended after" in line]
     assert len(ended) == 1 and "WARNING sparknet.data.packed.build: the build's train split ended after" in ended[0] \
         and "every source ran dry" in ended[0], proc.stderr[-3000:]
+
+
+def test_a_source_the_hold_out_used_up_is_refused_by_the_build_before_it_writes(corpus_dir: Path, tokenizer_dir: Path,
+                                                                                  tmp_path: Path) -> None:
+    """The one check made before a source is trained on, the streaming trainer's and the build's alike
+    (data/holdout.py): a source the validation hold-out read to its end, leaving less than a block of it (the rest of
+    a document it cut), would give the train split next to nothing (here 0.3% for 50% asked). The build refused
+    nothing and wrote a train split without it behind a dry-source warning; now it is one line naming the source, its
+    rows and VAL_TOKENS, exit 1, nothing written. With a smaller VAL_TOKENS the same mix builds."""
+    from tests.helpers import read_texts
+
+    code = write_jsonl(tmp_path / "code.jsonl",
+                       [text[:200] for text in read_texts(corpus_dir / "code.train.jsonl")[:6]])
+    config = write_config(tmp_path / "mix.json", [
+        {"name": "json", "prob": 0.5, "data_files": str(corpus_dir / "prose.train.jsonl")},
+        {"name": "json", "prob": 0.5, "data_files": str(code)}])
+    proc = run_script("build_dataset_v5.py", *build_args(config, tmp_path / "ds", tokenizer_dir, "--target_tokens",
+                                                         20_000, "--val_tokens", 4_000))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and re.fullmatch(
+        r"error: source 'code' \(6 rows\): all its rows read by the validation hold-out, \d+ token\(s\) left to train "
+        r"on \(VAL_TOKENS=4,000\): lower VAL_TOKENS, give the source more data, or leave it out of the mix",
+        errors[0]), proc.stderr[-3000:]
+    assert not (tmp_path / "ds").exists() and not list(tmp_path.glob(".ds*"))
+    proc = run_script("build_dataset_v5.py", *build_args(config, tmp_path / "ds", tokenizer_dir, "--target_tokens",
+                                                         20_000, "--val_tokens", 200))
+    assert proc.returncode == 0, proc.stderr[-3000:]

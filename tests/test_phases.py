@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import re
 import signal
 from pathlib import Path
 
@@ -365,33 +364,106 @@ def test_a_phase_whose_blocks_would_repeat_far_beyond_the_rest_is_refused(short_
 
 
 @pytest.mark.slow
-def test_a_streamed_phase_whose_sources_the_hold_out_used_up_is_refused_before_training(
+def test_a_streamed_run_whose_phase_runs_dry_trains_the_next_phase_and_a_last_one_ends_the_run_saying_so(
         setup: dict[str, Path], tmp_path: Path) -> None:
-    """The anneal phase mixes source c alone, and the hold-out took the start of 20 of its 30 rows (each cut to its
-    cap; the rests are training's): the run trained 39 of 40 steps, said "every source ran dry" and exited 0 (a
-    rerun: "already finished"). A source a phase mixes alone must hold the phase's whole share: refused before
-    training, in one line naming the source, its phase and what it would give against what the phase asks;
-    nothing is created."""
+    """Source c, 30 rows, the hold-out taking the start of 20 (their rests are training's), is too small for a phase
+    that mixes it alone. The stream's start-of-run estimate used to refuse such a run; the one rule now is the loop's:
+    a first phase of c alone ends where c runs dry and the next phase trains to the end (all 40 steps, the short
+    phase named once); a last phase of c alone ends the stream where c runs dry, and the run ends there saying at
+    which step of how many (exit 0, the model and metadata of that step), as a run whose every source runs dry does."""
     data = tmp_path / "data"
     write_jsonl(data / "c.jsonl", _texts("c", 30, 3))
-    mix = [{"name": "json", "prob": 0.5, "data_files": str(setup["dir"] / f"{label}.jsonl")} for label in "ab"]
-    config = tmp_path / "short.json"
+    ab = [{"name": "json", "prob": 0.5, "data_files": str(setup["dir"] / f"{label}.jsonl")} for label in "ab"]
+    c = [{"name": "json", "prob": 1.0, "data_files": str(data / "c.jsonl")}]
+    for order, mixes in (("first", (c, ab)), ("last", (ab, c))):
+        config = tmp_path / f"{order}.json"
+        config.write_text(json.dumps({"seed": 1, "context_length": BLOCK, "target_tokens": 20_000, "phases": [
+            {"name": "main", "share": 0.8, "mix": mixes[0]}, {"name": "anneal", "share": 0.2, "mix": mixes[1]}]}))
+        args = stream_args(tmp_path / order, config, setup["tokenizer"], max_steps=40, global_batch_size=4,
+                           batch_size=4, eval_steps=40, save_steps=40, sample_max_new_tokens=8, shuffle_buffer=0)
+        target = args.index("--target_tokens")
+        proc = run_script("train_sparknet.py", *args[:target], *args[target + 2:])
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        meta = json.loads((tmp_path / order / "ckpt" / "run" / "training_metadata.json").read_text())
+        if order == "first":
+            assert proc.stderr.count("phase main is short: every source of it ran dry at block ") == 1, proc.stderr
+            assert "phase anneal begins here and ends where planned" in proc.stderr
+            assert meta["steps"] == 40 and "ended at step" not in proc.stderr
+            assert meta["stream"]["training"]["end"] is None and meta["stream"]["training"]["exhausted"] == ["c"]
+        else:
+            steps = meta["steps"]
+            assert 30 < steps < 40, steps
+            assert f"the run ended at step {steps} of 40: its training data ran out" in proc.stderr, proc.stderr
+            assert meta["stream"]["training"]["end"] == "every source ran dry"
+
+
+def test_a_phase_whose_sources_run_dry_ends_there_and_the_next_begins_in_the_build_and_the_stream(
+        setup: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Phase main mixes source c alone and c holds about a quarter of the phase's 234 blocks. The loop used to end
+    there ("every source ran dry"): the build wrote no anneal and the stream ended the run. Now main ends where c runs
+    dry and anneal begins in that block, ending where planned: the build writes all 312 blocks, its manifest gives
+    each phase's range (main short, anneal longer, its mix in every prefix), the stream with the build's hold-out
+    gives the build's blocks, and a stream stopped before and after the early switch resumes to the same blocks."""
+    from sparknet.data.packed.build import BuildSpec, build_dataset
+    from sparknet.data.spec import HeldOutRows
+
+    write_jsonl(tmp_path / "c.jsonl", _texts("c", 90, 4))
+    anneal = [{"name": "json", "prob": p, "data_files": str(setup["dir"] / f"{label}.jsonl")}
+              for label, p in ANNEAL.items()]
+    config = tmp_path / "dry.json"
     config.write_text(json.dumps({"seed": 1, "context_length": BLOCK, "target_tokens": 20_000, "phases": [
-        {"name": "main", "share": 0.8, "mix": mix},
-        {"name": "anneal", "share": 0.2, "mix": [{"name": "json", "prob": 1.0,
-                                                  "data_files": str(data / "c.jsonl")}]}]}))
-    args = stream_args(tmp_path, config, setup["tokenizer"], max_steps=40, global_batch_size=4, batch_size=4,
-                       eval_steps=40, save_steps=40, sample_max_new_tokens=8, shuffle_buffer=0)
-    target = args.index("--target_tokens")
-    proc = run_script("train_sparknet.py", *args[:target], *args[target + 2:])
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, proc.stderr[-3000:]
-    assert re.match(r"error: source 'c' \(30 rows, in phase anneal\) would give about 1,\d{3} training tokens after "
-                    r"the \d{3} validation took, less than its share of 2,048 \(phase anneal mixes it "
-                    r"alone: the stream would end there\) \(VAL_TOKENS=2,048\): ", errors[0]), \
-        errors[0]
-    assert "train  step" not in proc.stderr and not (tmp_path / "ckpt").exists()
+        {"name": "main", "share": 0.75, "mix": [{"name": "json", "prob": 1.0,
+                                                 "data_files": str(tmp_path / "c.jsonl")}]},
+        {"name": "anneal", "share": 0.25, "mix": anneal}]}))
+    out = tmp_path / "ds"
+    with caplog.at_level("WARNING"):
+        manifest = build_dataset(BuildSpec(config=load_config(config), tokenizer=str(setup["tokenizer"]),
+                                           output_dir=out, target_tokens=20_000, val_tokens=1_000, block_size=BLOCK,
+                                           seed=1))
+    main, second = manifest["splits"]["train"]["phases"]
+    switch = main["blocks"][1]
+    assert 20 < switch < 100 and main["blocks"] == [0, switch] and second["blocks"] == [switch, 312], main
+    assert not main["complete"] and second["complete"] and not manifest["complete"]
+    assert manifest["splits"]["train"]["blocks"] == 312 and manifest["exhausted_sources"] == ["c"]
+    warnings = [r.getMessage() for r in caplog.records if "is short" in r.getMessage()]
+    assert warnings == [f"phase main is short: every source of it ran dry at block {switch} of the build's train "
+                        "split, before its planned end at block 234; phase anneal begins here and ends where planned "
+                        "(the train split's mix is in the dataset's manifest.json)"], warnings
+    tokens = np.fromfile(out / "train.bin", dtype=manifest["dtype"]).astype(np.int64).reshape(-1, BLOCK)
+    tok = Tokenizer.from_file(str(setup["tokenizer"] / "tokenizer.json"))
+    position = json.loads((out / "position.json").read_text())["held_out"]
+    # the rests of the documents the hold-out cut come first from each source (untagged: their starts are given)
+    rests = held_out_rests(position["rows"], {"a": _texts("a", 3000, 1), "b": _texts("b", 3000, 2),
+                                              "c": _texts("c", 90, 4)},
+                           lambda text: tok.encode(text, add_special_tokens=False).ids, tok.decode)
+    owner = tagged_owners(tokens, tok.token_to_id("<|endoftext|>"), tok.decode, {"a": 1, "b": 0, "c": 2},
+                          rests=rests)[switch + 1:]
+    assert ((owner == 0) | (owner == 1)).all()  # c's last document ends in the switch's block
+    assert_every_prefix_mixed(owner.reshape(-1), ANNEAL["a"], BLOCK, whole_within=WHOLE_WITHIN)
+    # the stream, after the build's hold-out: the build's blocks; stopped before and after the switch: the same
+
+    def stream() -> object:
+        made = stream_of(load_config(config), tok.to_str(), tok.token_to_id("<|endoftext|>"), block_size=BLOCK, seed=1,
+                         held_out={label: HeldOutRows.from_dict(rows) for label, rows in position["rows"].items()},
+                         exclude=position["hashes"])
+        made.plan(phase_ends=[234, 312])
+        return made
+
+    whole = stream()
+    blocks = np.stack([b["input_ids"].numpy() for _, b in zip(range(312), whole, strict=False)])
+    whole.close()
+    assert np.array_equal(blocks, tokens)
+    for stop in (switch - 5, switch + 5):
+        early = stream()
+        first = [b["input_ids"].numpy() for _, b in zip(range(stop), early, strict=False)]
+        state = json.loads(json.dumps(early.state_dict()))
+        early.close()
+        assert state.get("phase", 0) == (stop > switch)
+        resumed = stream()
+        resumed.load_state_dict(state)
+        rest = [b["input_ids"].numpy() for _, b in zip(range(312 - stop), resumed, strict=False)]
+        resumed.close()
+        assert np.array_equal(np.stack(first + rest), tokens), stop
 
 
 def _block_digests(dataset: Path) -> list[set[str]]:

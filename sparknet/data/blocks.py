@@ -10,8 +10,11 @@ first of them; all three run `StreamBlocks`, so the same settings give the same 
   more of its document, up to the block's end: `Pipeline.extend`.)
 - In a run in phases the mixer switches to the next phase's probs before the first piece chosen once the blocks
   given reach the phase's end (`Part.phase_ends`, in blocks of this part: a whole number of its blocks per optimizer
-  step, so at a step boundary); the document that crosses it ends in the next phase's first block. The switch
-  follows from the position alone, so a resume switches where an uninterrupted stream does.
+  step, so at a step boundary); the document that crosses it ends in the next phase's first block. A phase whose
+  sources all run dry before its end ends there (renormalise: nothing of it is left to mix) and the next one begins
+  in the block being filled, its end where it was planned: the run loses no step, the short phase says so once. The
+  switch follows from the position alone (the phase is part of it), so a resume switches where an uninterrupted
+  stream does.
 - A source that runs dry: `Part.on_exhausted` (renormalise: the others go on in proportion; stop: the stream ends;
   restart: the reader reads it again).
 
@@ -141,6 +144,8 @@ class StreamBlocks:
                                         "(ON_EXHAUSTED=fail): give it more data or a lower prob, or set ON_EXHAUSTED "
                                         "to renormalise, stop or restart")
                     if item is None:
+                        if self._next_phase_early():
+                            continue
                         self._finish("every source ran dry")
                         return
                     if dry and self.on_exhausted == "stop":
@@ -185,6 +190,21 @@ class StreamBlocks:
         while ends is not None and self.pipeline.phase + 1 < len(ends) and \
                 self.packer.tokens_added >= ends[self.pipeline.phase] * self.block_size:
             self.pipeline.start_phase(self.pipeline.phase + 1)
+
+    def _next_phase_early(self) -> bool:
+        """Where every source of a phase that is not the last ran dry: the next phase begins here (True)."""
+        ends = self.part.phase_ends
+        phase = self.pipeline.phase
+        if ends is None or phase + 1 >= len(ends):
+            return False
+        phases = self.pipeline.config.phases
+        name, what, where = CONSUMERS[self.consumer]
+        logging.getLogger(name).warning(
+            "phase %s is short: every source of it ran dry at block %d of %s, before its planned end at block %d; "
+            "phase %s begins here and ends where planned (%s)", phases[phase].name, self.blocks_yielded, what,
+            ends[phase], phases[phase + 1].name, where.format(on_exhausted=self.on_exhausted))
+        self.pipeline.start_phase(phase + 1)
+        return True
 
     def _unused(self) -> tuple[Cutting | None, Counter[str]]:
         """The piece being cut (if tokens of it are left) and the pieces handed out but not used, per source: the

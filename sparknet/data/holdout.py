@@ -9,6 +9,10 @@ in both splits and none is lost. `HeldOut.hashes` name the documents it took tok
 them (data/pieces.py). The source of each validation token is kept too (blocks join documents of several
 sources), for the eval loss per source, and where each item starts (`report["item_starts"]`): a document cut at
 its cap ends where a block ends, with no <|endoftext|>, so evaluation finds documents from this record.
+
+The one check on a source made before training reads it (`check_training_left`): a source the hold-out read to its
+end, leaving training less than one block, is refused here, for both scripts. What happens when a
+source runs dry later is the loop's rule, ON_EXHAUSTED (data/blocks.py).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from sparknet.common.errors import UserError
 from sparknet.config.checks import check_values
 from sparknet.data.blocks import StreamBlocks, initial_state
 from sparknet.data.pipeline import Encoders, Pipeline, stop
@@ -76,7 +81,25 @@ def hold_out(spec: DataSpec, progress: Any = None) -> HeldOut:
         log.warning("the sources hold only %d of the %d validation blocks asked", len(blocks), wanted)
     stacked = np.stack(blocks) if blocks else np.empty((0, spec.block_size), dtype=spec.token_dtype)
     report = {**_report(spec, counts, rows, sizes, len(blocks)), "item_starts": item_starts}
+    rests = {label: sum(length - start for _, _, start, length in documents) for label, documents in used.items()}
+    check_training_left(report, rests, spec)
     return HeldOut(stacked, source_ids, rows, hashes, report)
+
+
+def check_training_left(report: dict[str, Any], rests: dict[str, int], spec: DataSpec) -> None:
+    """Refuses, before any training, a source the hold-out (`report`) read to its end and left less than one block
+    of training tokens (`rests`: per source, the tokens of the documents it cut, training's): training would get
+    next to nothing of it and train on the other sources behind a warning (in a run in phases, a phase that mixes it
+    would be all but empty). Any other source is left to the loop's ON_EXHAUSTED, where it runs dry (a source of one
+    long document the hold-out took the start of trains on its rest)."""
+    used_up = [(label, source["rows_in_source"], rests.get(label, 0)) for label, source in report["sources"].items()
+               if source["rows_in_source"] is not None and source["rows_held_out"] >= source["rows_in_source"]
+               and rests.get(label, 0) < spec.block_size]
+    if used_up:
+        named = "; ".join(f"source {label!r} ({rows} rows): all its rows read by the validation hold-out, "
+                          f"{left} token(s) left to train on" for label, rows, left in used_up)
+        raise UserError(f"{named} (VAL_TOKENS={spec.val_tokens:,}): lower VAL_TOKENS, give the source more data, or "
+                        "leave it out of the mix")
 
 
 def _documents_used(loop: StreamBlocks) -> dict[str, list[tuple[str, tuple[int, int], int, int]]]:

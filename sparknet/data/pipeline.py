@@ -154,6 +154,7 @@ class Pipeline:
         mixed by the new probs)."""
         self.phase = index
         self.mixer.set_probs(self._phase_probs(index))
+        self._mixed = iter(self.mixer)  # the mix over again: the last phase's ended where its sources all ran dry
 
     def used(self, label: str, unused: int = 0) -> int:
         """Items of `label` used so far: those its source handed out, less the mixer's read-ahead and `unused`

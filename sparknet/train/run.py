@@ -359,6 +359,9 @@ def conclude(s: TrainSettings, data: DataPlan, run: RunFolder, parts: TrainerPar
         return TrainResult("interrupted", run.run_dir, trainer, signal=safety.stop_signal, message=(
             f"stopped at step {step}: checkpoint saved in {run.run_dir / f'checkpoint-{step}'}; run the same command "
             "to resume"))
+    if 0 < trainer.state.max_steps and step < trainer.state.max_steps:  # the stream's sources all ran dry first
+        log.warning("the run ended at step %d of %d: its training data ran out (said above); the model and its "
+                    "metadata are of step %d", step, trainer.state.max_steps, step)
     final_eval = trainer.evaluate()["eval_loss"]
     export(trainer, data.tokenizer, run.run_dir)
     metadata = run_metadata(s, data, run, parts, final_eval)

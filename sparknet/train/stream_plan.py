@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,7 +184,6 @@ def stream_plan(spec: StreamSpec, run_dir: Path) -> StreamPlan:
     tokenizer = load_tokenizer(spec.tokenizer_dir)
     check_source_tokenizers(spec.config, spec.tokenizer_dir, tokenizer)
     val_tokens, val_sources, report, commits, write_hold_out = _validation(spec, tokenizer, run_dir)
-    _check_training_left(report, spec)
     log.info("stream: %d encoding process(es) for this training process", spec.num_workers)
     part = Part(rank=process_rank(), world_size=world_size(), on_exhausted=spec.on_exhausted,
                 held_out={label: HeldOutRows.from_dict(rows) for label, rows in report["held_out"].items()},
@@ -298,84 +296,6 @@ def _identity(spec: StreamSpec, tokenizer: Any) -> dict[str, Any]:
         "on_exhausted": data_rule(spec.on_exhausted),
         "val_tokens": spec.val_tokens,
     }
-
-
-def _check_training_left(report: dict[str, Any], spec: StreamSpec) -> None:
-    """Refuses, at the start, a source the validation hold-out used up or nearly so: it would give no training
-    tokens, or far less than its share, and the run would train on the other sources behind a warning; in a run in
-    phases, a phase whose sources all run dry would end the stream there ("every source ran dry", exit 0, the later
-    phases never trained). Its rows: the hold-out's count when it read the source to its end, else the local files'
-    (sizes.source_size; a Hub source's are not known cheaply: not checked). Its tokens per document: the hold-out's,
-    or, where the hold-out cut documents to its cap (then those are a lower bound), the mean of the source's first
-    rows encoded. What it gives: its rows times that, less the tokens validation took (the rest of each document
-    the hold-out cut is training's). Its need: its share of the budget in each phase that mixes it; a source a
-    phase mixes alone must hold all of it (the stream ends where it runs dry: each token short is a step lost),
-    any other half. ON_EXHAUSTED=stop or restart says the user expects a source to run dry, and then only an empty
-    one is refused (fail: as renormalise, here refused before training rather than when it runs dry)."""
-    from sparknet.data.source.sizes import source_size
-
-    budget = spec.target_tokens or spec.config.target_tokens
-    phases = spec.config.phases
-    problems = []
-    for source_spec in spec.config.mix:
-        label = source_spec.label
-        source = report.get("sources", {}).get(label, {})
-        # what each phase asks of the source, and the phases that mix it
-        need = sum(budget * phase.share * phase.prob_of().get(label, 0.0) / sum(phase.prob_of().values())
-                   for phase in phases)
-        mixed_in = [phase for phase in phases if phase.prob_of().get(label)]
-        held = source.get("rows_held_out", 0)
-        per_doc = _tokens_per_document(source, source_spec, spec)
-        total = source.get("rows_in_source")
-        if total is None:  # the rows that would cover its need tell: counting stops there
-            total = source_size(source_spec, row_limit=held + (math.ceil(need / per_doc) if per_doc else 0) + 1).rows
-        if total is None:
-            continue
-        where = f", in phase {', '.join(phase.name for phase in mixed_in)}" if spec.config.phased else ""
-        # the rest of each document the hold-out cut is training's: the source's tokens less those validation took
-        taken = int(source.get("tokens", 0))
-        left = total * per_doc - taken if per_doc else None
-        # a phase that mixes the source alone ends the stream where it runs dry: every token short is a step lost
-        alone = [phase.name for phase in mixed_in if len(phase.prob_of()) == 1] if spec.config.phased else []
-        if total <= held and not source.get("documents_cut"):
-            problems.append(f"{label!r} ({total} rows{where}) would give no training tokens: all its rows held out "
-                            "for validation")
-        elif spec.on_exhausted in ("renormalise", "fail") and left is not None and \
-                left < (1.0 if alone else 0.5) * need:
-            problems.append(f"{label!r} ({total} rows{where}) would give about {max(left, 0):,.0f} training tokens "
-                            f"after the {taken:,} validation took, {'less' if alone else 'far less'} than its share "
-                            f"of {need:,.0f}"
-                            + (f" (phase {', '.join(alone)} mixes it alone: the stream would end there)"
-                               if alone else ""))
-    if problems:
-        raise UserError(f"source {'; source '.join(problems)} (VAL_TOKENS={spec.val_tokens:,}): lower VAL_TOKENS, "
-                        "give the source more data or a lower prob, or set ON_EXHAUSTED=restart to reuse it")
-
-
-# rows of a source encoded to learn its tokens per document where the hold-out cut its documents
-TOKENS_SAMPLE_ROWS = 256
-
-
-def _tokens_per_document(source: dict[str, Any], source_spec: Any, spec: StreamSpec) -> float | None:
-    """A source's training tokens per document (its eos included): the hold-out's mean when it cut none of them,
-    else the mean of its first TOKENS_SAMPLE_ROWS documents encoded (local sources; None for a Hub one)."""
-    if not source.get("documents_cut"):
-        return source.get("tokens", 0) / max(source.get("documents", 0), 1) or None
-    if source_spec.local is None:
-        return None
-    import itertools
-
-    from sparknet.data.source.hub_retries import iter_texts
-    from sparknet.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(spec.tokenizer_dir)
-    texts = list(itertools.islice(iter_texts(source_spec, lambda: tokenizer), TOKENS_SAMPLE_ROWS))
-    if not texts:
-        return None
-    backend = tokenizer.backend_tokenizer
-    backend.encode_special_tokens = True  # a literal "<|endoftext|>" is text, as the stream's DocumentEncoder has it
-    encoded = backend.encode_batch(texts, add_special_tokens=False)
-    return sum(len(e.ids) + 1 for e in encoded) / len(texts)
 
 
 # the stream's figures of what training took, as the metadata records them

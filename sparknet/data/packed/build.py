@@ -447,8 +447,8 @@ def _build(spec: BuildSpec, data: DataSpec, tmp: Path, saved: dict[str, Any],
         writers = {split: SplitWriter(tmp, split, data.block_size, data.token_dtype, blocks=written.get(split, 0))
                    for split in SPLITS}
         try:
-            phase_tokens = _write_training(spec, loop, _Writing(tmp, saved, writers, spec.checkpoint_seconds),
-                                           want["train"], bar)
+            phases = _write_training(spec, loop, _Writing(tmp, saved, writers, spec.checkpoint_seconds),
+                                     want["train"], bar)
         finally:
             for writer in writers.values():
                 writer.close()
@@ -465,7 +465,7 @@ def _build(spec: BuildSpec, data: DataSpec, tmp: Path, saved: dict[str, Any],
     bar.close()
     stop(pipeline.sources, encoders, clean=True)
     (tmp / f".{POSITION}.tmp").unlink(missing_ok=True)  # from a kill during a save
-    return _splits(spec, loop, writers, held, phase_tokens, want)
+    return _splits(spec, loop, writers, held, phases, want)
 
 
 def _write_hold_out(held: HeldOut, folder: Path) -> dict[str, Any]:
@@ -480,27 +480,39 @@ def _write_hold_out(held: HeldOut, folder: Path) -> dict[str, Any]:
 
 
 def _write_training(spec: BuildSpec, loop: StreamBlocks, writing: _Writing, want: int,
-                    bar: Any) -> list[dict[str, int]]:
+                    bar: Any) -> tuple[list[dict[str, int]], list[int]]:
     """Writes the training part's blocks until `want` of them (or every source ran dry), saving the position as it
-    goes and at the end; returns each source's tokens at every phase boundary passed (a config in phases)."""
-    ends = spec.config.phase_ends(want)[:-1] if spec.config.phased else []
+    goes and at the end; returns, for every phase boundary passed (a config in phases), each source's tokens there
+    and the block the next phase began at (where planned, or earlier: data/blocks.py, a phase whose sources ran dry)."""
+    planned = spec.config.phase_ends(want)[:-1] if spec.config.phased else []
     phase_tokens: list[dict[str, int]] = list(writing.saved.get("phase_tokens", []))
+    # a position saved before starts were kept passed only planned boundaries
+    phase_starts: list[int] = list(writing.saved.get("phase_starts", planned[:len(phase_tokens)]))
     blocks = loop.blocks()
     while loop.blocks_yielded < want:
+        tokens, start = dict(loop.packer.tokens_by_source), loop.blocks_yielded
         block = next(blocks, None)
         if block is None:
             break
         writing.add(block, loop)
         bar.update(spec.block_size)
-        if len(phase_tokens) < len(ends) and loop.blocks_yielded == ends[len(phase_tokens)]:
-            phase_tokens.append(dict(loop.packer.tokens_by_source))
-            writing.saved["phase_tokens"] = phase_tokens
+        while len(phase_tokens) < len(planned):
+            k = len(phase_tokens)
+            if loop.pipeline.phase > k and start < planned[k]:  # the next phase began early, in this block
+                phase_tokens.append(tokens)
+                phase_starts.append(start)
+            elif loop.blocks_yielded == planned[k]:  # where planned (the mixer switches at the next piece chosen)
+                phase_tokens.append(dict(loop.packer.tokens_by_source))
+                phase_starts.append(planned[k])
+            else:
+                break
+            writing.saved.update(phase_tokens=phase_tokens, phase_starts=phase_starts)
     writing.save(loop)  # the end of the dataset is a position: a larger build goes on from it
-    return phase_tokens
+    return phase_tokens, phase_starts
 
 
 def _splits(spec: BuildSpec, loop: StreamBlocks, writers: dict[str, SplitWriter], held: dict[str, Any],
-            phase_tokens: list[dict[str, int]], want: dict[str, int]) -> dict[str, Any]:
+            phases: tuple[list[dict[str, int]], list[int]], want: dict[str, int]) -> dict[str, Any]:
     """The manifest's account of the splits: their reports (packed/manifest.py), what ran dry, and whether the
     dataset is complete (the size asked and every split's mix)."""
     counts = loop.counts()
@@ -513,7 +525,7 @@ def _splits(spec: BuildSpec, loop: StreamBlocks, writers: dict[str, SplitWriter]
         )
         log.warning(message)
     if spec.config.phased:
-        splits["train"]["phases"] = phase_report(spec, phase_tokens, dict(loop.packer.tokens_by_source),
+        splits["train"]["phases"] = phase_report(spec, *phases, dict(loop.packer.tokens_by_source),
                                                  writers["train"].blocks)
     missed = missed_shares(splits, spec.block_size)
     for phase in splits["train"].get("phases", []):

@@ -84,18 +84,20 @@ def split_report(spec: Any, held: dict[str, Any], counts: dict[str, Any],
     return splits
 
 
-def phase_report(spec: Any, boundaries: list[dict[str, int]], tokens_at_end: dict[str, int],
+def phase_report(spec: Any, boundaries: list[dict[str, int]], starts: list[int], tokens_at_end: dict[str, int],
                  blocks: int) -> list[dict[str, Any]]:
     """The training split's phases (a config in phases): each one's block range, and per source its tokens in those
-    blocks and realised share against the phase's prob, with `complete` (all its blocks, its mix met) and
-    `shares_missed`. `boundaries`: each source's tokens at every boundary passed; `tokens_at_end`, `blocks`: the
-    training split's, at the end."""
+    blocks and realised share against the phase's prob, with `complete` (at least the blocks its share asks: a phase
+    after one whose sources ran dry began early and holds more; its mix met) and `shares_missed`. `boundaries`,
+    `starts`: each source's tokens at every boundary passed and the block the next phase began at; `tokens_at_end`,
+    `blocks`: the training split's, at the end."""
     config = spec.config
     ends = config.phase_ends(spec.target_tokens // spec.block_size)
     counts = [*boundaries, dict(tokens_at_end)]
-    out, start = [], 0
+    edges = [0, *starts, blocks]  # phases the sources never reached are empty, at the end
+    out = []
     for i, phase in enumerate(config.phases):
-        written = min(ends[i], blocks) if i < len(counts) else start  # a phase the sources never reached is empty
+        start, written = edges[min(i, len(edges) - 1)], edges[min(i + 1, len(edges) - 1)]
         before = counts[i - 1] if 0 < i <= len(counts) else {}
         after = counts[i] if i < len(counts) else before
         tokens = {s.label: int(after.get(s.label, 0)) - int(before.get(s.label, 0)) for s in config.mix}
@@ -111,9 +113,8 @@ def phase_report(spec: Any, boundaries: list[dict[str, int]], tokens_at_end: dic
         }
         missed = missed_shares({"phase": report}, spec.block_size).get("phase", [])
         asked = ends[i] - (ends[i - 1] if i else 0)
-        report.update(complete=written - start == asked and not missed, shares_missed=missed)
+        report.update(complete=written - start >= asked and not missed, shares_missed=missed)
         out.append(report)
-        start = written
     return out
 
 
