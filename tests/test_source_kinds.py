@@ -127,8 +127,8 @@ def test_a_sources_rows_are_known_before_reading_it_and_are_its_documents(kind: 
                                                                           tmp_path: Path) -> None:
     """The rows a source's size gives (what scales the stream's SHUFFLE_BUFFER) are the documents its reader yields,
     for every kind: a document's newlines (inside a CSV's quoted field, in a Parquet file's bytes) are no rows."""
+    from sparknet.data.scaled_defaults import source_size
     from sparknet.data.source.hub_retries import iter_texts
-    from sparknet.data.source.sizes import source_size
 
     spec = load_config(_config(kind, files, tmp_path)).mix[0]
     documents = list(iter_texts(spec))
