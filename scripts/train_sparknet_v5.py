@@ -10,8 +10,6 @@ RUN_NAME = "sparknet-70m-v5"  # run folder name under checkpoints/ and logs/
 CONFIG: str | None = None  # mix config: the dataset's must be its mix (None: the one the dataset was built from)
 DATASET_DIR = "datasets/sparknet-v5-1b"  # packed dataset from build_dataset_v5.py
 TOKENIZER_DIR: str | None = None  # tokenizer folder or Hub id (None: the one the dataset was built with)
-# train a phase its build left short (a source ran dry: blocks or mix missing; blocks repeated 4x the rest's)
-ALLOW_SHORT_PHASES = False
 # sparknet-70m (GPT-2), sparknet-llama-70m; -demo and -tiny sizes of each (None: INIT_FROM's shape, else sparknet-70m)
 MODEL_PRESET: str | None = None
 # weights to start from (fresh optimizer, LR schedule, data): a run folder, its checkpoint-N or a Hub id (None: new)
@@ -72,7 +70,7 @@ def main() -> None:
     from sparknet.train.settings import TrainSettings
 
     settings = TrainSettings.from_constants({name: globals()[name] for name in constant_names(globals())})
-    plan = packed_plan(DATASET_DIR, TOKENIZER_DIR, config, ALLOW_SHORT_PHASES)
+    plan = packed_plan(DATASET_DIR, TOKENIZER_DIR, config)
     if settings.target_tokens is None and not settings.max_steps:
         settings.target_tokens = plan.target_tokens  # the config's target_tokens, as the dataset records it
     report_outcome(train(settings, plan), LOGS_DIR)

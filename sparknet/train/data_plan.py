@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sparknet.common.errors import UserError
-from sparknet.config.mix import MixConfig, phase_ends
+from sparknet.config.mix import MixConfig
 
 if TYPE_CHECKING:
     from sparknet.train.batch import BatchPlan
@@ -91,25 +91,15 @@ class DataPlan:
         """Releases what the data holds (e.g. encoding processes)."""
 
 
-# A phase whose blocks are trained more than this many times as often as the rest's (or than once) is short: its
-# build ran out of data for it, and its steps would repeat a few blocks over and over (ALLOW_SHORT_PHASES to go on).
-PHASE_REPEAT_LIMIT = 4.0
-
-
 @dataclass(kw_only=True)
 class PackedPlan(DataPlan):
     """The packed dataset: its manifest's record of the data goes into the metadata."""
 
     manifest_metadata: dict[str, Any]
-    # the build's report of each phase (manifest splits.train.phases) and the training blocks it was asked for
-    phase_reports: list[dict[str, Any]] = field(default_factory=list)
-    requested_train_blocks: int | None = None
-    exhausted_sources: list[str] = field(default_factory=list)  # the sources the build saw run dry
-    allow_short_phases: bool = False  # ALLOW_SHORT_PHASES: train a short phase (see `check_short_phases`) anyway
 
     def plan_phases(self, max_steps: int, batch: BatchPlan) -> list[int] | None:
         """The base's, each phase's passes over its blocks logged, and each phase that has steps checked to hold one
-        global batch and not to be short (`check_short_phases`), before the run folder."""
+        global batch, before the run folder."""
         ends = super().plan_phases(max_steps, batch)
         for k, (name, _) in enumerate(self.phases if ends else ()):
             start, end = self.train.phases[k][1:]
@@ -117,8 +107,6 @@ class PackedPlan(DataPlan):
                 raise UserError(f"phase {name} of dataset {self.train.folder} has {end - start} training blocks, "
                                 f"fewer than one global batch (GLOBAL_BATCH_SIZE={batch.global_batch}): lower "
                                 "GLOBAL_BATCH_SIZE, or build the dataset with more tokens")
-        if ends:
-            self.check_short_phases(batch)
         return ends
 
     def _passes(self, phases: list[int], batch: BatchPlan) -> float:
@@ -132,48 +120,6 @@ class PackedPlan(DataPlan):
         start, end = self.train.phases[index][1:]
         return f"{self._passes([index], batch):.2f} passes over its {end - start:,} blocks"
 
-    def check_short_phases(self, batch: BatchPlan) -> None:
-        """Refuses (unless ALLOW_SHORT_PHASES, then warns) a phase its build marked as missing its blocks or its mix
-        (a source of the phase ran dry), or whose blocks the run would train more than PHASE_REPEAT_LIMIT times as
-        often as the rest's: its steps would train the few blocks the phase holds over and over (157 times each
-        was seen), where its mix was asked for."""
-        for k, (name, _) in enumerate(self.phases):
-            passes = self._passes([k], batch)
-            rest = self._passes([j for j in range(len(self.phases)) if j != k], batch)
-            why = self._short_phase_reason(k)
-            if passes > PHASE_REPEAT_LIMIT * max(1.0, rest):
-                why.append(f"its steps would train each of its blocks {passes:.1f} times, against {rest:.2f} for "
-                           "the rest of the run")
-            if not why:
-                continue
-            message = (f"phase {name} of dataset {self.train.folder} is short: {'; '.join(why)}")
-            if self.allow_short_phases:
-                log.warning("%s (ALLOW_SHORT_PHASES is on: training it so)", message)
-                continue
-            raise UserError(f"{message}: rebuild the dataset with more data for the phase's sources (or a smaller "
-                            "target_tokens), or set ALLOW_SHORT_PHASES=True to train it so")
-
-    def _short_phase_reason(self, index: int) -> list[str]:
-        """What the build's report says is missing from phase `index`: blocks, or its mix."""
-        if index >= len(self.phase_reports) or self.phase_reports[index].get("complete", True):
-            return []
-        report, (start, end) = self.phase_reports[index], self.train.phases[index][1:]
-        asked = None
-        if self.requested_train_blocks is not None:
-            asked_ends = phase_ends([share for _, share in self.phases], self.requested_train_blocks)
-            asked = asked_ends[index] - (asked_ends[index - 1] if index else 0)
-        dry = [label for label, source in report.get("sources", {}).items()
-               if source.get("requested_share") and label in self.exhausted_sources]
-        reasons = []
-        if asked is not None and end - start < asked:
-            reasons.append(f"its build wrote {end - start:,} of the {asked:,} blocks its share asks"
-                           + (f" (source {', '.join(dry)} ran dry)" if dry else ""))
-        if report.get("shares_missed"):
-            reasons.append("it misses its mix (" + ", ".join(
-                f"{label} {report['sources'][label]['share']:.1%} for {report['sources'][label]['requested_share']:.1%}"
-                for label in report["shares_missed"]) + ")")
-        return reasons or ["its build marked it incomplete"]
-
     def metadata(self) -> dict[str, Any]:
         if self.phase_steps:  # with each phase's blocks
             return {**self.manifest_metadata, "phases": [{**record, "blocks": list(self.train.phases[k][1:])}
@@ -186,14 +132,14 @@ class PackedPlan(DataPlan):
         return [PhaseCallback(writer=writer, ends=self.phase_steps)] if self.phase_steps else []
 
 
-def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig | None,
-                allow_short_phases: bool = False) -> PackedPlan:
+def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig | None) -> PackedPlan:
     """The packed dataset (scripts/build_dataset_v5.py) with the tokenizer it was built with.
 
     `config`, the script's CONFIG, must be the mix the dataset was built from (the metadata and the card record the
     dataset's as the run's): another is refused in one line, before any work. None takes the dataset's.
-    `allow_short_phases` (ALLOW_SHORT_PHASES) trains a phase its build left short, with a warning
-    (`PackedPlan.check_short_phases`)."""
+    A phase its build left short (its sources ran dry: data/blocks.py ended it there and began the next) gets the
+    steps its blocks are of the split, as the stream gives it, with a warning; a complete build's phases, their
+    shares' (`phase_shares`)."""
     from sparknet.data.packed.dataset import PackedDataset
     from sparknet.tokenizer import load_tokenizer, tokenizer_fingerprint
 
@@ -224,7 +170,7 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
         split.verify(len(tokenizer))
     phases = manifest["splits"]["train"].get("phases") or []
     return PackedPlan(
-        phases=tuple((phase["name"], float(phase["run_share"])) for phase in phases),
+        phases=phase_shares(phases, train.folder),
         train=train,
         val=val,
         val_tokens=np.asarray(val.tokens),
@@ -233,10 +179,6 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
         tokenizer_source=source,
         target_tokens=manifest["config"]["target_tokens"],
         identity={"dataset_dir": dataset_dir, "dataset_inputs": manifest.get("inputs")},
-        phase_reports=phases,
-        requested_train_blocks=(manifest.get("requested_blocks") or {}).get("train"),
-        allow_short_phases=allow_short_phases,
-        exhausted_sources=list(manifest.get("exhausted_sources") or []),
         manifest_metadata={
             "config": manifest["config"],
             "source_revisions": manifest.get("source_revisions", {}),
@@ -248,6 +190,23 @@ def packed_plan(dataset_dir: str, tokenizer_dir: str | None, config: MixConfig |
         val_sources=val.source_ids,
         source_labels=val.source_labels,
     )
+
+
+def phase_shares(phases: list[dict[str, Any]], folder: Path) -> tuple[tuple[str, float], ...]:
+    """Each phase's name and share of the run's steps: its share asked where the build wrote every phase whole, else
+    the share of the split's blocks it holds, so that a short phase's steps train its blocks as often as the rest's
+    (as the stream, which begins the next phase where the short one ran dry) instead of repeating a few of them."""
+    if all(phase["complete"] for phase in phases):
+        return tuple((phase["name"], float(phase["run_share"])) for phase in phases)
+    total = sum(end - start for phase in phases for start, end in [phase["blocks"]])
+    for phase in phases:
+        if not phase["complete"]:
+            log.warning("phase %s of dataset %s is short: its build wrote %d blocks for it (%.1f%% of the split, asked "
+                        "%.1f%%)%s; each phase's steps follow the blocks it holds", phase["name"], folder,
+                        phase["blocks"][1] - phase["blocks"][0],
+                        100 * (phase["blocks"][1] - phase["blocks"][0]) / max(total, 1), 100 * phase["run_share"],
+                        f", missing its mix ({', '.join(phase['shares_missed'])})" if phase["shares_missed"] else "")
+    return tuple((phase["name"], (phase["blocks"][1] - phase["blocks"][0]) / max(total, 1)) for phase in phases)
 
 
 class BlockDataset:
