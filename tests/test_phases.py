@@ -383,6 +383,12 @@ def test_a_streamed_run_whose_phase_runs_dry_trains_the_next_phase_and_a_last_on
             assert "phase anneal begins here and ends where planned" in proc.stderr
             assert meta["steps"] == 40 and "ended at step" not in proc.stderr
             assert meta["stream"]["training"]["end"] is None and meta["stream"]["training"]["exhausted"] == ["c"]
+            # two processes (torchrun, gloo): each rank's part of c runs dry where it does, each switches there
+            args = [a.replace(f"{tmp_path / order}/", f"{tmp_path / 'two'}/") for a in args]
+            out = finish_ok(start_script("train_sparknet.py", [*args[:target], *args[target + 2:]], processes=2))
+            assert "phase main is short" in out and "phase anneal begins here" in out and "ended at step" not in out
+            meta = json.loads((tmp_path / "two" / "ckpt" / "run" / "training_metadata.json").read_text())
+            assert meta["steps"] == 40 and meta["stream"]["training"]["exhausted"] == ["c"]
         else:
             steps = meta["steps"]
             assert 30 < steps < 40, steps
