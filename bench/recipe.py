@@ -12,8 +12,10 @@ reference's seed spread (max - min) is a tie. Tokens/s are as the trainer measur
 vary with the load, so compare recipes trained side by side.
 
 Run: `.venv/bin/python bench/recipe.py` (the whole grid: about 3-15 minutes a run on 2 cores, depending on the
-load), `--only '["muon"]' --seeds '[0, 1, 2]'` for some, `--table true` to print the table from RUNS_FILE only, or
-`--short true` (a few steps of SHORT_RECIPES into a throw-away file: checks the bench itself, for CI).
+load), `--only '["muon"]' --seeds '[0, 1, 2]'` for some, `--table true` to print the table from RUNS_FILE only,
+`--speed_steps 40 --only '["bundle + muon 4e-3"]' --seeds '[0, 1]'` for tokens/s side by side (two rounds against
+the reference), or `--short true` (a few steps of SHORT_RECIPES into a throw-away file: checks the bench itself,
+for CI).
 
 A recipe may train on a share of the budget (`token_share`): whether it reaches the others' loss with fewer tokens,
 which is what a recipe whose step costs more must show. A recipe may train on another mix (`mix_config`: a config
@@ -88,6 +90,9 @@ ONLY: list = []  # recipe names to run (empty: all)
 TABLE = False  # print the table from RUNS_FILE, train nothing
 RUNS_FILE = "eval/recipe-runs.jsonl"  # every finished run, one JSON line (under the project root)
 SHORT = False  # a few steps of SHORT_RECIPES, recorded in a temporary file (CI)
+# >0: no grid; each ONLY recipe (and the reference) trains this many steps, in turn, SEEDS rounds, and the table gives
+# tokens/s side by side (the runs of a grid are far apart in time and share the machine with whatever ran then)
+SPEED_STEPS = 0
 SHORT_RECIPES = ["adamw 1e-3", "muon"]
 
 
@@ -231,12 +236,41 @@ def table(runs: dict[tuple[str, int], dict]) -> str:
     return "\n".join(lines)
 
 
+def speed(names: list[str], steps: int, rounds: int) -> str:
+    """Each recipe's training tokens/s (the trainer's mean over `steps` steps), the recipes run one after another in
+    each of `rounds` rounds, so that each pair was measured under the same load; and each one's ratio to the
+    reference's in the same round."""
+    per: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in names:
+            with tempfile.TemporaryDirectory(prefix="sparknet-recipe-speed-") as tmp:
+                flags = {k: v for k, v in RECIPES[name].items() if k not in ("token_share", "mix_config")}
+                values = {**COMMON, **flags, "seed": 0, "run_name": "speed", "dataset_dir": DATASET_DIR,
+                          "max_steps": steps, "global_batch_size": BATCH_SIZE, "batch_size": BATCH_SIZE,
+                          "eval_steps": steps * 10, "save_steps": steps * 10, "sample_steps": 0, "sample_prompts": [],
+                          "logging_steps": 10, "checkpoints_dir": str(Path(tmp) / "ckpt"),
+                          "logs_dir": str(Path(tmp) / "logs")}
+                _script("scripts/train_sparknet_v5.py", values, f"recipe {name!r} (speed)")
+                meta = json.loads((Path(tmp) / "ckpt" / "speed" / "training_metadata.json").read_text())
+                per[name].append(meta["metrics"]["tokens_per_second_mean"])
+    lines = [f"tokens/s over {steps} steps, {rounds} round(s) in turn ({_cpu()}):", "",
+             "| recipe | tokens/s by round | against the reference, by round |", "|---|---|---|"]
+    for name, values in per.items():
+        ratios = [v / r for v, r in zip(values, per[REFERENCE], strict=True)]
+        lines.append(f"| {name} | {', '.join(f'{v:,.0f}' for v in values)} | "
+                     f"{', '.join(f'{x:.3f}' for x in ratios)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     if not (ROOT / DATASET_DIR / "manifest.json").is_file():
         raise SystemExit(f"no dataset in {DATASET_DIR}: run `make demo` first (or pass --dataset_dir)")
     unknown = sorted(set(ONLY + SHORT_RECIPES + [REFERENCE]) - set(RECIPES))
     if unknown:
         raise SystemExit(f"no recipe named {unknown}: choose among {list(RECIPES)}")
+    if SPEED_STEPS:
+        print(speed([REFERENCE, *[name for name in ONLY if name != REFERENCE]], SPEED_STEPS, len(SEEDS)))
+        return
     tokens = TARGET_TOKENS // 50 if SHORT else TARGET_TOKENS
     with tempfile.TemporaryDirectory(prefix="sparknet-recipe-runs-") as scratch:
         runs_file = Path(scratch) / "runs.jsonl" if SHORT else ROOT / RUNS_FILE
