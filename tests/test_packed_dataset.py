@@ -659,18 +659,23 @@ def test_a_jsonl_line_that_is_not_an_object_stops_the_build_in_one_line(tokenize
     assert "with its text in 'text'" in error[0]
 
 
+def _prose_and_small_code(corpus_dir: Path, tmp_path: Path, *, rows: int, chars: int, code_prob: float) -> Path:
+    """A mix of the corpus's prose and a small code source: its first `rows` documents cut to `chars` characters."""
+    from tests.helpers import read_texts
+
+    code = write_jsonl(tmp_path / "code.jsonl",
+                       [text[:chars] for text in read_texts(corpus_dir / "code.train.jsonl")[:rows]])
+    return write_config(tmp_path / "mix.json", [
+        {"name": "json", "prob": 1 - code_prob, "data_files": str(corpus_dir / "prose.train.jsonl")},
+        {"name": "json", "prob": code_prob, "data_files": str(code)}])
+
+
 def test_a_source_that_runs_dry_in_a_build_says_so_as_the_build(corpus_dir: Path, tokenizer_dir: Path,
                                                                 tmp_path: Path) -> None:
     """Through the script: a small code source runs dry in the train split. The warning is the build's (its logger
     name, "the build's train split", the mix in manifest.json), not the stream's "the training mix is in the
     metadata": a build has no metadata."""
-    from tests.helpers import read_texts
-
-    code = write_jsonl(tmp_path / "code.jsonl",
-                       [text[:400] for text in read_texts(corpus_dir / "code.train.jsonl")[:40]])
-    config = write_config(tmp_path / "mix.json", [
-        {"name": "json", "prob": 0.7, "data_files": str(corpus_dir / "prose.train.jsonl")},
-        {"name": "json", "prob": 0.3, "data_files": str(code)}])
+    config = _prose_and_small_code(corpus_dir, tmp_path, rows=40, chars=400, code_prob=0.3)
     proc = run_script("build_dataset_v5.py", *build_args(config, tmp_path / "ds", tokenizer_dir, "--target_tokens",
                                                          60_000, "--val_tokens", 2_000))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -695,13 +700,7 @@ def test_a_source_the_hold_out_used_up_is_refused_by_the_build_before_it_writes(
     a document it cut), would give the train split next to nothing (here 0.3% for 50% asked). The build refused
     nothing and wrote a train split without it behind a dry-source warning; now it is one line naming the source, its
     rows and VAL_TOKENS, exit 1, nothing written. With a smaller VAL_TOKENS the same mix builds."""
-    from tests.helpers import read_texts
-
-    code = write_jsonl(tmp_path / "code.jsonl",
-                       [text[:200] for text in read_texts(corpus_dir / "code.train.jsonl")[:6]])
-    config = write_config(tmp_path / "mix.json", [
-        {"name": "json", "prob": 0.5, "data_files": str(corpus_dir / "prose.train.jsonl")},
-        {"name": "json", "prob": 0.5, "data_files": str(code)}])
+    config = _prose_and_small_code(corpus_dir, tmp_path, rows=6, chars=200, code_prob=0.5)
     proc = run_script("build_dataset_v5.py", *build_args(config, tmp_path / "ds", tokenizer_dir, "--target_tokens",
                                                          20_000, "--val_tokens", 4_000))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
