@@ -439,6 +439,11 @@ def test_a_phase_whose_sources_run_dry_ends_there_and_the_next_begins_in_the_bui
                           rests=rests)[switch + 1:]
     assert ((owner == 0) | (owner == 1)).all()  # c's last document ends in the switch's block
     assert_every_prefix_mixed(owner.reshape(-1), ANNEAL["a"], BLOCK, whole_within=WHOLE_WITHIN)
+    # ON_EXHAUSTED=stop: the build ends where c runs dry, no phase begins early
+    stopped = build_dataset(BuildSpec(config=load_config(config), tokenizer=str(setup["tokenizer"]),
+                                      output_dir=tmp_path / "stopped", target_tokens=20_000, val_tokens=1_000,
+                                      block_size=BLOCK, seed=1, on_exhausted="stop"))
+    assert [p["blocks"] for p in stopped["splits"]["train"]["phases"]] == [[0, switch], [switch, switch]]
     # the stream, after the build's hold-out: the build's blocks; stopped before and after the switch: the same
 
     def stream() -> object:

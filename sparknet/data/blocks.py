@@ -192,10 +192,11 @@ class StreamBlocks:
             self.pipeline.start_phase(self.pipeline.phase + 1)
 
     def _next_phase_early(self) -> bool:
-        """Where every source of a phase that is not the last ran dry: the next phase begins here (True)."""
+        """Where every source of a phase that is not the last ran dry, under renormalise: the next phase begins here
+        (True). Under stop the stream ends there, as at any source that runs dry."""
         ends = self.part.phase_ends
         phase = self.pipeline.phase
-        if ends is None or phase + 1 >= len(ends):
+        if ends is None or phase + 1 >= len(ends) or self.on_exhausted != "renormalise":
             return False
         phases = self.pipeline.config.phases
         name, what, where = CONSUMERS[self.consumer]
