@@ -84,6 +84,21 @@ RECIPES: dict = {
     "anneal + wsd": {"optimizer": "adamw", "learning_rate": 2e-3, "mix_config": "configs/demo_anneal.json",
                      "lr_schedule": "wsd"},
 }
+# the width measurement: the demo at width 384 (1.5x), the recipe's LRs carried by nanochat's width rule (AdamW's
+# scale with width^-0.5: 2e-3 -> 1.6e-3, 8e-3 -> 6.5e-3; Muon's stays), each optimizer's x0.5 and x2 around it, and
+# AdamW on GPT-2 at x0.5, x1 and x2 of its demo best (1e-3) carried by the same rule (8e-4)
+WIDE = {**BUNDLE, "model_preset": "sparknet-nanochat-width384", "learning_rate": 1.6e-3,
+        "embedding_learning_rate": 6.5e-3, "muon_learning_rate": 4e-3}
+RECIPES.update({
+    "width 384: adamw 4e-4": {"model_preset": "sparknet-width384", "optimizer": "adamw", "learning_rate": 4e-4},
+    "width 384: adamw 8e-4": {"model_preset": "sparknet-width384", "optimizer": "adamw", "learning_rate": 8e-4},
+    "width 384: adamw 1.6e-3": {"model_preset": "sparknet-width384", "optimizer": "adamw", "learning_rate": 1.6e-3},
+    "width 384: recipe by the width rule": WIDE,
+    "width 384: recipe, muon x0.5": {**WIDE, "muon_learning_rate": 2e-3},
+    "width 384: recipe, muon x2": {**WIDE, "muon_learning_rate": 8e-3},
+    "width 384: recipe, adamw LRs x0.5": {**WIDE, "learning_rate": 8e-4, "embedding_learning_rate": 3.25e-3},
+    "width 384: recipe, adamw LRs x2": {**WIDE, "learning_rate": 3.2e-3, "embedding_learning_rate": 1.3e-2},
+})
 REFERENCE = "adamw 1e-3"  # the recipe every other is compared with (its seed spread is the noise)
 SEEDS = [0]  # seeds of each recipe run
 ONLY: list = []  # recipe names to run (empty: all)

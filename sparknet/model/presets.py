@@ -33,6 +33,8 @@ PRESETS: dict[str, Preset] = {
     "sparknet-70m": Preset(n_layer=12, n_embd=512, n_head=8, n_positions=1024),
     # Small enough to learn visibly in two minutes on two CPU cores.
     "sparknet-demo": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256),
+    # The demo at width 384 (head width 64, as the demo's): the width measurement of bench/recipe.py (issue 51)
+    "sparknet-width384": Preset(n_layer=4, n_embd=384, n_head=6, n_positions=256),
     # For tests: a training step in milliseconds.
     "sparknet-tiny": Preset(n_layer=2, n_embd=64, n_head=2, n_positions=128),
     "sparknet-llama-70m": Preset(n_layer=12, n_embd=512, n_head=8, n_positions=1024, arch="llama", intermediate=1408),
@@ -42,6 +44,8 @@ PRESETS: dict[str, Preset] = {
                                     intermediate=2048),
     "sparknet-nanochat-demo": Preset(n_layer=4, n_embd=256, n_head=4, n_positions=256, arch="nanochat",
                                      intermediate=1024),
+    "sparknet-nanochat-width384": Preset(n_layer=4, n_embd=384, n_head=6, n_positions=256, arch="nanochat",
+                                         intermediate=1536),
     "sparknet-nanochat-tiny": Preset(n_layer=2, n_embd=64, n_head=2, n_positions=128, arch="nanochat",
                                      intermediate=256),
 }
