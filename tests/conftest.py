@@ -15,12 +15,17 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import (
+    HUB_MANY,
     HUB_REPO,
+    MANY_RUN,
     OFFLINE_ENV,
+    hub_mix,
     hub_readme,
+    many_shards,
     random_run_folder,
     read_texts,
     run_script,
+    stream_args,
     train_packed,
     train_settings,
     write_config,
@@ -109,6 +114,19 @@ def finished(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
 def random_model(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A randomly initialised 2-layer GPT-2 (context 32) saved with the test tokenizer, as a run folder."""
     return shared(tmp_path_factory, "models", lambda out: random_run_folder(tokenizer_dir, out / "randrun")) / "randrun"
+
+
+@pytest.fixture(scope="session")
+def many_reference(corpus_dir: Path, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MANY_RUN on the local twin of HUB_MANY's mix, trained once per test run by the real script: the
+    uninterrupted run that the Hub-fault runs (test_hub_path, test_hub_faults) must equal. Its folder (ckpt/run,
+    logs/run)."""
+    def make(out: Path) -> None:
+        _, offline = hub_mix(corpus_dir, out, many_shards(corpus_dir, out / "many"), repo=HUB_MANY)
+        proc = run_script("train_sparknet.py", *stream_args(out / "run", offline, tokenizer_dir, **MANY_RUN))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return shared(tmp_path_factory, "many-reference", make) / "run"
 
 
 @pytest.fixture(scope="session")

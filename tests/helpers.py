@@ -390,6 +390,19 @@ def stream_args(tmp: Path, config: Path, tokenizer: Path, **kw: object) -> list[
                    "checkpoints_dir": str(tmp / "ckpt"), "logs_dir": str(tmp / "logs"), **kw})
 
 
+def weights_apart(a: Path, b: Path) -> float:
+    """|a - b| / |b| over all parameters of two saved models (folders with model.safetensors). Not bit for bit
+    across process counts: the reductions differ (equal weights after step 1, about 1e-6 apart after step 2), and
+    120 AdamW steps grow that to about 1e-3; other blocks or another LR in a single step would put them far further
+    apart."""
+    import torch
+    from safetensors.torch import load_file
+
+    first, second = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    diff = torch.sqrt(sum(((first[k] - second[k]) ** 2).sum() for k in second))
+    return float(diff / torch.sqrt(sum((second[k] ** 2).sum() for k in second)))
+
+
 def read_steps(batch_log: Path) -> dict[int, dict]:
     """RECORD_BATCHES' log by optimizer step: its LR, blocks and weights digest (a step replayed after a resume
     overwrites the one before the kill)."""
@@ -440,16 +453,26 @@ def write_shards(texts: list[str], folder: Path, stem: str, n: int = 8) -> list[
     return [write_jsonl(folder / f"{stem}.{i}.jsonl", texts[i::n]) for i in range(n)]
 
 
-def add_many_shards(hub: HubServer, corpus_dir: Path, tmp_path: Path) -> list[Path]:
-    """The prose's lines three by three as documents in 64 shards, served as HUB_MANY, and their local twin:
-    short documents, so that the encoders' batches are read all along a run and a fault hits it mid-run."""
+def many_shards(corpus_dir: Path, folder: Path) -> list[Path]:
+    """The prose's lines three by three as documents in 64 local shards: short documents, so that the encoders'
+    batches are read all along a run and a fault hits it mid-run."""
     lines = [line for text in read_texts(corpus_dir / "prose.train.jsonl") for line in text.splitlines()
              if line.strip()]
-    local = write_shards(["\n".join(lines[i:i + 3]) for i in range(0, len(lines), 3)], tmp_path / "many", "prose",
-                         n=64)
+    return write_shards(["\n".join(lines[i:i + 3]) for i in range(0, len(lines), 3)], folder, "prose", n=64)
+
+
+def add_many_shards(hub: HubServer, corpus_dir: Path, tmp_path: Path) -> list[Path]:
+    """many_shards served as HUB_MANY, and their local twin."""
+    local = many_shards(corpus_dir, tmp_path / "many")
     hub.add_dataset(HUB_MANY, {**{f"data/train-{i:05d}.jsonl": p.read_bytes() for i, p in enumerate(local)},
                                "README.md": hub_readme()})
     return local
+
+
+# The streamed run of the Hub-fault scenarios on HUB_MANY's mix: 120 steps of 8 blocks in two micro-batches (a step
+# can be cut mid-way), one step's blocks per window (the stream reads only a step ahead), checkpoints every 20 steps.
+MANY_RUN = dict(target_tokens=120 * 8 * 128, eval_steps=20, save_steps=20, logging_steps=10, record_batches=True,
+                shuffle_buffer=4, global_batch_size=8, batch_size=4, num_workers=0, shuffle_window=8)
 
 
 def hub_mix(corpus_dir: Path, tmp_path: Path, local: list[Path], prose: float = 0.5,

@@ -20,6 +20,7 @@ from sparknet.common.runtime import PROJECT_ROOT
 from tests.helpers import (
     HUB_MANY,
     HUB_REPO,
+    MANY_RUN,
     OFFLINE_ENV,
     add_many_shards,
     hub_build,
@@ -138,32 +139,27 @@ def test_an_outage_of_the_whole_repo_during_the_retry_is_retried_until_it_passes
 
 
 def test_a_rate_limit_mid_run_is_retried_and_the_streamed_run_trains_the_same_blocks(
-        hub: HubServer, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
+        hub: HubServer, many_reference: Path, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
     """A rate limit past huggingface_hub's retries on a shard the run reaches only mid-run (the sixth of 64 short
     shards: the first four are read at the start, the sixth around step 55 of 120): the run goes on with every step
     on the blocks of a local run, and TensorBoard's data/hub_retries goes from 0 to 1 (a total, not per source)."""
 
     # the outage test's dataset (tests/test_hub_path.py): short documents in 64 shards, read all along the run
-    online, offline = hub_mix(corpus_dir, tmp_path, add_many_shards(hub, corpus_dir, tmp_path), repo=HUB_MANY)
-    settings = dict(target_tokens=120 * 8 * 128, eval_steps=20, save_steps=20, logging_steps=10, record_batches=True,
-                    shuffle_buffer=4, global_batch_size=8, batch_size=4, num_workers=0,
-                    shuffle_window=8)  # one step's blocks: the stream reads only a step ahead
-    reference = run_script("train_sparknet.py", *stream_args(tmp_path / "a", offline, tokenizer_dir, **settings))
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    online, _ = hub_mix(corpus_dir, tmp_path, add_many_shards(hub, corpus_dir, tmp_path), repo=HUB_MANY)
 
     fault = hub.fail(HUB_MANY, 429, times=6, path="data/train-00005.jsonl", kind="resolve-get", retry_after=0)
-    proc = run_script("train_sparknet.py", *stream_args(tmp_path / "b", online, tokenizer_dir, **settings),
+    proc = run_script("train_sparknet.py", *stream_args(tmp_path / "b", online, tokenizer_dir, **MANY_RUN),
                       env=hub.env(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert fault.hits == 6
     warnings = _retries(proc.stderr)
     assert len(warnings) == 1 and "source 'prose'" in warnings[0], proc.stderr[-3000:]
-    expected, got = read_steps(tmp_path / "a" / "ckpt" / "run" / "batches.jsonl"), \
+    expected, got = read_steps(many_reference / "ckpt" / "run" / "batches.jsonl"), \
         read_steps(tmp_path / "b" / "ckpt" / "run" / "batches.jsonl")
     assert sorted(got) == sorted(expected) == list(range(1, 121))
     for step in expected:
         assert got[step]["blocks"] == expected[step]["blocks"], step
-    assert "data/hub_retries" not in read_events(tmp_path / "a" / "logs" / "run")  # the local mix's run: none
+    assert "data/hub_retries" not in read_events(many_reference / "logs" / "run")  # the local mix's run: none
     retries = read_events(tmp_path / "b" / "logs" / "run")["data/hub_retries"]
     assert [s for s, _ in retries] == list(range(10, 121, 10)), retries
     values = [v for _, v in retries]

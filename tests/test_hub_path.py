@@ -20,6 +20,7 @@ from sparknet.train.folders import latest_complete_checkpoint
 from tests.helpers import (
     HUB_MANY,
     HUB_REPO,
+    MANY_RUN,
     add_many_shards,
     build_position,
     build_until,
@@ -140,25 +141,6 @@ def test_a_streamed_run_resumed_after_the_branch_moved_trains_the_blocks_of_the_
 
 
 @pytest.mark.slow
-def test_a_hub_failure_past_the_librarys_retries_is_retried_and_the_build_is_unchanged(
-        prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
-    """Six 503s on one data file outlast huggingface_hub's five retries (about 25 s): SparkNet opens the source
-    again at the row it had reached, and the build is byte for byte the build from the local files."""
-    hub, _, local = prose_hub
-    online, offline = hub_mix(corpus_dir, tmp_path, local)
-    fault = hub.fail(HUB_REPO, 503, times=6, path="data/train-00003.jsonl", kind="resolve-get")
-    proc = hub_build(online, tmp_path / "ds", tokenizer_dir, hub.env(tmp_path), "--shuffle_buffer", 4)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert fault.hits == 6
-    warnings = [line for line in proc.stderr.splitlines() if "reading from the Hub failed" in line]
-    assert len(warnings) == 1 and "source 'prose'" in warnings[0] and "retry 1 in 2 s" in warnings[0], proc.stderr
-    proc = hub_build(offline, tmp_path / "local-ds", tokenizer_dir, None, "--shuffle_buffer", 4)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for name in ("train.bin", "val.bin"):
-        assert (tmp_path / "ds" / name).read_bytes() == (tmp_path / "local-ds" / name).read_bytes(), name
-
-
-@pytest.mark.slow
 def test_a_hub_outage_longer_than_hub_retry_minutes_stops_with_one_line_and_resumes(
         hub: HubServer, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
     """Once the build has saved a position, with most of the prose still to read (short documents in 64 shards,
@@ -205,7 +187,7 @@ def test_a_hub_outage_longer_than_hub_retry_minutes_stops_with_one_line_and_resu
 
 @pytest.mark.slow
 def test_a_streamed_run_stopped_by_a_hub_outage_saves_its_last_step_and_resumes_exactly(
-        prose_hub, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
+        prose_hub, many_reference: Path, corpus_dir: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
     """The Hub fails for good once the run is past its checkpoint at step 20: after huggingface_hub's retries and
     HUB_RETRY_MINUTES (0 here), the run saves a checkpoint of its last whole step (the blocks already read for the
     next step are taken back) and says the same command resumes; it then trains every step on the blocks of an
@@ -214,15 +196,8 @@ def test_a_streamed_run_stopped_by_a_hub_outage_saves_its_last_step_and_resumes_
     hub, _, _ = prose_hub
     # short documents in 64 shards, so that the encoders' batches (256 documents, two ahead without encoder
     # processes) are read all along the run and the outage hits mid-run
-    online, offline = hub_mix(corpus_dir, tmp_path, add_many_shards(hub, corpus_dir, tmp_path), repo=HUB_MANY)
-    settings = dict(target_tokens=120 * 8 * 128, eval_steps=20, save_steps=20, logging_steps=10, record_batches=True,
-                    shuffle_buffer=4, global_batch_size=8, batch_size=4,  # accumulation 2: a step can be cut mid-way
-                    num_workers=0,
-                    shuffle_window=8)  # one step's blocks: the stream reads only a step ahead
-    reference = run_script("train_sparknet.py", *stream_args(tmp_path / "a", offline, tokenizer_dir, **settings))
-    assert reference.returncode == 0, reference.stderr[-3000:]
-
-    args = stream_args(tmp_path / "b", online, tokenizer_dir, hub_retry_minutes=0, **settings)
+    online, _ = hub_mix(corpus_dir, tmp_path, add_many_shards(hub, corpus_dir, tmp_path), repo=HUB_MANY)
+    args = stream_args(tmp_path / "b", online, tokenizer_dir, hub_retry_minutes=0, **MANY_RUN)
     run_dir = tmp_path / "b" / "ckpt" / "run"
     env = {**os.environ, **hub.env(tmp_path)}
     proc = subprocess.Popen([sys.executable, "scripts/train_sparknet.py", *args], env=env, stdout=subprocess.PIPE,
@@ -242,7 +217,7 @@ def test_a_streamed_run_stopped_by_a_hub_outage_saves_its_last_step_and_resumes_
     hub.clear_faults()
     proc = run_script("train_sparknet.py", *args, env=hub.env(tmp_path))
     assert proc.returncode == 0 and f"resuming from {saved}" in proc.stderr, proc.stderr[-3000:]
-    expected, got = read_steps(tmp_path / "a" / "ckpt" / "run" / "batches.jsonl"), read_steps(run_dir / "batches.jsonl")
+    expected, got = read_steps(many_reference / "ckpt" / "run" / "batches.jsonl"), read_steps(run_dir / "batches.jsonl")
     assert sorted(got) == sorted(expected) == list(range(1, 121))
     for step in expected:
         assert got[step]["blocks"] == expected[step]["blocks"], step
