@@ -29,6 +29,7 @@ from tests.helpers import (
     start_script,
     stopped_checkpoint,
     stream_args,
+    stream_of,
     train_streamed,
     wait_for,
     write_config,
@@ -47,13 +48,38 @@ def _files(folder: Path) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.slow
 def test_interrupted_twice_then_resumed_equals_an_uninterrupted_run(corpus_config: Path, tokenizer_dir: Path,
-                                                                   tmp_path: Path) -> None:
+                                                                   tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """The uninterrupted run is the streaming trainer in this process (as the script runs it): 100 steps on the
+    60/40 mix, its hold-out of 16 validation blocks, the stream's own figures in TensorBoard, the realised mix in
+    the metadata, and a model that loads. The same run killed (kill -9), resumed, stopped by SIGINT and resumed
+    again by the script trains every step on the same blocks at the same LR, to the same weights."""
     from safetensors.torch import load_file
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from transformers import AutoModelForCausalLM
 
     settings = dict(target_tokens=100 * 4 * 128, eval_steps=10, save_steps=10, logging_steps=5,
                     record_batches=True)
-    reference = finish_ok(_stream(stream_args(tmp_path / "a", corpus_config, tokenizer_dir, **settings)))
-    assert "holding out" in reference
+    caplog.set_level("INFO")
+    result = train_streamed(tmp_path / "a", corpus_config, tokenizer_dir, **settings)
+    assert result.status == "finished" and result.metadata["steps"] == 100
+    assert "holding out" in caplog.text
+    events = read_events(tmp_path / "a" / "logs" / "run")
+    capacity = "data/capacity_tokens_per_second"
+    assert {"data/share/prose", "data/share/code", capacity, "train/loss", "eval/loss"} <= set(events)
+    assert "data/hub_retries" not in events  # a local mix: no Hub read to retry (tests/test_hub_faults.py: a Hub one)
+    assert all(v > 0 for _, v in events[capacity])
+    acc = EventAccumulator(str(tmp_path / "a" / "logs" / "run"))
+    acc.Reload()  # the figure says what it measures, where the user reads it
+    assert "A capacity, not the training rate" in acc.SummaryMetadata(capacity).summary_description
+    assert events["eval/loss"][-1][1] < events["eval/loss"][0][1]  # it learns
+    stream = result.metadata["stream"]
+    shares = stream["training"]["shares"]
+    assert abs(shares["prose"] - 0.6) < 0.05 and abs(shares["code"] - 0.4) < 0.05
+    assert stream["validation"]["blocks"] == 16 and result.metadata["tokens_seen"] == 100 * 4 * 128
+    saved = {p.name for p in (result.run_dir / "checkpoint-100").iterdir()}
+    assert {"stream_state.rank0.json", "model.safetensors"} <= saved
+    AutoModelForCausalLM.from_pretrained(str(result.run_dir))
 
     args = stream_args(tmp_path / "b", corpus_config, tokenizer_dir, **settings)
     run_dir = tmp_path / "b" / "ckpt" / "run"
@@ -82,37 +108,6 @@ def test_interrupted_twice_then_resumed_equals_an_uninterrupted_run(corpus_confi
     a = load_file(str(tmp_path / "a" / "ckpt" / "run" / "model.safetensors"))
     b = load_file(str(run_dir / "model.safetensors"))
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
-
-
-@pytest.mark.slow
-def test_a_streamed_run_reports_its_mix_to_tensorboard_and_the_metadata(corpus_config: Path, tokenizer_dir: Path,
-                                                                       tmp_path: Path) -> None:
-    """The streaming trainer in this process (as the script runs it): 100 steps on the 60/40 mix, its hold-out of
-    16 validation blocks, the stream's own figures in TensorBoard, the realised mix in the metadata, and a model
-    that loads."""
-    from transformers import AutoModelForCausalLM
-
-    result = train_streamed(tmp_path, corpus_config, tokenizer_dir, target_tokens=100 * 4 * 128, eval_steps=10,
-                            save_steps=50)
-    assert result.status == "finished" and result.metadata["steps"] == 100
-    events = read_events(tmp_path / "logs" / "run")
-    capacity = "data/capacity_tokens_per_second"
-    assert {"data/share/prose", "data/share/code", capacity, "train/loss", "eval/loss"} <= set(events)
-    assert "data/hub_retries" not in events  # a local mix: no Hub read to retry (tests/test_hub_faults.py: a Hub one)
-    assert all(v > 0 for _, v in events[capacity])
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(tmp_path / "logs" / "run"))
-    acc.Reload()  # the figure says what it measures, where the user reads it
-    assert "A capacity, not the training rate" in acc.SummaryMetadata(capacity).summary_description
-    assert events["eval/loss"][-1][1] < events["eval/loss"][0][1]  # it learns
-    stream = result.metadata["stream"]
-    shares = stream["training"]["shares"]
-    assert abs(shares["prose"] - 0.6) < 0.05 and abs(shares["code"] - 0.4) < 0.05
-    assert stream["validation"]["blocks"] == 16 and result.metadata["tokens_seen"] == 100 * 4 * 128
-    saved = {p.name for p in (result.run_dir / "checkpoint-100").iterdir()}
-    assert {"stream_state.rank0.json", "model.safetensors"} <= saved
-    AutoModelForCausalLM.from_pretrained(str(result.run_dir))
 
 
 @pytest.mark.slow
@@ -213,28 +208,47 @@ def test_ctrl_c_to_the_whole_group_saves_and_a_killed_encoder_is_one_line(corpus
     assert f"resuming from {stopped}" in out
 
 
-@pytest.mark.parametrize(
-    ("rows", "expected"),
-    [
-        ([{"id": 1, "score": 0.5}] * 5, "no usable text column (looked for text, content"),
-        pytest.param("not json at all\n", "cannot read source 'bad' (", marks=pytest.mark.slow),
-        pytest.param('{"text": "a document"}\n' * 5 + "[1, 2]\n", "bad.jsonl): line 6 is [1, 2], not a JSON object: "
-                     "a JSONL file holds one JSON object per line, with its text in 'text'", marks=pytest.mark.slow),
-        pytest.param([{"text": "a document"}] * 5 + [{"text": 12345}],
-                     "column 'text' holds mixed JSON values, not only text", marks=pytest.mark.slow),
-    ],
-)
-def test_bad_sources_are_one_line_errors(rows: object, expected: str, tokenizer_dir: Path, tmp_path: Path) -> None:
+BAD_SOURCES = {  # what a source holds -> the one line it gets
+    "no text column": ([{"id": 1, "score": 0.5}] * 5, "no usable text column (looked for text, content"),
+    "not JSON": ("not json at all\n", "cannot read source 'bad' ("),
+    "not an object": ('{"text": "a document"}\n' * 5 + "[1, 2]\n", "bad.jsonl): line 6 is [1, 2], not a JSON object: "
+                      "a JSONL file holds one JSON object per line, with its text in 'text'"),
+    "mixed values": ([{"text": "a document"}] * 5 + [{"text": 12345}],
+                     "column 'text' holds mixed JSON values, not only text"),
+}
+
+
+def _bad_source(case: str, tmp_path: Path) -> Path:
+    rows = BAD_SOURCES[case][0]
     data = tmp_path / "bad.jsonl"
-    if isinstance(rows, str):
-        data.write_text(rows)
-    else:
-        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = write_config(tmp_path / "mix.json", [{"name": "json", "data_files": str(data), "prob": 1.0}])
-    proc = run_script("train_sparknet.py", *stream_args(tmp_path, config, tokenizer_dir))
+    data.write_text(rows if isinstance(rows, str) else "".join(json.dumps(r) + "\n" for r in rows))
+    return write_config(tmp_path / "mix.json", [{"name": "json", "data_files": str(data), "prob": 1.0}])
+
+
+def test_a_bad_source_is_a_one_line_error_of_the_script(tokenizer_dir: Path, tmp_path: Path) -> None:
+    """Through the script once; every case's one line, read by the stream, in the test below."""
+    proc = run_script("train_sparknet.py", *stream_args(tmp_path, _bad_source("no text column", tmp_path),
+                                                        tokenizer_dir))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     line = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
-    assert line and expected in line[0], proc.stderr[-2000:]
+    assert line and BAD_SOURCES["no text column"][1] in line[0], proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("case", list(BAD_SOURCES))
+def test_a_bad_source_read_by_the_stream_is_one_line(case: str, tokenizer_dir: Path, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    from sparknet.common.errors import UserError
+    from sparknet.config.mix import load_config
+
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    stream = stream_of(load_config(_bad_source(case, tmp_path)), tok.to_str(), tok.token_to_id("<|endoftext|>"))
+    try:
+        with pytest.raises(UserError) as error:
+            next(iter(stream))
+    finally:
+        stream.close()
+    assert BAD_SOURCES[case][1] in str(error.value) and "\n" not in str(error.value), str(error.value)
 
 
 @pytest.mark.slow
@@ -277,7 +291,8 @@ def test_a_small_source_the_hold_out_would_use_up_is_refused_at_the_start(tokeni
     config = write_config(tmp_path / "mix.json", [
         {"name": "json", "data_files": str(write_jsonl(tmp_path / "short.jsonl", many)), "prob": 0.3},
         {"name": "json", "data_files": str(write_jsonl(tmp_path / "long.jsonl", few)), "prob": 0.7}])
-    settings = dict(target_tokens=60 * 4 * 128, shuffle_buffer=8)
+    # one eval and one save, at the end: a hold-out of 312 blocks evaluated every 4 steps cost more than training
+    settings = dict(target_tokens=60 * 4 * 128, shuffle_buffer=8, eval_steps=60, save_steps=60)
     proc = run_script("train_sparknet.py", *stream_args(tmp_path / "a", config, tokenizer_dir, val_tokens=300_000,
                                                         **settings))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
