@@ -253,14 +253,19 @@ def run_with_checkpoint(random_model: Path, tmp_path: Path) -> Path:
     return run
 
 
-# one spelling in the fast tier (through a checkpoint and back up: the one that wrote outside EVAL_DIR), the rest in
-# the full tier: each is a script run
-@pytest.mark.parametrize("spelling", ["{run}/checkpoint-1/..", *(pytest.param(s, marks=pytest.mark.slow) for s in (
-    "{run}/", "{run}/.", "{run}", "runs/run/../run"))])
 def test_perplexity_results_land_inside_eval_dir_however_the_model_is_spelled(
-        spelling: str, run_with_checkpoint: Path, corpus_dir: Path, tmp_path: Path) -> None:
+        run_with_checkpoint: Path, corpus_dir: Path, tmp_path: Path) -> None:
+    """Through the script once, relative to the shell's folder and through a checkpoint and back up (the spelling
+    that wrote outside EVAL_DIR); every other spelling names the same results folder (the script's eval_dir of the
+    resolved model's name)."""
+    from sparknet.eval.models import resolve_model
+    from sparknet.eval.reports import eval_dir
+
     eval_root = tmp_path / "results" / "eval"
-    model = spelling.format(run=run_with_checkpoint)
+    for spelling in ("{run}/", "{run}/.", "{run}", "{run}/../run", "{run}/checkpoint-1/.."):
+        assert eval_dir(resolve_model(spelling.format(run=run_with_checkpoint)).name, str(eval_root)) == \
+            eval_root / "run", spelling
+    model = "runs/run/checkpoint-1/.."  # from tmp_path, the script's folder below
     proc = run_script("eval_perplexity.py", "--models", json.dumps([model]), "--data", corpus_dir / "prose.val.jsonl",
                       "--max_documents", 2, "--context", 16, "--eval_dir", eval_root, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]

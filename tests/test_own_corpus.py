@@ -150,15 +150,20 @@ def test_a_stream_with_the_default_shuffle_buffer_starts_on_a_few_hundred_rows_a
             expected[step]["blocks"], expected[step]["lr"], expected[step]["weights"]), step
 
 
-@pytest.mark.slow
-def test_the_tiny_preset_trains_on_256_token_blocks_with_a_context_of_256(own_config: Path, tokenizer_dir: Path,
-                                                                          tmp_path: Path) -> None:
-    """A model trained from scratch takes its context from the blocks: the preset gives width and depth."""
-    dataset = tmp_path / "ds"
+@pytest.fixture(scope="module")
+def dataset256(own_config: Path, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The own corpus's config (context 256) built small by the script: 256-token blocks."""
+    dataset = tmp_path_factory.mktemp("ds256") / "ds"
     built = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer_dir,
                        "--output_dir", dataset, "--num_workers", 0, "--target_tokens", 20_000, "--val_tokens", 2_000)
     assert built.returncode == 0, built.stderr[-3000:]
-    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, dataset, target_tokens=8 * 4 * 256, eval_steps=4,
+    return dataset
+
+
+@pytest.mark.slow
+def test_the_tiny_preset_trains_on_256_token_blocks_with_a_context_of_256(dataset256: Path, tmp_path: Path) -> None:
+    """A model trained from scratch takes its context from the blocks: the preset gives width and depth."""
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, dataset256, target_tokens=8 * 4 * 256, eval_steps=4,
                                                           save_steps=8, sample_steps=0))
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "ckpt" / "run"
@@ -180,7 +185,7 @@ def test_the_llama_tiny_preset_streams_256_token_blocks_with_a_context_of_256(ow
 
 @pytest.mark.slow
 def test_a_resumed_run_keeps_its_models_context_and_refuses_longer_blocks_in_one_line(
-        finished, own_config: Path, tokenizer_dir: Path, tmp_path: Path) -> None:
+        finished, dataset256: Path, tmp_path: Path) -> None:
     """The run's model (context 128, from its 128-token blocks) cannot take 256-token blocks, even with
     ALLOW_CONFIG_CHANGE: refused before any training, naming both and the fix."""
     import shutil
@@ -188,11 +193,7 @@ def test_a_resumed_run_keeps_its_models_context_and_refuses_longer_blocks_in_one
     _, tmp = finished
     shutil.copytree(tmp / "ckpt", tmp_path / "ckpt")
     (tmp_path / "ckpt" / "run" / "training_metadata.json").unlink()  # as if killed before the export
-    dataset = tmp_path / "ds256"
-    built = run_script("build_dataset_v5.py", "--config", own_config, "--tokenizer_dir", tokenizer_dir,
-                       "--output_dir", dataset, "--num_workers", 0, "--target_tokens", 20_000, "--val_tokens", 2_000)
-    assert built.returncode == 0, built.stderr[-3000:]
-    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, dataset, allow_config_change=True))
+    proc = run_script("train_sparknet_v5.py", *train_args(tmp_path, dataset256, allow_config_change=True))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(error) == 1 and "context of 128 tokens" in error[0] and "256" in error[0], proc.stderr[-3000:]

@@ -503,6 +503,20 @@ def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
     assert a == b and not [name for name in os.listdir(out) if name.endswith(".tmp")]
 
 
+# the builds stopped by signals below: 1.2M tokens, so that they save positions along the way
+GROUP_BUILD = ("--target_tokens", 1_200_000, "--shuffle_buffer", 64, "--num_workers", 2, "--checkpoint_seconds", 0.001)
+
+
+@pytest.fixture(scope="module")
+def group_reference(sources: dict, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GROUP_BUILD never interrupted, by the script: the bytes each stopped and resumed build must end with."""
+    tmp = tmp_path_factory.mktemp("group")
+    proc = run_script("build_dataset_v5.py", *build_args(_config(sources, tmp), tmp / "ds", tokenizer_dir,
+                                                         *GROUP_BUILD))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp / "ds"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stops", [
     ((lambda pid: os.kill(encoder_processes(pid)[0], signal.SIGKILL), "error: an encoder process died: killed"),
@@ -511,16 +525,14 @@ def test_an_interrupted_build_resumes_and_writes_the_same_bytes(
      (lambda pid: os.killpg(pid, signal.SIGHUP), "interrupted by SIGHUP: run the same command again")),
 ], ids=["killed-encoder-then-ctrl-c", "sigterm-then-sighup"])
 def test_a_killed_encoder_or_a_signal_to_the_whole_group_stops_the_build_cleanly_and_it_resumes(
-    stops: tuple, sources: dict, tokenizer_dir: Path, tmp_path: Path
+    stops: tuple, sources: dict, group_reference: Path, tokenizer_dir: Path, tmp_path: Path
 ) -> None:
     """An encoder process killed from outside (as the out-of-memory killer does) stops the build with one line
     instead of hanging; Ctrl-C typed in a terminal, SIGTERM (timeout, systemd) and SIGHUP (the terminal closed) reach
     every process of the group and stop it with its position saved, one line and no temporary file left. The same
     command then finishes, with the bytes of a build never interrupted."""
     cfg = _config(sources, tmp_path)
-    extra = ("--target_tokens", 1_200_000, "--shuffle_buffer", 64, "--num_workers", 2, "--checkpoint_seconds", 0.001)
-    reference = tmp_path / "reference"
-    assert run_script("build_dataset_v5.py", *build_args(cfg, reference, tokenizer_dir, *extra)).returncode == 0
+    extra = GROUP_BUILD
     out, building = tmp_path / "ds", tmp_path / ".ds.building"
     argv = [sys.executable, "scripts/build_dataset_v5.py", *map(str, build_args(cfg, out, tokenizer_dir, *extra))]
     temp = tmp_path / "temp"  # the build's own temporary folder: what it leaves there is seen
@@ -547,7 +559,7 @@ def test_a_killed_encoder_or_a_signal_to_the_whole_group_stops_the_build_cleanly
     proc = run_script("build_dataset_v5.py", *build_args(cfg, out, tokenizer_dir, *extra))
     assert proc.returncode == 0 and "resuming the interrupted build" in proc.stderr, proc.stderr
     for name in ("train.bin", "val.bin"):
-        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+        assert (out / name).read_bytes() == (group_reference / name).read_bytes(), name
 
 
 @pytest.mark.slow
