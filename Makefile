@@ -35,7 +35,7 @@ demo: $(STAMP)
 
 # The tests run on TEST_WORKERS processes (pytest-xdist: a module's tests and its fixtures stay on one worker), each
 # with one compute thread: the tests' tiny models gain nothing from more, and 3 workers x 2 threads on 2 cores thrash
-# (the full tier: 13 minutes this way, 19 with 2 workers of 2 threads, 21+ on one process).
+# (measured when the full tier took 13 minutes this way: 19 with 2 workers of 2 threads, 21+ on one process).
 TEST_WORKERS ?= 3
 PYTEST := $(OFFLINE) OMP_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
